@@ -1,0 +1,239 @@
+"""The one storage layer: every file elastic-step reads or writes goes through here.
+
+Paths are local paths or fsspec-style URIs (``file:///data/x``, ``s3://bucket/x``). A URI's
+scheme picks a :class:`Storage` from a small registry; ``file`` (and plain paths) is built in.
+Object stores plug in with :func:`register_storage` without touching any caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import IO
+
+from elastic_step.errors import InputError
+
+
+class Storage(ABC):
+    """One kind of file system. Paths given to it are full URIs or local paths."""
+
+    @abstractmethod
+    def open(self, path: str, mode: str = "rb") -> IO:
+        """Opens a file; modes are those of :func:`open` (``rb``, ``wb``, ``r``, ``w``)."""
+
+    @abstractmethod
+    def exists(self, path: str) -> bool:
+        """Whether a file or directory exists at ``path``."""
+
+    @abstractmethod
+    def isdir(self, path: str) -> bool:
+        """Whether ``path`` is a directory."""
+
+    @abstractmethod
+    def makedirs(self, path: str) -> None:
+        """Creates ``path`` and its parents; no error if it exists."""
+
+    @abstractmethod
+    def listdir(self, path: str) -> list[str]:
+        """Names (not paths) of the entries of directory ``path``, sorted."""
+
+    @abstractmethod
+    def rename(self, src: str, dst: str) -> None:
+        """Moves ``src`` to ``dst``, replacing a file at ``dst``; atomic where the system allows."""
+
+    @abstractmethod
+    def remove(self, path: str) -> None:
+        """Removes a file, or a directory with everything in it; no error if it is absent."""
+
+    @abstractmethod
+    def size(self, path: str) -> int:
+        """Size of a file in bytes."""
+
+
+class LocalStorage(Storage):
+    """The local file system, for plain paths and ``file://`` URIs."""
+
+    @staticmethod
+    def _local(path: str) -> str:
+        return path[len("file://") :] if path.startswith("file://") else path
+
+    def open(self, path: str, mode: str = "rb") -> IO:
+        return open(self._local(path), mode)  # noqa: SIM115 - the caller closes it
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self._local(path))
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(self._local(path))
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(self._local(path), exist_ok=True)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(self._local(path)))
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(self._local(src), self._local(dst))
+
+    def remove(self, path: str) -> None:
+        local = self._local(path)
+        if os.path.isdir(local) and not os.path.islink(local):
+            shutil.rmtree(local, ignore_errors=True)
+        elif os.path.lexists(local):
+            os.remove(local)
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(self._local(path))
+
+
+_REGISTRY: dict[str, Callable[[], Storage]] = {"file": LocalStorage}
+_INSTANCES: dict[str, Storage] = {}
+
+
+def register_storage(scheme: str, factory: Callable[[], Storage]) -> None:
+    """Makes URIs with ``scheme://`` use the storage that ``factory`` builds."""
+    _REGISTRY[scheme] = factory
+    _INSTANCES.pop(scheme, None)
+
+
+def scheme_of(path: str) -> str:
+    """The URI scheme of ``path``; ``file`` for a plain local path."""
+    head, sep, _ = path.partition("://")
+    return head if sep and head.isidentifier() else "file"
+
+
+def storage_for(path: str) -> Storage:
+    """The storage that handles ``path``; an :class:`InputError` for an unknown scheme."""
+    scheme = scheme_of(path)
+    if scheme not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY))
+        raise InputError(f"{path}: no storage is registered for scheme '{scheme}' (known: {known})")
+    if scheme not in _INSTANCES:
+        _INSTANCES[scheme] = _REGISTRY[scheme]()
+    return _INSTANCES[scheme]
+
+
+def join(base: str, *parts: str) -> str:
+    """Joins path parts with ``/``, for local paths and URIs alike."""
+    path = base
+    for part in parts:
+        path = part if not path else f"{path.rstrip('/')}/{part.lstrip('/')}"
+    return path
+
+
+def parent(path: str) -> str:
+    """The directory that holds ``path``."""
+    stripped = path.rstrip("/")
+    head, sep, _ = stripped.rpartition("/")
+    return head if sep else "."
+
+
+def is_local(path: str) -> bool:
+    return scheme_of(path) == "file"
+
+
+def local_path(path: str) -> str:
+    """The local file-system path of a plain path or ``file://`` URI."""
+    if not is_local(path):
+        raise InputError(f"{path}: expected a local path")
+    return os.path.abspath(LocalStorage._local(path))
+
+
+def exists(path: str) -> bool:
+    return storage_for(path).exists(path)
+
+
+def isdir(path: str) -> bool:
+    return storage_for(path).isdir(path)
+
+
+def makedirs(path: str) -> None:
+    storage_for(path).makedirs(path)
+
+
+def listdir(path: str) -> list[str]:
+    return storage_for(path).listdir(path)
+
+
+def remove(path: str) -> None:
+    storage_for(path).remove(path)
+
+
+def size(path: str) -> int:
+    return storage_for(path).size(path)
+
+
+def open_file(path: str, mode: str = "rb") -> IO:
+    return storage_for(path).open(path, mode)
+
+
+def read_bytes(path: str) -> bytes:
+    with open_file(path, "rb") as f:
+        return f.read()
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def read_range(path: str, offset: int, length: int) -> bytes:
+    """Reads ``length`` bytes of ``path`` from byte ``offset``; no scan from the start."""
+    with open_file(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(length)
+    if len(data) != length:
+        raise InputError(f"{path}: wanted {length} bytes at offset {offset}, file ends early")
+    return data
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Writes ``data`` to a temporary file beside ``path``, then renames it into place.
+
+    A reader sees the old content or the new, never a half-written file.
+    """
+    store = storage_for(path)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with store.open(tmp, "wb") as f:
+        f.write(data)
+        if is_local(path):
+            f.flush()
+            os.fsync(f.fileno())
+    store.rename(tmp, path)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str) -> Iterator[str]:
+    """Yields a temporary directory beside ``path``; on success it replaces ``path``.
+
+    On an exception the temporary directory is removed and ``path`` is left as it was.
+    """
+    store = storage_for(path)
+    store.makedirs(parent(path))
+    tmp = f"{path.rstrip('/')}.tmp-{uuid.uuid4().hex[:8]}"
+    store.makedirs(tmp)
+    try:
+        yield tmp
+    except BaseException:
+        store.remove(tmp)
+        raise
+    if store.exists(path):
+        old = f"{path.rstrip('/')}.old-{uuid.uuid4().hex[:8]}"
+        store.rename(path, old)
+        store.rename(tmp, path)
+        store.remove(old)
+    else:
+        store.rename(tmp, path)
+
+
+def local_temp_dir(prefix: str = "elastic-step-") -> str:
+    """A new local scratch directory; the caller removes it."""
+    return tempfile.mkdtemp(prefix=prefix)
