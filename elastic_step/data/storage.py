@@ -63,7 +63,7 @@ class LocalStorage(Storage):
         return path[len("file://") :] if path.startswith("file://") else path
 
     def open(self, path: str, mode: str = "rb") -> IO:
-        return open(self._local(path), mode)  # noqa: SIM115 - the caller closes it
+        return open(self._local(path), mode)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(self._local(path))
@@ -237,3 +237,16 @@ def atomic_directory(path: str) -> Iterator[str]:
 def local_temp_dir(prefix: str = "elastic-step-") -> str:
     """A new local scratch directory; the caller removes it."""
     return tempfile.mkdtemp(prefix=prefix)
+
+
+def copy_tree(local_dir: str, destination: str) -> None:
+    """Copies a local directory's files into ``destination`` (any storage)."""
+    for root, _, files in os.walk(local_dir):
+        relative = os.path.relpath(root, local_dir)
+        target = destination if relative == "." else join(destination, relative)
+        makedirs(target)
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                data = f.read()
+            with open_file(join(target, name), "wb") as out:
+                out.write(data)

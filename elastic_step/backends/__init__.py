@@ -1,0 +1,68 @@
+"""Backends run the job's workers and parameter servers: ``local`` processes or Kubernetes pods.
+
+:func:`create_backend` maps a backend's name to its implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from elastic_step.backends.api import (
+    Backend,
+    BackendError,
+    EventKind,
+    ExitReason,
+    InstanceEvent,
+    InstanceInfo,
+    LaunchRejectedError,
+    LaunchSpec,
+    Resources,
+    Role,
+)
+from elastic_step.errors import InputError
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendParams",
+    "EventKind",
+    "ExitReason",
+    "InstanceEvent",
+    "InstanceInfo",
+    "LaunchRejectedError",
+    "LaunchSpec",
+    "Resources",
+    "Role",
+    "backend_names",
+    "create_backend",
+]
+
+
+@dataclass(frozen=True)
+class BackendParams:
+    """What every backend is built from."""
+
+    #: A name unique to the job, used to label its instances.
+    job_id: str
+    #: A local directory where the backend may keep its own records and the instances' logs.
+    work_dir: str
+
+
+def _local(params: BackendParams) -> Backend:
+    from elastic_step.backends.local import LocalBackend
+
+    return LocalBackend(params.job_id, params.work_dir)
+
+
+_REGISTRY: dict[str, Callable[[BackendParams], Backend]] = {"local": _local}
+
+
+def backend_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def create_backend(name: str, params: BackendParams) -> Backend:
+    if name not in _REGISTRY:
+        raise InputError(f"--backend must be one of {', '.join(backend_names())}, got '{name}'")
+    return _REGISTRY[name](params)

@@ -1,0 +1,131 @@
+"""The interface through which the master starts, stops and watches its processes.
+
+A backend runs *instances*: one worker or parameter server each, named uniquely by the master
+(``worker-3``, ``ps-0-r1``). The master never touches a process or a pod itself; it calls
+:meth:`Backend.launch` and :meth:`Backend.delete` and reads what happened from
+:meth:`Backend.next_events`. The ``local`` backend runs instances as subprocesses; the
+``kubernetes`` backend runs them as pods. Both fit this interface unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+class BackendError(Exception):
+    """A backend could not do what was asked (the message says what and why)."""
+
+
+class LaunchRejectedError(BackendError):
+    """The platform refused an instance for now (no capacity, quota); the master may retry later."""
+
+
+class Role(enum.StrEnum):
+    WORKER = "worker"
+    PS = "ps"
+
+
+class EventKind(enum.StrEnum):
+    #: The instance runs (a process exists, a pod is Running).
+    STARTED = "started"
+    #: The instance is gone; ``reason`` says how it ended.
+    EXITED = "exited"
+
+
+class ExitReason(enum.StrEnum):
+    #: Exit status 0.
+    COMPLETED = "completed"
+    #: A non-zero exit status: the program failed.
+    ERROR = "error"
+    #: Killed by a signal, deleted, evicted or preempted: not the program's fault.
+    KILLED = "killed"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one instance asks the platform for; the local backend ignores it."""
+
+    cpu: str | None = None
+    memory: str | None = None
+    gpu: int = 0
+    priority_class: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One instance to start."""
+
+    name: str
+    role: Role
+    #: Worker id, or PS shard index.
+    index: int
+    #: The argv of the process; ``command[0]`` is resolved on the instance's PATH.
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    resources: Resources = field(default_factory=Resources)
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """A live instance, as the platform reports it."""
+
+    name: str
+    role: Role
+    index: int
+    #: Process id for the local backend; None where the platform has none to give.
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class InstanceEvent:
+    name: str
+    kind: EventKind
+    exit_code: int | None = None
+    reason: ExitReason | None = None
+    #: A human-readable detail: the signal, the pod's reason.
+    message: str = ""
+    pid: int | None = None
+
+
+class Backend(ABC):
+    """Starts, stops and watches the instances of one job.
+
+    Implementations are thread-safe: the master calls them from its main loop and its gRPC
+    handlers.
+    """
+
+    @abstractmethod
+    def launch(self, spec: LaunchSpec) -> None:
+        """Starts an instance. Its STARTED event follows once it runs, then EXITED when it ends.
+
+        Raises :class:`LaunchRejectedError` when the platform refuses it for now and
+        :class:`BackendError` for anything else.
+        """
+
+    @abstractmethod
+    def delete(self, name: str, grace_period_s: float = 5.0) -> None:
+        """Asks an instance to stop (SIGTERM), and kills it after ``grace_period_s``.
+
+        Returns at once; its EXITED event follows. Deleting an unknown name is a no-op.
+        """
+
+    @abstractmethod
+    def list_instances(self) -> list[InstanceInfo]:
+        """The job's live instances, including those an earlier master started.
+
+        Listing adopts them: from then on their exits arrive as events too.
+        """
+
+    @abstractmethod
+    def next_events(self, timeout_s: float) -> list[InstanceEvent]:
+        """Events since the last call, waiting up to ``timeout_s`` for the first one."""
+
+    @abstractmethod
+    def master_host(self) -> str:
+        """The host name or address at which instances reach the master."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stops watching. Instances keep running; delete them first to end them."""

@@ -1,0 +1,217 @@
+"""The ``local`` backend: instances are subprocesses of this machine.
+
+Each instance runs in its own session, so that a killed master leaves it running for the next
+master to adopt. The backend records its instances (pid and the process's start time, which
+tells a reused pid apart) in ``work_dir/instances.json``; a new master reads that record to
+find the live ones. Output goes to ``work_dir/logs/NAME.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import threading
+from dataclasses import dataclass
+
+from elastic_step.backends.api import (
+    Backend,
+    BackendError,
+    EventKind,
+    ExitReason,
+    InstanceEvent,
+    InstanceInfo,
+    LaunchSpec,
+    Role,
+)
+from elastic_step.data import storage
+
+log = logging.getLogger(__name__)
+
+_POLL_INTERVAL_S = 0.1
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of a live process in clock ticks since boot; None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces; the fields after it are space-separated.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+@dataclass
+class _Instance:
+    name: str
+    role: Role
+    index: int
+    pid: int
+    start_time: int
+    popen: subprocess.Popen | None  # None for an instance adopted from an earlier master
+    deleting: bool = False
+
+
+class LocalBackend(Backend):
+    def __init__(self, job_id: str, work_dir: str) -> None:
+        self._job_id = job_id
+        self._work_dir = work_dir
+        self._registry_path = os.path.join(work_dir, "instances.json")
+        self._log_dir = os.path.join(work_dir, "logs")
+        os.makedirs(self._log_dir, exist_ok=True)
+        self._lock = threading.Lock()
+        self._instances: dict[str, _Instance] = {}
+        self._events: queue.Queue[InstanceEvent] = queue.Queue()
+        self._closed = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="local-backend", daemon=True)
+        self._watcher.start()
+
+    def log_path(self, name: str) -> str:
+        return os.path.join(self._log_dir, f"{name}.log")
+
+    def launch(self, spec: LaunchSpec) -> None:
+        env = {**os.environ, **spec.env, "ELASTIC_STEP_INSTANCE": spec.name}
+        try:
+            with open(self.log_path(spec.name), "ab") as out:
+                popen = subprocess.Popen(
+                    spec.command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except OSError as e:
+            raise BackendError(f"cannot start {spec.name} ({spec.command[0]}): {e}") from e
+        start_time = process_start_time(popen.pid) or 0
+        instance = _Instance(spec.name, spec.role, spec.index, popen.pid, start_time, popen)
+        with self._lock:
+            self._instances[spec.name] = instance
+            self._save_registry()
+        self._events.put(InstanceEvent(spec.name, EventKind.STARTED, pid=popen.pid))
+
+    def delete(self, name: str, grace_period_s: float = 5.0) -> None:
+        with self._lock:
+            instance = self._instances.get(name)
+            if instance is None or instance.deleting:
+                return
+            instance.deleting = True
+        self._signal(instance, signal.SIGTERM)
+        timer = threading.Timer(grace_period_s, self._kill_if_alive, args=(instance,))
+        timer.daemon = True
+        timer.start()
+
+    def list_instances(self) -> list[InstanceInfo]:
+        with self._lock:
+            self._adopt_recorded()
+            return [InstanceInfo(i.name, i.role, i.index, i.pid) for i in self._instances.values()]
+
+    def next_events(self, timeout_s: float) -> list[InstanceEvent]:
+        events = []
+        try:
+            events.append(self._events.get(timeout=timeout_s))
+            while True:
+                events.append(self._events.get_nowait())
+        except queue.Empty:
+            pass
+        return events
+
+    def master_host(self) -> str:
+        return "127.0.0.1"
+
+    def close(self) -> None:
+        self._closed.set()
+        self._watcher.join(timeout=2)
+
+    def _adopt_recorded(self) -> None:
+        """Takes over the live instances an earlier master recorded."""
+        if not os.path.exists(self._registry_path):
+            return
+        try:
+            recorded = json.loads(storage.read_text(self._registry_path))
+        except (OSError, ValueError) as e:
+            log.warning("ignoring unreadable instance record %s: %s", self._registry_path, e)
+            return
+        for name, entry in recorded.get("instances", {}).items():
+            if name in self._instances:
+                continue
+            if process_start_time(entry["pid"]) != entry["start_time"]:
+                continue  # gone, or the pid now belongs to another process
+            self._instances[name] = _Instance(
+                name, Role(entry["role"]), entry["index"], entry["pid"], entry["start_time"], None
+            )
+        self._save_registry()
+
+    def _save_registry(self) -> None:
+        record = {
+            "job_id": self._job_id,
+            "instances": {
+                i.name: {
+                    "pid": i.pid,
+                    "start_time": i.start_time,
+                    "role": i.role.value,
+                    "index": i.index,
+                }
+                for i in self._instances.values()
+            },
+        }
+        storage.write_text_atomic(self._registry_path, json.dumps(record, indent=1))
+
+    def _signal(self, instance: _Instance, sig: signal.Signals) -> None:
+        # The instance leads its own session; signal the whole group so its children go too.
+        if process_start_time(instance.pid) != instance.start_time:
+            return
+        try:
+            os.killpg(instance.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError as e:
+            log.warning("cannot signal %s (pid %d): %s", instance.name, instance.pid, e)
+
+    def _kill_if_alive(self, instance: _Instance) -> None:
+        with self._lock:
+            alive = instance.name in self._instances
+        if alive:
+            self._signal(instance, signal.SIGKILL)
+
+    def _watch(self) -> None:
+        while not self._closed.wait(_POLL_INTERVAL_S):
+            with self._lock:
+                ended = [(i, self._exit_status(i)) for i in list(self._instances.values())]
+                ended = [(i, status) for i, status in ended if status is not None]
+                for instance, _ in ended:
+                    del self._instances[instance.name]
+                if ended:
+                    self._save_registry()
+            for instance, (code, reason, message) in ended:
+                self._events.put(
+                    InstanceEvent(
+                        instance.name, EventKind.EXITED, code, reason, message, instance.pid
+                    )
+                )
+
+    @staticmethod
+    def _exit_status(instance: _Instance) -> tuple[int | None, ExitReason, str] | None:
+        """How the instance ended, or None while it runs."""
+        if instance.popen is None:
+            if process_start_time(instance.pid) == instance.start_time:
+                return None
+            # Not our child: its exit status went to init. Treat it as lost, not failed.
+            return None, ExitReason.KILLED, "adopted process exited (status unknown)"
+        code = instance.popen.poll()
+        if code is None:
+            return None
+        if code < 0:
+            return code, ExitReason.KILLED, f"killed by {signal.Signals(-code).name}"
+        if instance.deleting:
+            return code, ExitReason.KILLED, f"deleted (exit status {code})"
+        if code == 0:
+            return code, ExitReason.COMPLETED, "exit status 0"
+        return code, ExitReason.ERROR, f"exit status {code}"

@@ -1,0 +1,265 @@
+"""The ``elastic-step`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from elastic_step.errors import ElasticStepError
+
+log = logging.getLogger("elastic_step")
+
+DESCRIPTION = """\
+Elastic, fault-tolerant TensorFlow 2 training as one pipeline step.
+
+  elastic-step preprocess --input data.csv --label y --output data/
+  elastic-step train --model-def model.py --data data/ --output run/ --workers 2 --ps 1
+  elastic-step evaluate --model run/ --data data/ --metrics-output metrics.json
+  elastic-step status run/
+  elastic-step demo
+"""
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+
+
+def _add_preprocess(commands) -> None:
+    p = commands.add_parser(
+        "preprocess",
+        help="turn a CSV file into sharded TFRecord data with a schema",
+        description="Reads a CSV file with a header row and writes DIR/train/, "
+        "DIR/validation/ (TFRecord shards with offset indexes) and DIR/schema.json.",
+    )
+    p.add_argument("--input", required=True, metavar="CSV", help="the CSV file (path or URI)")
+    p.add_argument("--label", required=True, metavar="COLUMN", help="the label column")
+    p.add_argument("--output", required=True, metavar="DIR", help="where to write the data")
+    p.add_argument("--shards", type=_int, default=4, help="shards per split (default 4)")
+    p.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.2,
+        metavar="F",
+        help="fraction of rows held out for validation (default 0.2)",
+    )
+    p.add_argument("--seed", type=_int, default=0, help="seed of the split (default 0)")
+    p.add_argument(
+        "--categorical",
+        default="",
+        metavar="COLS",
+        help="comma-separated columns to treat as categorical even if they look numeric",
+    )
+    p.add_argument(
+        "--label-type",
+        choices=["auto", "class", "numeric"],
+        default="auto",
+        help="auto: integer labels with at most 50 values, and text labels, are classes",
+    )
+
+
+def _add_train(commands) -> None:
+    p = commands.add_parser(
+        "train",
+        help="run elastic, fault-tolerant training (the master runs in this process)",
+        description="Runs the master in this process; it starts the PS and workers, replaces "
+        "any that die, and writes the model, summary.json and status.json to --output. "
+        "Running the same command again on the same --output resumes an interrupted job.",
+    )
+    p.add_argument("--model-def", required=True, metavar="FILE.py", help="the model definition")
+    p.add_argument("--data", required=True, metavar="DIR", help="what `preprocess` wrote")
+    p.add_argument("--output", required=True, metavar="DIR", help="model, summary and state")
+    p.add_argument("--epochs", type=_int, default=1, help="(default 1)")
+    p.add_argument("--batch-size", type=_int, default=64, help="(default 64)")
+    p.add_argument("--workers", type=_int, default=2, help="workers to start (default 2)")
+    p.add_argument("--min-workers", type=_int, default=1, help="fail below this many (default 1)")
+    p.add_argument(
+        "--max-workers",
+        type=_int,
+        default=None,
+        help="grow up to this many workers while all run (default: --workers)",
+    )
+    p.add_argument("--ps", type=_int, default=1, help="parameter server shards (default 1)")
+    p.add_argument("--seed", type=_int, default=0, help="(default 0)")
+    p.add_argument("--backend", default="local", help="where workers and PS run (default local)")
+    p.add_argument("--records-per-task", type=_int, default=512, help="task size (default 512)")
+    p.add_argument(
+        "--evaluation-steps",
+        type=_int,
+        default=0,
+        help="also evaluate every N model versions (default 0: at epoch ends only)",
+    )
+    p.add_argument(
+        "--checkpoint-steps", type=_int, default=200, help="PS checkpoints (default 200)"
+    )
+    p.add_argument("--keep-checkpoints", type=_int, default=3, help="(default 3)")
+    p.add_argument(
+        "--max-restarts",
+        type=_int,
+        default=3,
+        help="relaunches of a process that exits with an error (default 3); "
+        "killed processes are always relaunched",
+    )
+    p.add_argument(
+        "--max-task-retries",
+        type=_int,
+        default=3,
+        help="retries of a task that fails in user code before the job fails (default 3)",
+    )
+    p.add_argument(
+        "--task-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a task's lease without heartbeats from its worker (default 120)",
+    )
+    p.add_argument(
+        "--master-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long workers and PS wait for an absent master (default 300)",
+    )
+    p.add_argument(
+        "--staleness-modulation",
+        action="store_true",
+        help="divide the learning rate by the staleness of asynchronous gradients",
+    )
+    p.add_argument("--port", type=_int, default=0, help="master port (default: any free)")
+
+
+def _add_evaluate(commands) -> None:
+    p = commands.add_parser(
+        "evaluate",
+        help="compute the loss and metrics of a trained model on one split",
+        description="Computes the loss and the model definition's metrics, and a confusion "
+        "matrix for classifiers, on one split of what `preprocess` wrote.",
+    )
+    p.add_argument("--model", required=True, metavar="DIR", help="what `train` wrote")
+    p.add_argument("--data", required=True, metavar="DIR", help="what `preprocess` wrote")
+    p.add_argument("--split", default="validation", help="(default validation)")
+    p.add_argument("--metrics-output", required=True, metavar="FILE.json")
+    p.add_argument("--batch-size", type=_int, default=256, help="(default 256)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="elastic-step",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_preprocess(commands)
+    _add_train(commands)
+    _add_evaluate(commands)
+    status = commands.add_parser("status", help="print the status of a training job")
+    status.add_argument("output", metavar="DIR", help="the job's --output")
+    status.add_argument("--json", action="store_true", help="print status.json as it is")
+    demo = commands.add_parser(
+        "demo", help="preprocess, train (2 workers, 1 PS) and evaluate on scikit-learn's digits"
+    )
+    demo.add_argument("--workdir", default="demo-output", help="(default ./demo-output)")
+    demo.add_argument("--epochs", type=_int, default=8, help="(default 8)")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "preprocess":
+        from elastic_step.data.preprocess import preprocess
+
+        preprocess(
+            input_path=args.input,
+            label=args.label,
+            output=args.output,
+            shards=args.shards,
+            validation_fraction=args.validation_fraction,
+            seed=args.seed,
+            categorical=[c.strip() for c in args.categorical.split(",") if c.strip()],
+            label_kind=args.label_type,
+            progress=log.info,
+        )
+        return 0
+    if args.command == "train":
+        from elastic_step.master.config import TrainConfig
+        from elastic_step.training import train
+
+        config = TrainConfig(
+            model_def=args.model_def,
+            data=args.data,
+            output=args.output,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            workers=args.workers,
+            min_workers=args.min_workers,
+            max_workers=args.max_workers,
+            ps=args.ps,
+            seed=args.seed,
+            backend=args.backend,
+            records_per_task=args.records_per_task,
+            evaluation_steps=args.evaluation_steps,
+            checkpoint_steps=args.checkpoint_steps,
+            keep_checkpoints=args.keep_checkpoints,
+            max_restarts=args.max_restarts,
+            max_task_retries=args.max_task_retries,
+            task_lease_s=args.task_timeout,
+            master_timeout_s=args.master_timeout,
+            staleness_modulation=args.staleness_modulation,
+            port=args.port,
+        )
+        return train(config)
+    if args.command == "evaluate":
+        from elastic_step.evaluate import evaluate
+
+        result = evaluate(
+            model_dir=args.model,
+            data_dir=args.data,
+            split=args.split,
+            metrics_output=args.metrics_output,
+            batch_size=args.batch_size,
+        )
+        print(json.dumps({k: v for k, v in result.items() if k != "confusion_matrix"}, indent=2))
+        return 0
+    if args.command == "status":
+        from elastic_step.master.reports import print_status
+
+        return print_status(args.output, as_json=args.json)
+    if args.command == "demo":
+        from elastic_step.demo import run_demo
+
+        return run_demo(args.workdir, epochs=args.epochs)
+    raise AssertionError(args.command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # The master launches workers and PS through this same entry point.
+    if argv and argv[0] in ("worker", "ps"):
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if argv[0] == "worker":
+            from elastic_step.worker.worker import main as worker_main
+
+            return worker_main(argv[1:])
+        from elastic_step.ps.server import main as ps_main
+
+        return ps_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        return _run(args)
+    except ElasticStepError as e:
+        print(f"elastic-step: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("elastic-step: interrupted", file=sys.stderr)
+        return 130

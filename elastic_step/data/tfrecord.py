@@ -1,0 +1,202 @@
+"""Sharded TFRecord files with an offset index, for O(range) random access.
+
+A shard ``PATH`` is a standard TFRecord file (readable by ``tf.data.TFRecordDataset``): each
+record is framed as
+
+    uint64 LE length | uint32 LE masked crc32c(length bytes) | data | uint32 LE masked crc32c(data)
+
+Beside it, ``PATH.index`` holds ``n + 1`` little-endian uint64 byte offsets: the start of each
+record, then the end of the file. Counting records and reading records ``[start, end)`` then
+cost two small ranged reads, never a scan from the start of the file.
+
+All I/O goes through :mod:`elastic_step.data.storage`.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from types import TracebackType
+
+import numpy as np
+
+from elastic_step.data import storage
+from elastic_step.errors import InputError
+
+try:  # A C implementation when it happens to be installed; the table below is the fallback.
+    import google_crc32c as _google_crc32c
+except ImportError:  # pragma: no cover - depends on the environment
+    _google_crc32c = None
+
+INDEX_SUFFIX = ".index"
+_HEADER = 12  # uint64 length + uint32 crc of the length
+_FOOTER = 4  # uint32 crc of the data
+_MASK_DELTA = 0xA282EAD8
+
+
+def _make_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_TABLE = _make_table()
+
+
+def _crc32c_python(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    table = _TABLE
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def crc32c(data: bytes) -> int:
+    """The CRC-32C (Castagnoli) checksum of ``data``."""
+    if _google_crc32c is not None:
+        return _google_crc32c.value(data)
+    return _crc32c_python(data)
+
+
+def masked_crc32c(data: bytes) -> int:
+    """The masked CRC-32C that TFRecord framing stores (rotated right by 15, plus a delta)."""
+    crc = crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def index_path(path: str) -> str:
+    """The offset-index file of shard ``path``."""
+    return path + INDEX_SUFFIX
+
+
+class ShardWriter:
+    """Writes one TFRecord shard and, on :meth:`close`, its offset index.
+
+    Records stream into a temporary file beside ``path`` that is renamed into place on close,
+    then the index is written atomically; a reader never sees a half-written shard. If the
+    ``with`` block raises, the temporary file is removed and nothing is published.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        self._file = storage.open_file(self._tmp, "wb")
+        self._offsets: list[int] = [0]
+        self._closed = False
+
+    @property
+    def records(self) -> int:
+        """How many records were written so far."""
+        return len(self._offsets) - 1
+
+    def write(self, record: bytes) -> None:
+        """Appends one record."""
+        if self._closed:
+            raise ValueError(f"{self.path}: write after close")
+        length = struct.pack("<Q", len(record))
+        frame = b"".join(
+            (
+                length,
+                struct.pack("<I", masked_crc32c(length)),
+                record,
+                struct.pack("<I", masked_crc32c(record)),
+            )
+        )
+        self._file.write(frame)
+        self._offsets.append(self._offsets[-1] + len(frame))
+
+    def close(self) -> None:
+        """Publishes the shard, then its index. Closing twice is a no-op."""
+        if self._closed:
+            return
+        self._closed = True
+        self._file.close()
+        storage.storage_for(self.path).rename(self._tmp, self.path)
+        index = np.asarray(self._offsets, dtype="<u8").tobytes()
+        storage.write_bytes_atomic(index_path(self.path), index)
+
+    def abort(self) -> None:
+        """Drops what was written; nothing is published."""
+        if self._closed:
+            return
+        self._closed = True
+        self._file.close()
+        storage.remove(self._tmp)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_shard(path: str, records: list[bytes]) -> int:
+    """Writes ``records`` as one shard at ``path``; returns how many were written."""
+    with ShardWriter(path) as writer:
+        for record in records:
+            writer.write(record)
+    return len(records)
+
+
+def count_records(path: str) -> int:
+    """The number of records in shard ``path``, from the size of its index (O(1))."""
+    index = index_path(path)
+    if not storage.exists(index):
+        raise InputError(f"{path}: the record index {index} is missing")
+    size = storage.size(index)
+    if size < 8 or size % 8:
+        raise InputError(f"{index}: corrupt record index ({size} bytes, not n+1 uint64 offsets)")
+    return size // 8 - 1
+
+
+def read_records(path: str, start: int, end: int) -> list[bytes]:
+    """Records ``[start, end)`` of shard ``path``, in order.
+
+    Reads ``end - start + 1`` offsets from the index and one contiguous byte range of the
+    shard, so the cost is proportional to the range, not the file. Every frame's length and
+    both checksums are verified; corruption raises an :class:`InputError` naming the file and
+    the record.
+    """
+    total = count_records(path)
+    if not 0 <= start <= end <= total:
+        raise InputError(f"{path}: record range [{start}, {end}) is outside [0, {total})")
+    if start == end:
+        return []
+    raw = storage.read_range(index_path(path), start * 8, (end - start + 1) * 8)
+    offsets = np.frombuffer(raw, dtype="<u8").astype(np.int64)
+    base = int(offsets[0])
+    if np.any(np.diff(offsets) < _HEADER + _FOOTER):
+        raise InputError(f"{index_path(path)}: corrupt record index near record {start}")
+    data = storage.read_range(path, base, int(offsets[-1]) - base)
+    view = memoryview(data)
+    records = []
+    for i in range(end - start):
+        lo, hi = int(offsets[i]) - base, int(offsets[i + 1]) - base
+        record_no = start + i
+        (length,) = struct.unpack_from("<Q", view, lo)
+        if _HEADER + length + _FOOTER != hi - lo:
+            raise InputError(
+                f"{path}: record {record_no} is corrupt: its length {length} does not match "
+                f"the index ({hi - lo - _HEADER - _FOOTER} bytes)"
+            )
+        (length_crc,) = struct.unpack_from("<I", view, lo + 8)
+        if length_crc != masked_crc32c(bytes(view[lo : lo + 8])):
+            raise InputError(f"{path}: record {record_no} is corrupt: bad length checksum")
+        record = bytes(view[lo + _HEADER : hi - _FOOTER])
+        (data_crc,) = struct.unpack_from("<I", view, hi - _FOOTER)
+        if data_crc != masked_crc32c(record):
+            raise InputError(f"{path}: record {record_no} is corrupt: bad data checksum")
+        records.append(record)
+    return records

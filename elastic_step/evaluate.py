@@ -1,0 +1,94 @@
+"""``elastic-step evaluate``: loss, metrics and a confusion matrix of a trained model."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+
+from elastic_step.data import storage
+from elastic_step.data.schema import Schema
+from elastic_step.data.tfrecord import read_records
+from elastic_step.errors import InputError
+from elastic_step.master.final_model import MODEL_FILE
+from elastic_step.master.job import MODEL_DEF_COPY
+from elastic_step.model_def import load_model_definition
+
+log = logging.getLogger("elastic_step")
+
+
+def _predicted_classes(outputs: np.ndarray) -> np.ndarray:
+    if outputs.ndim > 1 and outputs.shape[-1] > 1:
+        return outputs.argmax(axis=-1)
+    scores = outputs.reshape(-1)
+    # One output: a probability in [0, 1], or a logit.
+    threshold = 0.5 if scores.min() >= 0 and scores.max() <= 1 else 0.0
+    return (scores > threshold).astype(np.int64)
+
+
+def evaluate(
+    *, model_dir: str, data_dir: str, split: str, metrics_output: str, batch_size: int = 256
+) -> dict:
+    """Evaluates ``model_dir``'s model on ``split``; writes and returns the result."""
+    import keras
+
+    from elastic_step.data.feed import make_dataset
+
+    for name in (MODEL_FILE, MODEL_DEF_COPY):
+        if not storage.exists(storage.join(model_dir, name)):
+            raise InputError(f"{model_dir}: no {name}; is it the --output of a finished training?")
+    schema = Schema.load(data_dir)
+    if split not in schema.splits:
+        raise InputError(
+            f"--split must be one of {', '.join(sorted(schema.splits))}, got '{split}'"
+        )
+    shards = schema.shard_paths(data_dir, split)
+    total = sum(records for _, records in shards)
+    if total == 0:
+        raise InputError(f"{data_dir}: the {split} split holds no records")
+    definition = load_model_definition(storage.join(model_dir, MODEL_DEF_COPY))
+    model = definition.build_model()
+    scratch = storage.local_temp_dir()
+    local_model = f"{scratch}/{MODEL_FILE}"
+    with open(local_model, "wb") as f:
+        f.write(storage.read_bytes(storage.join(model_dir, MODEL_FILE)))
+    model.load_weights(local_model)
+    metrics = definition.build_metrics()
+    loss_sum, count = 0.0, 0
+    labels_all, predicted_all = [], []
+    for shard, records in shards:
+        dataset = make_dataset(
+            read_records(shard, 0, records),
+            batch_size=batch_size,
+            mode="evaluate",
+            schema=schema,
+            feed=definition.feed,
+        )
+        for features, labels in dataset:
+            outputs = model(features, training=False)
+            n = int(np.shape(labels)[0])
+            loss_sum += float(definition.loss(labels, outputs)) * n
+            count += n
+            for metric in metrics.values():
+                metric.update_state(labels, outputs)
+            if schema.label_kind == "class":
+                labels_all.append(np.asarray(labels).reshape(-1))
+                predicted_all.append(_predicted_classes(keras.ops.convert_to_numpy(outputs)))
+    result: dict = {"split": split, "records": count, "loss": loss_sum / count, "metrics": {}}
+    for name, metric in metrics.items():
+        value = np.asarray(metric.result())
+        result["metrics"][name] = float(value) if value.ndim == 0 else value.tolist()
+    if schema.label_kind == "class":
+        classes = schema.num_classes
+        matrix = np.zeros((classes, classes), dtype=np.int64)
+        np.add.at(matrix, (np.concatenate(labels_all), np.concatenate(predicted_all)), 1)
+        result["confusion_matrix"] = {
+            "labels": schema.label_vocabulary,
+            "rows": "true label",
+            "columns": "predicted label",
+            "matrix": matrix.tolist(),
+        }
+    storage.write_text_atomic(metrics_output, json.dumps(result, indent=2) + "\n")
+    log.info("wrote %s", metrics_output)
+    return result

@@ -1,0 +1,85 @@
+"""The settings of one training job, validated in one place.
+
+Each rule's error names the flag, the value and the rule it broke.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from elastic_step.errors import InputError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model_def: str
+    data: str
+    output: str
+    epochs: int = 1
+    batch_size: int = 64
+    workers: int = 2
+    min_workers: int = 1
+    #: None: the same as ``workers`` (no growth).
+    max_workers: int | None = None
+    ps: int = 1
+    seed: int = 0
+    backend: str = "local"
+    records_per_task: int = 512
+    evaluation_steps: int = 0
+    checkpoint_steps: int = 200
+    keep_checkpoints: int = 3
+    max_restarts: int = 3
+    max_task_retries: int = 3
+    task_lease_s: float = 120.0
+    master_timeout_s: float = 300.0
+    staleness_modulation: bool = False
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        positive = {
+            "--epochs": self.epochs,
+            "--batch-size": self.batch_size,
+            "--workers": self.workers,
+            "--min-workers": self.min_workers,
+            "--ps": self.ps,
+            "--records-per-task": self.records_per_task,
+            "--keep-checkpoints": self.keep_checkpoints,
+        }
+        for flag, value in positive.items():
+            if value < 1:
+                raise InputError(f"{flag} must be >= 1, got {value}")
+        non_negative = {
+            "--evaluation-steps": self.evaluation_steps,
+            "--checkpoint-steps": self.checkpoint_steps,
+            "--max-restarts": self.max_restarts,
+            "--max-task-retries": self.max_task_retries,
+            "--port": self.port,
+        }
+        for flag, value in non_negative.items():
+            if value < 0:
+                raise InputError(f"{flag} must be >= 0, got {value}")
+        if self.min_workers > self.workers:
+            raise InputError(
+                f"--min-workers ({self.min_workers}) must be <= --workers ({self.workers})"
+            )
+        if self.max_workers is not None and self.max_workers < self.workers:
+            raise InputError(
+                f"--max-workers ({self.max_workers}) must be >= --workers ({self.workers})"
+            )
+        if self.task_lease_s <= 0 or self.master_timeout_s <= 0:
+            raise InputError("--task-timeout and --master-timeout must be > 0 seconds")
+
+    @property
+    def worker_limit(self) -> int:
+        return self.max_workers if self.max_workers is not None else self.workers
+
+    def fingerprint(self) -> str:
+        """What a resumed job must share with the saved one; elasticity settings may differ."""
+        fixed = {
+            k: v
+            for k, v in asdict(self).items()
+            if k in {"data", "epochs", "batch_size", "ps", "seed", "records_per_task"}
+        }
+        return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]

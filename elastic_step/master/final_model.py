@@ -1,0 +1,45 @@
+"""Assembles the trained model from the PS shards and saves it: model.keras and saved_model/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from elastic_step.data import storage
+from elastic_step.model_def import ModelDefinition
+from elastic_step.ps.client import PSClient
+from elastic_step.worker.parameters import ModelParameters
+
+MODEL_FILE = "model.keras"
+SAVED_MODEL_DIR = "saved_model"
+
+
+def save_final_model(
+    definition: ModelDefinition, ps_addresses: list[str], output: str, seed: int
+) -> None:
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = definition.build_model()
+    ps = PSClient(ps_addresses)
+    try:
+        ModelParameters(model).pull(ps)
+    finally:
+        ps.close()
+    save_model(model, output)
+
+
+def save_model(model, output: str) -> None:
+    """Writes ``model.keras`` and a TF Serving ``saved_model/`` through the storage layer."""
+    scratch = storage.local_temp_dir()
+    try:
+        model.save(os.path.join(scratch, MODEL_FILE))
+        model.export(os.path.join(scratch, SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)
+        storage.write_bytes_atomic(
+            storage.join(output, MODEL_FILE),
+            storage.read_bytes(os.path.join(scratch, MODEL_FILE)),
+        )
+        with storage.atomic_directory(storage.join(output, SAVED_MODEL_DIR)) as target:
+            storage.copy_tree(os.path.join(scratch, SAVED_MODEL_DIR), target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

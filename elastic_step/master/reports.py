@@ -1,0 +1,90 @@
+"""What the master tells its user: status.json (live), summary.json (at the end), progress lines."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from elastic_step.backends.api import Role
+from elastic_step.data import storage
+from elastic_step.master.instance_manager import InstanceManager
+from elastic_step.master.task_manager import TaskManager
+
+STATUS_FILE = "status.json"
+SUMMARY_FILE = "summary.json"
+
+
+def _members(instances: InstanceManager, role: Role) -> list[dict]:
+    return [
+        {"id": i.name, "pid": i.pid, "state": i.state.value}
+        for i in instances.instances.values()
+        if i.role is role
+    ]
+
+
+def status(phase: str, tasks: TaskManager, instances: InstanceManager, error: str | None) -> dict:
+    epoch = tasks.current_epoch
+    done, total = tasks.records_trained(epoch), tasks.records_per_epoch
+    return {
+        "phase": phase,
+        "epoch": epoch,
+        "epochs": tasks.settings.epochs,
+        "progress": {
+            "records_trained": done,
+            "records_per_epoch": total,
+            "fraction": round(done / total, 4) if total else 1.0,
+        },
+        "model_version": tasks.model_version,
+        "workers": _members(instances, Role.WORKER),
+        "ps": _members(instances, Role.PS),
+        "restarts": instances.restarts,
+        "error": error,
+        "updated_at": time.time(),
+    }
+
+
+def progress_line(tasks: TaskManager, instances: InstanceManager, rate: float | None) -> str:
+    epoch = tasks.current_epoch
+    done, total = tasks.records_trained(epoch), tasks.records_per_epoch
+    fraction = done / total if total else 1.0
+    bar = "#" * int(fraction * 20)
+    speed = f" | {rate:,.0f} examples/s" if rate else ""
+    return (
+        f"epoch {epoch}/{tasks.settings.epochs} [{bar:<20}] {fraction:4.0%} "
+        f"| {instances.running_workers()} workers, {len(instances.live(Role.PS))} PS "
+        f"| model v{tasks.model_version}{speed}"
+    )
+
+
+def write_json(output_dir: str, name: str, document: dict) -> None:
+    storage.write_text_atomic(storage.join(output_dir, name), json.dumps(document, indent=2) + "\n")
+
+
+def format_status(document: dict) -> str:
+    """The human-readable form that ``elastic-step status`` prints."""
+    progress = document.get("progress", {})
+    lines = [
+        f"phase:   {document['phase']}",
+        f"epoch:   {document['epoch']}/{document.get('epochs', '?')} "
+        f"({progress.get('records_trained', 0)}/{progress.get('records_per_epoch', 0)} records)",
+        f"model:   version {document.get('model_version', 0)}",
+    ]
+    if document.get("error"):
+        lines.append(f"error:   {document['error']}")
+    for role in ("ps", "workers"):
+        lines.append(f"{role}:")
+        for member in document.get(role, []):
+            lines.append(f"  {member['id']:<12} pid {member['pid']!s:<8} {member['state']}")
+    return "\n".join(lines)
+
+
+def print_status(output_dir: str, as_json: bool = False) -> int:
+    """Prints a job's status.json; exit status 2 when there is none."""
+    from elastic_step.errors import InputError
+
+    path = storage.join(output_dir, STATUS_FILE)
+    if not storage.exists(path):
+        raise InputError(f"{path}: no status file; is {output_dir} the --output of a training job?")
+    document = json.loads(storage.read_text(path))
+    print(json.dumps(document, indent=2) if as_json else format_status(document))
+    return 0

@@ -1,0 +1,1 @@
+"""Parameter servers: each holds one shard of the model and applies gradients to it."""

@@ -1,0 +1,170 @@
+"""The client side of the PS shards, used by workers and by the master at the end of a job.
+
+It splits a model's parameters and gradients by placement, talks to all shards in parallel,
+and joins the answers. A shard that is down or empty raises :class:`PSUnavailableError`; the
+caller asks the master for the shards' new addresses and reconnects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from elastic_step.ps import placement
+from elastic_step.rpc import ps_pb2, ps_pb2_grpc
+from elastic_step.rpc.tensors import from_proto, rows_from_proto, rows_to_proto, to_proto
+
+_MAX_MESSAGE = 512 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", _MAX_MESSAGE),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE),
+]
+
+
+class PSUnavailableError(Exception):
+    """A PS shard cannot be reached, or holds no parameters (it was relaunched)."""
+
+    def __init__(self, shard: int, detail: str) -> None:
+        super().__init__(f"PS shard {shard}: {detail}")
+        self.shard = shard
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """An embedding table: its full shape, before it is split by row id."""
+
+    rows: int
+    dim: int
+    dtype: str
+
+
+class PSClient:
+    def __init__(self, addresses: list[str], timeout_s: float = 30.0) -> None:
+        self.addresses = list(addresses)
+        self.num_ps = len(addresses)
+        self._timeout = timeout_s
+        self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for a in addresses]
+        self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
+        #: Each shard's model version as last seen.
+        self.versions = [0] * self.num_ps
+
+    @property
+    def model_version(self) -> int:
+        return max(self.versions)
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    def _wait(self, futures: list) -> list:
+        results = []
+        for shard, future in enumerate(futures):
+            try:
+                results.append(future.result())
+            except grpc.RpcError as e:
+                raise PSUnavailableError(shard, f"{e.code().name}: {e.details()}") from e
+        return results
+
+    def initialize(
+        self,
+        dense: dict[str, np.ndarray],
+        tables: dict[str, TableSpec],
+        table_values: dict[str, np.ndarray],
+        model_version: int,
+    ) -> list[bool]:
+        """Offers every shard its part of the parameters; returns which shards took them."""
+        requests = [ps_pb2.InitializeRequest(model_version=model_version) for _ in self._stubs]
+        for name, value in dense.items():
+            requests[placement.shard_of_variable(name, self.num_ps)].dense.append(
+                to_proto(name, value)
+            )
+        for name, spec in tables.items():
+            ids = np.arange(spec.rows, dtype=np.int64)
+            for shard, request in enumerate(requests):
+                owned = ids[placement.shard_of_rows(ids, self.num_ps) == shard]
+                request.tables.add(name=name, rows=spec.rows, dim=spec.dim, dtype=spec.dtype)
+                request.embeddings.append(rows_to_proto(name, owned, table_values[name][owned]))
+        futures = [
+            stub.Initialize.future(request, timeout=self._timeout)
+            for stub, request in zip(self._stubs, requests, strict=True)
+        ]
+        return [response.accepted for response in self._wait(futures)]
+
+    def pull_dense(self) -> dict[str, np.ndarray]:
+        futures = [
+            stub.PullDense.future(ps_pb2.PullDenseRequest(known_version=-1), timeout=self._timeout)
+            for stub in self._stubs
+        ]
+        values = {}
+        for shard, response in enumerate(self._wait(futures)):
+            if not response.initialized:
+                raise PSUnavailableError(shard, "holds no parameters")
+            self.versions[shard] = response.model_version
+            values |= {t.name: from_proto(t) for t in response.dense}
+        return values
+
+    def pull_rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` of table ``name``, in the order of ``ids``."""
+        ids = np.asarray(ids, dtype=np.int64)
+        owners = placement.shard_of_rows(ids, self.num_ps)
+        futures = [
+            stub.PullEmbeddingRows.future(
+                ps_pb2.PullEmbeddingRowsRequest(
+                    tables=[rows_to_proto(name, ids[owners == s], None)]
+                ),
+                timeout=self._timeout,
+            )
+            for s, stub in enumerate(self._stubs)
+        ]
+        result = None
+        for shard, response in enumerate(self._wait(futures)):
+            _, values = rows_from_proto(response.tables[0])
+            if result is None:
+                result = np.empty((len(ids), values.shape[1]), values.dtype)
+            result[owners == shard] = values
+        return result
+
+    def push(
+        self,
+        dense_grads: dict[str, np.ndarray],
+        row_grads: dict[str, tuple[np.ndarray, np.ndarray]],
+        return_parameters: bool = True,
+    ) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """Pushes one step's gradients to every shard; returns the new dense values and rows.
+
+        Every shard gets a request, even an empty one, so all shards' versions advance together.
+        """
+        requests = [
+            ps_pb2.PushGradientsRequest(model_version=v, return_parameters=return_parameters)
+            for v in self.versions
+        ]
+        for name, grad in dense_grads.items():
+            requests[placement.shard_of_variable(name, self.num_ps)].dense.append(
+                to_proto(name, grad)
+            )
+        for name, (ids, values) in row_grads.items():
+            owners = placement.shard_of_rows(ids, self.num_ps)
+            for shard, request in enumerate(requests):
+                mask = owners == shard
+                if mask.any():
+                    request.embeddings.append(rows_to_proto(name, ids[mask], values[mask]))
+        futures = [
+            stub.PushGradients.future(request, timeout=self._timeout)
+            for stub, request in zip(self._stubs, requests, strict=True)
+        ]
+        dense, rows = {}, {}
+        for shard, response in enumerate(self._wait(futures)):
+            self.versions[shard] = response.model_version
+            dense |= {t.name: from_proto(t) for t in response.dense}
+            for entry in response.embeddings:
+                ids, values = rows_from_proto(entry)
+                if entry.name in rows:
+                    old_ids, old_values = rows[entry.name]
+                    ids, values = (
+                        np.concatenate([old_ids, ids]),
+                        np.concatenate([old_values, values]),
+                    )
+                rows[entry.name] = (ids, values)
+        return dense, rows

@@ -1,0 +1,189 @@
+"""One shard of the model's parameters and the user's optimizer that updates it.
+
+Updates are asynchronous: each push is applied as it arrives, against the current values.
+With staleness modulation, a gradient computed ``s`` versions ago (``s > 1``) is applied with
+the learning rate divided by ``s``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from elastic_step.ps import placement
+
+
+class ShardNotInitializedError(Exception):
+    """The shard holds no parameters yet: a worker must send its values first."""
+
+
+@dataclass(frozen=True)
+class TableShape:
+    rows: int
+    dim: int
+    dtype: str
+
+
+class ParameterShard:
+    def __init__(self, shard: int, num_ps: int, optimizer, staleness_modulation: bool = False):
+        import keras
+
+        self.shard = shard
+        self.num_ps = num_ps
+        self._optimizer = optimizer
+        self._staleness_modulation = staleness_modulation
+        if staleness_modulation and not isinstance(optimizer.learning_rate, keras.Variable):
+            raise ValueError(
+                "staleness modulation needs an optimizer with a constant learning rate"
+            )
+        self._lock = threading.Lock()
+        self.version = 0
+        self._dense: dict = {}
+        self._tables: dict = {}
+        self._table_shapes: dict[str, TableShape] = {}
+        self.initialized = False
+
+    # -- filling the shard --
+
+    def initialize(
+        self,
+        dense: dict[str, np.ndarray],
+        tables: dict[str, TableShape],
+        rows: dict[str, tuple[np.ndarray, np.ndarray]],
+        version: int,
+    ) -> bool:
+        """Takes a worker's values if the shard is empty; returns whether they were taken."""
+        with self._lock:
+            if self.initialized:
+                return False
+            self._create(dense, tables, version)
+            for name, (ids, values) in rows.items():
+                self._tables[name].value.scatter_update(self._local_slices(name, ids, values))
+            self.initialized = True
+            return True
+
+    def _create(self, dense: dict[str, np.ndarray], tables: dict[str, TableShape], version: int):
+        import keras
+
+        self._dense = {
+            name: keras.Variable(value, name=name.replace("/", "_"), dtype=value.dtype.name)
+            for name, value in sorted(dense.items())
+        }
+        self._table_shapes = dict(tables)
+        self._tables = {
+            name: keras.Variable(
+                np.zeros((placement.rows_owned(s.rows, self.shard, self.num_ps), s.dim), s.dtype),
+                name=name.replace("/", "_"),
+            )
+            for name, s in sorted(tables.items())
+        }
+        self._optimizer.build([*self._dense.values(), *self._tables.values()])
+        self.version = version
+
+    # -- reading --
+
+    def pull_dense(self, known_version: int = -1) -> tuple[int, dict[str, np.ndarray] | None]:
+        """The version and the dense values; None for the values when known_version is current."""
+        with self._lock:
+            self._check_initialized()
+            if known_version == self.version:
+                return self.version, None
+            return self.version, {name: v.numpy() for name, v in self._dense.items()}
+
+    def pull_rows(self, name: str, ids: np.ndarray) -> np.ndarray:
+        with self._lock:
+            self._check_initialized()
+            return self._gather(name, ids)
+
+    # -- updating --
+
+    def push(
+        self,
+        dense_grads: dict[str, np.ndarray],
+        row_grads: dict[str, tuple[np.ndarray, np.ndarray]],
+        version: int,
+        return_parameters: bool,
+    ) -> tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Applies one step of gradients; returns the new version and, if asked, new values."""
+        import tensorflow as tf
+
+        with self._lock:
+            self._check_initialized()
+            pairs = [(tf.convert_to_tensor(g), self._dense[n]) for n, g in dense_grads.items()]
+            for name, (ids, values) in row_grads.items():
+                pairs.append((self._local_slices(name, ids, values), self._tables[name]))
+            if pairs:
+                self._apply(pairs, staleness=self.version - version)
+            self.version += 1
+            dense, rows = {}, {}
+            if return_parameters:
+                dense = {name: v.numpy() for name, v in self._dense.items()}
+                rows = {name: self._gather(name, ids) for name, (ids, _) in row_grads.items()}
+            return self.version, dense, rows
+
+    def _apply(self, pairs: list, staleness: int) -> None:
+        if not (self._staleness_modulation and staleness > 1):
+            self._optimizer.apply_gradients(pairs)
+            return
+        rate = self._optimizer.learning_rate
+        base = float(rate.numpy())
+        rate.assign(base / staleness)
+        try:
+            self._optimizer.apply_gradients(pairs)
+        finally:
+            rate.assign(base)
+
+    # -- checkpoints --
+
+    def state_arrays(self) -> tuple[int, dict[str, np.ndarray]]:
+        """The version and everything needed to restore the shard, optimizer state included."""
+        with self._lock:
+            self._check_initialized()
+            arrays = {f"dense/{n}": v.numpy() for n, v in self._dense.items()}
+            arrays |= {f"table/{n}": v.numpy() for n, v in self._tables.items()}
+            arrays |= {
+                f"table_shape/{n}": np.array([s.rows, s.dim]) for n, s in self._table_shapes.items()
+            }
+            arrays |= {f"optimizer/{i}": v.numpy() for i, v in enumerate(self._optimizer.variables)}
+            return self.version, arrays
+
+    def restore(self, version: int, arrays: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            dense = {k[len("dense/") :]: v for k, v in arrays.items() if k.startswith("dense/")}
+            tables = {}
+            for key, value in arrays.items():
+                if key.startswith("table/"):
+                    name = key[len("table/") :]
+                    rows, dim = arrays[f"table_shape/{name}"].tolist()
+                    tables[name] = TableShape(rows, dim, value.dtype.name)
+            self._create(dense, tables, version)
+            for name, table in self._tables.items():
+                table.assign(arrays[f"table/{name}"])
+            for i, variable in enumerate(self._optimizer.variables):
+                saved = arrays.get(f"optimizer/{i}")
+                if saved is not None and tuple(saved.shape) == tuple(variable.shape):
+                    variable.assign(saved)
+            self.initialized = True
+
+    # -- internals --
+
+    def _check_initialized(self) -> None:
+        if not self.initialized:
+            raise ShardNotInitializedError(f"PS shard {self.shard} holds no parameters yet")
+
+    def _local_slices(self, name: str, ids: np.ndarray, values: np.ndarray):
+        import tensorflow as tf
+
+        table = self._tables[name]
+        return tf.IndexedSlices(
+            tf.convert_to_tensor(values, dtype=table.dtype),
+            tf.convert_to_tensor(placement.local_rows(ids, self.num_ps)),
+            tf.constant(table.shape, dtype=tf.int64),
+        )
+
+    def _gather(self, name: str, ids: np.ndarray) -> np.ndarray:
+        import tensorflow as tf
+
+        return tf.gather(self._tables[name], placement.local_rows(ids, self.num_ps)).numpy()

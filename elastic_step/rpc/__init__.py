@@ -1,0 +1,1 @@
+"""Protocol buffers and gRPC stubs; regenerate with ``make proto``."""

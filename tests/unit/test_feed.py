@@ -1,0 +1,157 @@
+"""The default feed and the per-task dataset builder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elastic_step.data import feed as feed_module
+from elastic_step.data.feed import (
+    DefaultFeed,
+    default_feed,
+    default_feed_for,
+    make_dataset,
+    records_dataset,
+)
+from elastic_step.data.preprocess import preprocess
+from elastic_step.data.schema import Column, Schema
+from elastic_step.data.tfrecord import read_records
+
+
+def _example(**values: float | str) -> bytes:
+    feature = {}
+    for name, value in values.items():
+        if isinstance(value, str):
+            feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+        else:
+            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def _schema(label_kind: str = "class") -> Schema:
+    return Schema(
+        label="y",
+        label_kind=label_kind,  # type: ignore[arg-type]
+        label_vocabulary=["cat", "dog"] if label_kind == "class" else None,
+        columns=[
+            Column(name="x", kind="numeric", mean=10.0, std=4.0),
+            Column(name="color", kind="categorical", vocabulary=["red", "blue"]),
+        ],
+    )
+
+
+def test_standardization_ids_and_class_labels() -> None:
+    schema = _schema("class")
+    records = [
+        _example(x=14.0, color="red", y="dog"),
+        _example(x=2.0, color="blue", y="cat"),
+        _example(x=10.0, color="purple", y="dog"),  # purple is out of vocabulary
+    ]
+    ((features, labels),) = list(make_dataset(records, batch_size=8, mode="train", schema=schema))
+    assert features["x"].dtype == tf.float32
+    np.testing.assert_allclose(features["x"].numpy(), [1.0, -2.0, 0.0])
+    assert features["color"].dtype == tf.int64
+    assert features["color"].numpy().tolist() == [0, 1, 2]  # OOV id = V = 2
+    assert labels.dtype == tf.int64
+    assert labels.numpy().tolist() == [1, 0, 1]
+
+
+def test_numeric_label_and_batching() -> None:
+    schema = _schema("numeric")
+    records = [_example(x=float(i), color="red", y=i * 0.5) for i in range(5)]
+    batches = list(make_dataset(records, batch_size=2, mode="evaluate", schema=schema))
+    assert [b[1].shape[0] for b in batches] == [2, 2, 1]
+    labels = np.concatenate([b[1].numpy() for b in batches])
+    assert batches[0][1].dtype == tf.float32
+    np.testing.assert_allclose(labels, [0, 0.5, 1, 1.5, 2])
+    assert batches[0][0]["x"].shape == (2,)
+
+
+def test_predict_without_labels() -> None:
+    records = [_example(x=1.0, color="red")]
+    ((_, labels),) = list(make_dataset(records, batch_size=4, mode="predict", schema=_schema()))
+    assert labels.numpy().tolist() == [-1]
+    ((_, labels),) = list(
+        make_dataset(records, batch_size=4, mode="predict", schema=_schema("numeric"))
+    )
+    assert np.isnan(labels.numpy()[0])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        list(make_dataset(records, batch_size=4, mode="train", schema=_schema()))
+
+
+def test_bad_mode_and_batch_size() -> None:
+    ds = records_dataset([b""], 1)
+    with pytest.raises(ValueError, match="mode must be one of train, evaluate, predict"):
+        default_feed(ds, "fit", _schema())
+    with pytest.raises(ValueError, match="mode must be one of"):
+        make_dataset([], batch_size=1, mode="test", schema=_schema())
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+        records_dataset([], 0)
+
+
+def test_records_dataset() -> None:
+    batches = [b.numpy().tolist() for b in records_dataset([b"a", b"b", b"c"], 2)]
+    assert batches == [[b"a", b"b"], [b"c"]]
+    assert list(records_dataset([], 3)) == []
+
+
+def test_custom_feed_and_its_type_check() -> None:
+    def feed(dataset: tf.data.Dataset, mode: str, schema: Schema) -> tf.data.Dataset:
+        return dataset.map(lambda batch: tf.strings.length(batch))
+
+    ds = make_dataset([b"ab", b"c"], batch_size=2, mode="train", schema=_schema(), feed=feed)
+    assert [b.numpy().tolist() for b in ds] == [[2, 1]]
+
+    def broken(dataset: tf.data.Dataset, mode: str, schema: Schema) -> list[int]:
+        return [1]
+
+    with pytest.raises(TypeError, match=r"the feed .*broken returned list, expected a tf\.data"):
+        make_dataset([b"x"], batch_size=1, mode="train", schema=_schema(), feed=broken)
+
+
+def test_feed_is_cached_per_schema() -> None:
+    schema = _schema()
+    first = default_feed_for(schema)
+    assert default_feed_for(schema) is first
+    other = _schema()
+    assert default_feed_for(other) is not first
+    key = id(other)
+    del other
+    assert key not in feed_module._CACHE  # dropped with its schema
+    assert isinstance(first, DefaultFeed)
+
+
+def test_keras_model_fits_on_preprocessed_data(small_csv: str, tmp_path: Path) -> None:
+    """A functional model with one named shape=() input per column trains on the default
+    feed's output, end to end from a CSV."""
+    out = str(tmp_path / "data")
+    schema = preprocess(input_path=small_csv, label="digit", output=out, shards=2)
+    (path, n), _ = schema.shard_paths(out, "train")
+    records = read_records(path, 0, n)
+
+    inputs, parts = {}, []
+    for column in schema.columns:
+        if column.kind == "numeric":
+            inputs[column.name] = keras.Input(shape=(), name=column.name, dtype="float32")
+            parts.append(keras.ops.expand_dims(inputs[column.name], -1))
+        else:
+            inputs[column.name] = keras.Input(shape=(), name=column.name, dtype="int64")
+            parts.append(keras.layers.Embedding(column.num_ids, 3)(inputs[column.name]))
+    hidden = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()(parts))
+    outputs = keras.layers.Dense(schema.num_classes)(hidden)
+    model = keras.Model(inputs=inputs, outputs=outputs)
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+
+    dataset = make_dataset(records, batch_size=n, mode="train", schema=schema)
+    history = model.fit(dataset, epochs=1, verbose=0, shuffle=False)
+    assert np.isfinite(history.history["loss"][0])
+    predictions = model.predict(
+        make_dataset(records, batch_size=8, mode="predict", schema=schema), verbose=0
+    )
+    assert predictions.shape == (n, 3)
