@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 
 from elastic_step.errors import ElasticStepError
+from elastic_step.tf_runtime import import_tensorflow_quietly
 
 log = logging.getLogger("elastic_step")
 
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The master launches workers and PS through this same entry point.
     if argv and argv[0] in ("worker", "ps"):
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import_tensorflow_quietly()
         if argv[0] == "worker":
             from elastic_step.worker.worker import main as worker_main
 
@@ -249,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return ps_main(argv[1:])
     args = build_parser().parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.command != "status" and not args.verbose:
+        import_tensorflow_quietly()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)-7s %(message)s",

@@ -76,8 +76,8 @@ def run_demo(workdir: str, epochs: int = 8) -> int:
         f"throughput: {summary['examples_per_second']} examples/s; restarts: {summary['restarts']}"
     )
     for epoch in summary["epochs"]:
-        print(
-            f"epoch {epoch['epoch']}: {epoch['records_trained']}/{epoch['records_expected']} records"
-        )
-    print(f"outputs: {output}/ (model.keras, saved_model/, summary.json); metrics: {metrics_path}")
+        trained, expected = epoch["records_trained"], epoch["records_expected"]
+        print(f"epoch {epoch['epoch']}: {trained}/{expected} records")
+    print(f"outputs: {output}/ (model.keras, saved_model/, summary.json)")
+    print(f"metrics: {metrics_path}")
     return 0

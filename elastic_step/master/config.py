@@ -68,8 +68,12 @@ class TrainConfig:
             raise InputError(
                 f"--max-workers ({self.max_workers}) must be >= --workers ({self.workers})"
             )
-        if self.task_lease_s <= 0 or self.master_timeout_s <= 0:
-            raise InputError("--task-timeout and --master-timeout must be > 0 seconds")
+        for flag, seconds in (
+            ("--task-timeout", self.task_lease_s),
+            ("--master-timeout", self.master_timeout_s),
+        ):
+            if seconds <= 0:
+                raise InputError(f"{flag} must be > 0 seconds, got {seconds}")
 
     @property
     def worker_limit(self) -> int:

@@ -84,7 +84,8 @@ class InstanceManager:
         self.worker_slots: set[int] = set(range(settings.workers))
         self.error_restarts: dict[str, int] = {}
         self.restarts = {Role.WORKER.value: 0, Role.PS.value: 0}
-        self._launches: dict[str, int] = {}  # per slot key: how many instances it has had
+        #: Slots whose instance exited with status 0: their work is over, nothing refills them.
+        self.retired: set[str] = set()
         self.started_at = clock()
         self.timeline: list[list[float]] = [[0.0, 0]]
         self._last_change = clock()
@@ -110,7 +111,7 @@ class InstanceManager:
         wanted += [(Role.WORKER, slot) for slot in sorted(self.worker_slots)]
         occupied = {(i.role, i.slot) for i in self.instances.values() if not i.state.ended}
         for role, slot in wanted:
-            if (role, slot) in occupied:
+            if (role, slot) in occupied or self._slot_key(role, slot) in self.retired:
                 continue
             try:
                 self._launch(role, slot)
@@ -164,6 +165,15 @@ class InstanceManager:
             if (info.role, info.index) in occupied:
                 log.info("deleting %s: its slot already has an instance", info.name)
                 self._backend.delete(info.name, grace_period_s=0)
+                # Kept on record as ended, so that its name is not given out again.
+                self.instances[info.name] = Instance(
+                    info.name,
+                    info.role,
+                    info.index,
+                    ProcessState.KILLED,
+                    info.pid,
+                    message="deleted: its slot already had an instance",
+                )
                 continue
             self.instances[info.name] = Instance(
                 info.name, info.role, info.index, ProcessState.RUNNING, info.pid
@@ -187,7 +197,7 @@ class InstanceManager:
             "worker_slots": sorted(self.worker_slots),
             "error_restarts": self.error_restarts,
             "restarts": self.restarts,
-            "launches": self._launches,
+            "retired": sorted(self.retired),
             "started_at": self.started_at,
             "timeline": self.timeline,
             "failure": self.failure,
@@ -198,7 +208,7 @@ class InstanceManager:
         self.worker_slots = set(state["worker_slots"])
         self.error_restarts = dict(state["error_restarts"])
         self.restarts = dict(state["restarts"])
-        self._launches = dict(state["launches"])
+        self.retired = set(state["retired"])
         self.started_at = state["started_at"]
         self.timeline = [list(point) for point in state["timeline"]]
         self.failure = state["failure"]
@@ -210,23 +220,39 @@ class InstanceManager:
         return f"{role.value}-{slot}"
 
     def _launch(self, role: Role, slot: int) -> None:
-        key = self._slot_key(role, slot)
-        count = self._launches.get(key, 0)
-        if role is Role.PS:
-            name = f"ps-{slot}" if count == 0 else f"ps-{slot}-{count}"
-        else:
-            # Worker names are never reused, so a report from a dead worker is never mistaken.
-            name = f"worker-{sum(v for k, v in self._launches.items() if k.startswith('worker'))}"
+        name = self._next_name(role, slot)
         spec = self._spec_for(role, slot, name)
         self._backend.launch(spec)
-        self._launches[key] = count + 1
         self.instances[name] = Instance(name, role, slot)
         log.info("launched %s (%s slot %d)", name, role.value, slot)
+
+    def _next_name(self, role: Role, slot: int) -> str:
+        """A name no instance of this job ever had, adopted ones included.
+
+        Names are never reused, so a report or an event from a dead instance is never taken
+        for its successor's.
+        """
+        if role is Role.WORKER:
+            numbers = [
+                int(name.rsplit("-", 1)[1]) for name in self.instances if name.startswith("worker-")
+            ]
+            return f"worker-{max(numbers, default=-1) + 1}"
+        prefix = f"ps-{slot}"
+        suffixes = [
+            0 if name == prefix else int(name[len(prefix) + 1 :])
+            for name in self.instances
+            if name == prefix or name.startswith(f"{prefix}-")
+        ]
+        return prefix if not suffixes else f"{prefix}-{max(suffixes) + 1}"
 
     def _apply_relaunch_policy(self, instance: Instance) -> None:
         role, key = instance.role, self._slot_key(instance.role, instance.slot)
         what = f"{instance.name} {instance.state.value} ({instance.message or 'no detail'})"
-        if self.stopping or instance.state is ProcessState.SUCCEEDED:
+        if instance.state is ProcessState.SUCCEEDED:
+            self.retired.add(key)
+            log.info("%s", what)
+            return
+        if self.stopping:
             log.info("%s", what)
             return
         if instance.state is ProcessState.KILLED:

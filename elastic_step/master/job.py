@@ -8,6 +8,7 @@ exits non-zero; running the same command again resumes the job.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import signal
 import sys
@@ -111,7 +112,7 @@ class Job:
 
     def _state(self) -> dict:
         return {
-            "fingerprint": self.config.fingerprint(),
+            "fingerprint": self._fingerprint(),
             "phase": self.phase,
             "error": self.error,
             "port": self._port,
@@ -123,15 +124,20 @@ class Job:
             "train_window": self._train_window,
         }
 
+    def _fingerprint(self) -> str:
+        source = hashlib.sha256(self.definition.source.encode()).hexdigest()[:16]
+        return f"{self.config.fingerprint()}-{source}"
+
     def persist(self) -> None:
         with self.lock:
             self.store.save(self._state())
 
     def _restore(self, state: dict) -> None:
-        if state["fingerprint"] != self.config.fingerprint():
+        if state["fingerprint"] != self._fingerprint():
             raise InputError(
-                f"{self.output} holds a job with other settings (--data, --epochs, --batch-size, "
-                "--ps, --seed or --records-per-task differ); use a new --output to start a new job"
+                f"{self.output} holds a job with other settings (the model definition, --data, "
+                "--epochs, --batch-size, --ps, --seed or --records-per-task differ); "
+                "use a new --output to start a new job"
             )
         self.tasks = TaskManager.from_state(self._task_settings(), state["tasks"])
         self.instances.restore(state["instances"])
@@ -193,7 +199,7 @@ class Job:
     def report_task(self, request: master_pb2.ReportTaskRequest) -> None:
         with self.lock:
             if not request.ok:
-                task = self.tasks.report_failure(request.task_id, request.error)
+                task = self.tasks.report_failure(request.task_id, request.error, request.worker)
                 if task is not None:
                     log.warning(
                         "%s failed on %s (failure %d): %s",

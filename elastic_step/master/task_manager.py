@@ -203,7 +203,7 @@ class TaskManager:
             return None
         task = lease.task
         self._done.add(task_id)
-        self.observe_model_version(model_version)
+        self.model_version = max(self.model_version, model_version)
         if task.kind is TaskKind.TRAIN:
             self._records_trained[task.epoch] = (
                 self._records_trained.get(task.epoch, 0) + task.records
@@ -212,13 +212,20 @@ class TaskManager:
                 self._start_round("epoch-end", task.epoch)
         else:
             self._finish_eval_task(task, evaluation)
+        # After the epoch-end round, so a version crossing a step boundary adds no second round.
+        self.observe_model_version(model_version)
         return task
 
-    def report_failure(self, task_id: int, error: str) -> Task | None:
-        """Records a user-code failure: the task is retried, or the job fails past the limit."""
-        lease = self._doing.pop(task_id, None)
-        if lease is None:
+    def report_failure(self, task_id: int, error: str, worker: str) -> Task | None:
+        """Records a user-code failure: the task is retried, or the job fails past the limit.
+
+        A report from a worker that no longer holds the task (its lease ran out and the task
+        went to another) is ignored: it must not take the other worker's lease.
+        """
+        lease = self._doing.get(task_id)
+        if lease is None or lease.worker != worker:
             return None
+        del self._doing[task_id]
         task = lease.task
         task.failures += 1
         if task.failures > self.settings.max_task_retries:

@@ -21,6 +21,8 @@ class FileStateStore(StateStore):
             document = json.loads(storage.read_text(self._path))
         except (OSError, ValueError) as e:
             raise StateStoreError(f"cannot read master state {self._path}: {e}") from e
+        if not isinstance(document, dict) or not isinstance(document.get("state"), dict):
+            raise StateStoreError(f"master state {self._path} is not a saved state")
         if document.get("format") != FORMAT_VERSION:
             raise StateStoreError(
                 f"master state {self._path} has format {document.get('format')!r}, "

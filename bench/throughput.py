@@ -1,0 +1,388 @@
+"""Training throughput: `elastic-step train` (1 worker, 1 PS) against a plain Keras `model.fit`.
+
+Both run in one invocation, one after the other (never at the same time, so they do not compete
+for the cores), on the same model definition (bench/models/mlp.py), the same TFRecord shards
+written by the real `elastic-step preprocess`, the same batch size and the same epochs. Each
+reports a steady-state rate in examples/s that leaves out a warm-up of the same size: the first
+``--records-per-task`` training records.
+
+- elastic: ``examples_per_second`` from OUTPUT/summary.json, which the master computes as the
+  records of the 2nd to the last completed training task over the wall time between the end of
+  the 1st and the end of the last (so it includes task hand-out, per-task dataset building, and
+  the epoch-end evaluation rounds between epochs; see --validation-fraction).
+- keras: a callback notes the time at the end of the training step that completes the first
+  ``--records-per-task`` records, and at the end of the last step; the rate is the examples of
+  the steps in between over that time (epoch boundaries included, as for the elastic run).
+
+The ratio elastic / keras is compared with the target of 0.9. Results go to
+``WORKDIR/throughput.json`` (default ``bench/results/``). See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+MODEL_DEF = os.path.join(HERE, "models", "mlp.py")
+TARGET = 0.9
+CLASSES = 10
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def load_average() -> str:
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
+# -- data --
+
+
+def write_csv(path: str, rows: int, features: int, seed: int) -> None:
+    """``rows`` x ``features`` standard-normal features and a label ``argmax(x @ W + noise)``
+    with a fixed random ``W`` (seeded), so the model has something to learn."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(size=(features, CLASSES))
+    x = rng.normal(size=(rows, features)).astype(np.float32)
+    label = np.argmax(x @ weights + 0.5 * rng.normal(size=(rows, CLASSES)), axis=1)
+    header = ",".join([*(f"f{i}" for i in range(features)), "label"])
+    table = np.concatenate([x, label[:, None].astype(np.float32)], axis=1)
+    formats = ["%.5f"] * features + ["%d"]
+    np.savetxt(path, table, fmt=formats, delimiter=",", header=header, comments="")
+
+
+def prepare_data(args, data_dir: str) -> None:
+    """Writes the CSV and preprocesses it with the real CLI, unless the same data is there."""
+    stamp_path = os.path.join(args.workdir, "data.json")
+    stamp = {
+        "rows": args.rows,
+        "features": args.features,
+        "seed": args.seed,
+        "validation_fraction": args.validation_fraction,
+        "shards": args.shards,
+    }
+    if os.path.exists(stamp_path) and os.path.isdir(data_dir):
+        with open(stamp_path) as f:
+            if json.load(f) == stamp:
+                log(f"reusing the preprocessed data in {data_dir}")
+                return
+    csv_path = os.path.join(args.workdir, "synthetic.csv")
+    log(f"writing {args.rows} rows x {args.features} features to {csv_path}")
+    write_csv(csv_path, args.rows, args.features, args.seed)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    command = [
+        *elastic_step_command(),
+        "preprocess",
+        "--input",
+        csv_path,
+        "--label",
+        "label",
+        "--label-type",
+        "class",
+        "--output",
+        data_dir,
+        "--shards",
+        str(args.shards),
+        "--validation-fraction",
+        str(args.validation_fraction),
+    ]
+    log("preprocessing: " + " ".join(command))
+    started = time.perf_counter()
+    subprocess.run(command, check=True, cwd=REPO)
+    log(f"preprocessed in {time.perf_counter() - started:.1f}s")
+    with open(stamp_path, "w") as f:
+        json.dump(stamp, f)
+
+
+def elastic_step_command() -> list[str]:
+    return [sys.executable, "-m", "elastic_step"]
+
+
+# -- run A: elastic-step train --
+
+
+def run_elastic(args, data_dir: str) -> dict:
+    output = os.path.join(args.workdir, "elastic-run")
+    shutil.rmtree(output, ignore_errors=True)  # a leftover job would be resumed, not rerun
+    command = [
+        *elastic_step_command(),
+        "train",
+        "--model-def",
+        MODEL_DEF,
+        "--data",
+        data_dir,
+        "--output",
+        output,
+        "--workers",
+        "1",
+        "--ps",
+        "1",
+        "--epochs",
+        str(args.epochs),
+        "--batch-size",
+        str(args.batch_size),
+        "--records-per-task",
+        str(args.records_per_task),
+        "--checkpoint-steps",
+        str(args.checkpoint_steps),
+        "--seed",
+        str(args.seed),
+    ]
+    log("elastic: " + " ".join(command))
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if args.verbose or "progress" in line or "evaluation" in line or "ERROR" in line:
+            print("    | " + line.rstrip(), flush=True)
+    code = process.wait()
+    wall = time.perf_counter() - started
+    if code != 0:
+        raise SystemExit(f"elastic-step train failed with exit status {code}; see {output}")
+    with open(os.path.join(output, "summary.json")) as f:
+        summary = json.load(f)
+    rate = summary.get("examples_per_second")
+    if not rate:
+        raise SystemExit(f"{output}/summary.json has no examples_per_second: {summary}")
+    accuracy = (summary.get("metrics") or {}).get("accuracy")
+    log(f"elastic: {rate:.0f} examples/s (job wall time {wall:.1f}s, accuracy {accuracy})")
+    return {
+        "examples_per_second": rate,
+        "job_wall_s": round(wall, 2),
+        "model_version": summary.get("model_version"),
+        "validation_accuracy": accuracy,
+        "output": output,
+        "command": command,
+    }
+
+
+# -- run B: Keras model.fit --
+
+
+class SteadyRate:
+    """A Keras callback: the rate of the training steps after the first ``warmup`` examples."""
+
+    def __init__(self, batch_sizes: list[int], epochs: int, warmup: int, log_fn):
+        import keras
+
+        outer = self
+
+        class Callback(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                outer.batch_end(batch)
+
+            def on_epoch_end(self, epoch, logs=None):
+                loss = (logs or {}).get("loss")
+                log_fn(f"keras: epoch {epoch + 1}/{epochs} done, loss {float(loss):.4f}")
+
+        self.callback = Callback()
+        self.batch_sizes = batch_sizes
+        self.warmup = warmup
+        self.seen = 0
+        self.start: float | None = None
+        self.end: float | None = None
+        self.counted = 0
+
+    def batch_end(self, batch: int) -> None:
+        now = time.perf_counter()
+        size = self.batch_sizes[batch]
+        self.seen += size
+        if self.start is None:
+            if self.seen >= self.warmup:
+                self.start = now
+        else:
+            self.counted += size
+            self.end = now
+
+    def rate(self) -> float:
+        if self.start is None or self.end is None or self.end <= self.start:
+            raise SystemExit("keras: too few steps after the warm-up to measure a rate")
+        return self.counted / (self.end - self.start)
+
+
+def run_keras(args, data_dir: str) -> dict:
+    import keras
+    import tensorflow as tf
+
+    from elastic_step.data.feed import default_feed
+    from elastic_step.data.schema import Schema
+    from elastic_step.model_def import load_model_definition
+
+    schema = Schema.load(data_dir)
+    shards = schema.shard_paths(data_dir, "train")
+    records = sum(n for _, n in shards)
+    definition = load_model_definition(MODEL_DEF)
+    keras.utils.set_random_seed(args.seed)
+    model = definition.build_model()
+    model.compile(optimizer=definition.build_optimizer(), loss=definition.loss)
+
+    batched = tf.data.TFRecordDataset([path for path, _ in shards]).batch(args.batch_size)
+    dataset = default_feed(batched, "train", schema).prefetch(tf.data.AUTOTUNE)
+
+    # Batches cross shard boundaries here (one stream), so only the epoch's last is partial.
+    sizes = [args.batch_size] * (records // args.batch_size)
+    if records % args.batch_size:
+        sizes.append(records % args.batch_size)
+    meter = SteadyRate(sizes, args.epochs, args.records_per_task, log)
+    log(
+        f"keras: model.fit on {records} records in {len(shards)} shards, "
+        f"{len(sizes)} steps/epoch, {args.epochs} epochs"
+    )
+    started = time.perf_counter()
+    model.fit(dataset, epochs=args.epochs, verbose=0, callbacks=[meter.callback])
+    wall = time.perf_counter() - started
+    rate = meter.rate()
+    log(f"keras: {rate:.0f} examples/s (fit wall time {wall:.1f}s)")
+    return {"examples_per_second": rate, "fit_wall_s": round(wall, 2)}
+
+
+# -- main --
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Examples/s of `elastic-step train` (1 worker, 1 PS) against a plain "
+        "Keras model.fit on the same model, data and batch size; target ratio >= 0.9.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--workdir",
+        default=os.path.join(HERE, "results"),
+        help="scratch directory: CSV, preprocessed data, the training run, throughput.json",
+    )
+    parser.add_argument("--rows", type=int, default=100_000, help="rows of synthetic data")
+    parser.add_argument("--features", type=int, default=32, help="numeric feature columns")
+    parser.add_argument("--hidden", type=int, default=256, help="width of the 2 hidden layers")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument(
+        "--records-per-task",
+        type=int,
+        default=4096,
+        help="elastic task size; also the warm-up both measurements leave out",
+    )
+    parser.add_argument(
+        "--checkpoint-steps",
+        type=int,
+        default=0,
+        help="PS checkpoint interval of the elastic run (0: none, as model.fit writes none)",
+    )
+    parser.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.02,
+        help="held-out fraction; kept small since the elastic run evaluates it at each epoch "
+        "end, inside its measured window, and model.fit here does not evaluate",
+    )
+    parser.add_argument("--shards", type=int, default=4, help="TFRecord shards per split")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--only", choices=["elastic", "keras"], help="run just one side (no ratio is printed)"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="show all training logs")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.workdir = os.path.abspath(args.workdir)
+    os.makedirs(args.workdir, exist_ok=True)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The model definition reads its shape from these; the training processes inherit them.
+    os.environ["BENCH_FEATURES"] = str(args.features)
+    os.environ["BENCH_HIDDEN"] = str(args.hidden)
+    os.environ["BENCH_CLASSES"] = str(CLASSES)
+
+    load_before = load_average()
+    log(f"load average before: {load_before} ({os.cpu_count()} CPUs)")
+    data_dir = os.path.join(args.workdir, "data")
+    prepare_data(args, data_dir)
+
+    results: dict = {}
+    loads: dict = {}
+    if args.only in (None, "elastic"):
+        results["elastic"] = run_elastic(args, data_dir)
+        loads["after_elastic"] = load_average()
+    if args.only in (None, "keras"):
+        results["keras"] = run_keras(args, data_dir)
+        loads["after_keras"] = load_average()
+
+    ratio = None
+    if "elastic" in results and "keras" in results:
+        ratio = results["elastic"]["examples_per_second"] / results["keras"]["examples_per_second"]
+
+    document = {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_average_before": load_before,
+            **{f"load_average_{k}": v for k, v in loads.items()},
+        },
+        "settings": {
+            k: getattr(args, k)
+            for k in (
+                "rows",
+                "features",
+                "hidden",
+                "batch_size",
+                "epochs",
+                "records_per_task",
+                "checkpoint_steps",
+                "validation_fraction",
+                "shards",
+                "seed",
+            )
+        },
+        "command": " ".join([os.path.relpath(sys.executable, REPO), *sys.argv]),
+        "results": results,
+        "ratio": ratio,
+        "target": TARGET,
+        "meets_target": None if ratio is None else ratio >= TARGET,
+    }
+    out_path = os.path.join(args.workdir, "throughput.json")
+    with open(out_path, "w") as f:
+        json.dump(document, f, indent=2)
+        f.write("\n")
+
+    print()
+    print(f"{'run':<36}{'examples/s':>12}")
+    if "elastic" in results:
+        name = "elastic-step train (1 worker, 1 PS)"
+        print(f"{name:<36}{results['elastic']['examples_per_second']:>12.0f}")
+    if "keras" in results:
+        print(f"{'keras model.fit':<36}{results['keras']['examples_per_second']:>12.0f}")
+    if ratio is not None and math.isfinite(ratio):
+        verdict = "PASS" if ratio >= TARGET else "BELOW"
+        print(f"{'ratio elastic / keras':<36}{ratio:>12.3f}   target >= {TARGET}: {verdict}")
+    print(f"load average: before {load_before}; " + "; ".join(f"{k} {v}" for k, v in loads.items()))
+    print(f"wrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""End-to-end fixtures: real `elastic-step` processes on scikit-learn's digits."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from elastic_step.demo import write_digits_csv
+from elastic_step.examples import path_of
+
+
+@pytest.fixture(scope="session")
+def digits_data(tmp_path_factory) -> Path:
+    """The digits preprocessed once for the whole session."""
+    root = tmp_path_factory.mktemp("digits")
+    write_digits_csv(str(root / "digits.csv"))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "elastic_step",
+            "preprocess",
+            "--input",
+            str(root / "digits.csv"),
+            "--label",
+            "digit",
+            "--output",
+            str(root / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return root / "data"
+
+
+def pid_alive(pid: int) -> bool:
+    """True for a running process; a zombie counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class TrainRun:
+    """One `elastic-step train` process and the files it writes."""
+
+    def __init__(self, data: Path, output: Path, *extra: str) -> None:
+        self.output = output
+        self.argv = [
+            sys.executable, "-m", "elastic_step", "train",
+            "--model-def", path_of("digits"), "--data", str(data), "--output", str(output),
+            "--batch-size", "32", "--records-per-task", "64", "--seed", "7",
+            *extra,
+        ]  # fmt: skip
+        self.log_path = output.parent / f"{output.name}.master.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> TrainRun:
+        log = open(self.log_path, "a")  # noqa: SIM115 - kept open while the process runs
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait(self, timeout: float = 240) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=15)
+            pytest.fail(f"train did not finish in {timeout} s; log:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def status(self) -> dict:
+        try:
+            return json.loads((self.output / "status.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def summary(self) -> dict:
+        return json.loads((self.output / "summary.json").read_text())
+
+    def wait_for(self, what: str, predicate: Callable[[dict], bool], timeout: float = 180) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status()
+            if status and predicate(status):
+                return status
+            if self.proc.poll() is not None:
+                pytest.fail(
+                    f"train exited ({self.proc.returncode}) before {what}:\n{self.log()[-3000:]}"
+                )
+            time.sleep(0.2)
+        pytest.fail(f"timed out waiting for {what}; log:\n{self.log()[-3000:]}")
+
+    def member_pids(self, status: dict | None = None) -> dict[str, int]:
+        status = status or self.status()
+        return {
+            m["id"]: m["pid"]
+            for m in status.get("workers", []) + status.get("ps", [])
+            if m["state"] in ("pending", "running") and m["pid"]
+        }
+
+    def kill_all(self) -> None:
+        """Test clean-up: no process of this run survives the test."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in self.member_pids().values():
+            # Workers and PS lead their own process groups.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def train_run(tmp_path, digits_data):
+    runs: list[TrainRun] = []
+
+    def make(*extra: str, output: Path | None = None) -> TrainRun:
+        run = TrainRun(digits_data, output or tmp_path / "run", *extra)
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.kill_all()
+
+
+def records_exact(summary: dict) -> bool:
+    return all(e["records_trained"] == e["records_expected"] for e in summary["epochs"])
+
+
+def mid_epoch(status: dict) -> bool:
+    """Training is under way and the current epoch is partly trained (not the last epoch)."""
+    progress = status.get("progress", {})
+    return (
+        status.get("phase") == "running"
+        and status.get("model_version", 0) >= 4
+        and status.get("epoch", 0) < status.get("epochs", 0)
+        and 0 < progress.get("records_trained", 0) < progress.get("records_per_epoch", 0)
+    )

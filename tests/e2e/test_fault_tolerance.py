@@ -1,0 +1,137 @@
+"""The job survives kill -9 of a worker, of the PS and of the master; SIGTERM cleans up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import mid_epoch, pid_alive, records_exact
+
+pytestmark = pytest.mark.e2e
+
+EPOCHS = ["--epochs", "4"]
+
+
+@pytest.fixture(scope="module")
+def unkilled(tmp_path_factory, digits_data):
+    """A run nobody disturbs: the reference for accuracy."""
+    from conftest import TrainRun
+
+    run = TrainRun(digits_data, tmp_path_factory.mktemp("unkilled") / "run", *EPOCHS).start()
+    try:
+        assert run.wait() == 0, run.log()[-3000:]
+    finally:
+        run.kill_all()
+    return run
+
+
+def test_unkilled_run_outputs(unkilled, digits_data, tmp_path):
+    summary = unkilled.summary()
+    assert records_exact(summary)
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3, 4]
+    assert summary["restarts"] == {"worker": 0, "ps": 0, "master": 0}
+    assert summary["metrics"]["accuracy"] > 0.85
+    assert summary["examples_per_second"] > 0
+    assert summary["workers_timeline"][0] == [0.0, 0]
+    assert max(live for _, live in summary["workers_timeline"]) == 2
+    assert (unkilled.output / "model.keras").is_file()
+    assert (unkilled.output / "saved_model" / "saved_model.pb").is_file()
+    status = unkilled.status()
+    assert status["phase"] == "succeeded"
+    assert {m["state"] for m in status["workers"] + status["ps"]} == {"succeeded"}
+
+    metrics_file = tmp_path / "metrics.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "elastic_step", "evaluate", "--model", str(unkilled.output),
+         "--data", str(digits_data), "--metrics-output", str(metrics_file)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(metrics_file.read_text())
+    assert metrics["records"] == 359
+    # The saved model is the trained one: evaluate agrees with the master's last evaluation.
+    assert metrics["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
+    matrix = metrics["confusion_matrix"]["matrix"]
+    assert len(matrix) == 10 and sum(map(sum, matrix)) == 359
+    assert sum(matrix[i][i] for i in range(10)) / 359 == pytest.approx(
+        metrics["metrics"]["accuracy"], abs=1e-6
+    )
+
+    printed = subprocess.run(
+        [sys.executable, "-m", "elastic_step", "status", str(unkilled.output)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert printed.returncode == 0 and "phase:   succeeded" in printed.stdout
+
+
+def test_worker_killed_mid_epoch(train_run, unkilled):
+    run = train_run(*EPOCHS).start()
+    status = run.wait_for("training mid-epoch", mid_epoch)
+    victim = next(m for m in status["workers"] if m["state"] == "running")
+    os.kill(victim["pid"], signal.SIGKILL)
+    assert run.wait() == 0, run.log()[-3000:]
+    summary = run.summary()
+    assert records_exact(summary), summary["epochs"]
+    assert summary["restarts"]["worker"] >= 1
+    # The timeline shows the loss of a worker and its replacement.
+    live = [n for _, n in summary["workers_timeline"]]
+    assert 1 in live[live.index(2) :]
+    accuracy, reference = summary["metrics"]["accuracy"], unkilled.summary()["metrics"]["accuracy"]
+    assert abs(accuracy - reference) <= 0.02, (accuracy, reference)
+    assert f"{victim['id']} killed (killed by SIGKILL); replacing it" in run.log()
+
+
+def test_only_ps_killed(train_run):
+    run = train_run(*EPOCHS, "--checkpoint-steps", "10").start()
+    status = run.wait_for("a PS checkpoint", lambda s: mid_epoch(s) and s["model_version"] >= 12)
+    ps = status["ps"][0]
+    os.kill(ps["pid"], signal.SIGKILL)
+    assert run.wait() == 0, run.log()[-3000:]
+    summary = run.summary()
+    assert records_exact(summary)
+    assert summary["restarts"]["ps"] == 1
+    assert summary["metrics"]["accuracy"] > 0.85
+    relaunched = (run.output / "backend" / "logs" / "ps-0-1.log").read_text()
+    assert "restored shard 0 from checkpoint version" in relaunched
+
+
+def test_master_killed_and_rerun_adopts_workers(train_run):
+    run = train_run(*EPOCHS).start()
+    before = run.wait_for("training mid-epoch", mid_epoch)
+    members = run.member_pids(before)
+    assert len(members) == 3
+    run.proc.send_signal(signal.SIGKILL)
+    run.proc.wait(timeout=10)
+    time.sleep(1)
+    assert all(pid_alive(pid) for pid in members.values()), "workers and PS outlive the master"
+
+    rerun = train_run(*EPOCHS, output=run.output).start()
+    assert rerun.wait() == 0, rerun.log()[-3000:]
+    summary = rerun.summary()
+    assert records_exact(summary)
+    assert summary["restarts"] == {"worker": 0, "ps": 0, "master": 1}
+    after = {m["id"]: m["pid"] for m in rerun.status()["workers"] + rerun.status()["ps"]}
+    assert after == members, "the same processes finished the job: adopted, not restarted"
+    assert "adopted ps-0, worker-0, worker-1" in rerun.log()
+
+
+def test_sigterm_to_master_removes_every_process(train_run):
+    run = train_run(*EPOCHS).start()
+    status = run.wait_for("training mid-epoch", mid_epoch)
+    members = run.member_pids(status)
+    assert len(members) == 3
+    run.proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    code = run.proc.wait(timeout=30)
+    deadline = sent + 10
+    while time.monotonic() < deadline and any(pid_alive(p) for p in members.values()):
+        time.sleep(0.1)
+    alive = {name: pid for name, pid in members.items() if pid_alive(pid)}
+    assert not alive, f"still running 10 s after SIGTERM: {alive}"
+    assert code != 0
+    assert run.status()["phase"] == "interrupted"

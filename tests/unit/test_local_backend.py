@@ -1,0 +1,278 @@
+"""The local backend, with real subprocesses: events, deletion, logs, environment, and the
+adoption of a previous master's live processes through ``instances.json``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from elastic_step.backends.api import (
+    BackendError,
+    EventKind,
+    ExitReason,
+    InstanceEvent,
+    LaunchSpec,
+    Role,
+)
+from elastic_step.backends.local import LocalBackend, process_start_time
+
+SLEEP = "import time; time.sleep(60)"
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+class Processes:
+    """The processes a test started; all killed at the end, whatever happened."""
+
+    def __init__(self) -> None:
+        self._started: list[tuple[int, int | None]] = []
+        self.backends: list[LocalBackend] = []
+
+    def track(self, pid: int) -> None:
+        self._started.append((pid, process_start_time(pid)))
+
+    def backend(self, work_dir: Path, job_id: str = "job-1") -> LocalBackend:
+        backend = LocalBackend(job_id, str(work_dir))
+        self.backends.append(backend)
+        return backend
+
+    def cleanup(self) -> None:
+        for backend in self.backends:
+            backend.close()
+        for pid, start_time in self._started:
+            alive = start_time is not None and process_start_time(pid) == start_time
+            if alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):  # reap our children
+                os.waitpid(pid, 0 if alive else os.WNOHANG)
+
+
+@pytest.fixture
+def procs():
+    processes = Processes()
+    try:
+        yield processes
+    finally:
+        processes.cleanup()
+
+
+def launch(backend: LocalBackend, procs: Processes, name: str, code: str, **kw) -> int:
+    """Launches ``python -c code`` as worker ``name``; returns its pid from the STARTED event."""
+    role = kw.pop("role", Role.WORKER)
+    index = kw.pop("index", 0)
+    backend.launch(LaunchSpec(name, role, index, python(code), **kw))
+    started = wait_for(backend, name, EventKind.STARTED)
+    assert started.pid is not None
+    procs.track(started.pid)
+    return started.pid
+
+
+def wait_for(
+    backend: LocalBackend, name: str, kind: EventKind, timeout_s: float = 10.0
+) -> InstanceEvent:
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        for event in backend.next_events(0.1):
+            if event.name == name and event.kind is kind:
+                return event
+            seen.append(event)
+    raise AssertionError(f"no {kind.value} event for {name} in {timeout_s} s; saw {seen}")
+
+
+def wait_for_text(path: Path, text: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+def test_launch_reports_started_with_the_pid(tmp_path: Path, procs: Processes) -> None:
+    backend = procs.backend(tmp_path)
+    pid = launch(backend, procs, "worker-0", SLEEP)
+
+    assert process_start_time(pid) is not None
+    record = json.loads((tmp_path / "instances.json").read_text())
+    assert record["job_id"] == "job-1"
+    entry = record["instances"]["worker-0"]
+    assert (entry["pid"], entry["role"], entry["index"]) == (pid, "worker", 0)
+    assert entry["start_time"] == process_start_time(pid)
+
+
+def test_exit_status_0_is_completed(tmp_path: Path, procs: Processes) -> None:
+    backend = procs.backend(tmp_path)
+    pid = launch(backend, procs, "worker-0", "pass")
+    event = wait_for(backend, "worker-0", EventKind.EXITED)
+
+    assert (event.reason, event.exit_code, event.pid) == (ExitReason.COMPLETED, 0, pid)
+    record = json.loads((tmp_path / "instances.json").read_text())
+    assert record["instances"] == {}  # an ended instance leaves the record
+
+
+def test_a_non_zero_exit_status_is_an_error(tmp_path: Path, procs: Processes) -> None:
+    backend = procs.backend(tmp_path)
+    launch(backend, procs, "worker-0", "import sys; sys.exit(3)")
+    event = wait_for(backend, "worker-0", EventKind.EXITED)
+
+    assert (event.reason, event.exit_code) == (ExitReason.ERROR, 3)
+    assert "exit status 3" in event.message
+
+
+def test_a_process_killed_by_a_signal_is_killed(tmp_path: Path, procs: Processes) -> None:
+    backend = procs.backend(tmp_path)
+    pid = launch(backend, procs, "ps-0", SLEEP, role=Role.PS)
+    os.kill(pid, signal.SIGKILL)
+    event = wait_for(backend, "ps-0", EventKind.EXITED)
+
+    assert event.reason is ExitReason.KILLED
+    assert event.exit_code == -signal.SIGKILL
+    assert "SIGKILL" in event.message
+
+
+def test_delete_stops_a_process_with_sigterm(tmp_path: Path, procs: Processes) -> None:
+    backend = procs.backend(tmp_path)
+    launch(backend, procs, "worker-0", SLEEP)
+    backend.delete("worker-0", grace_period_s=5)
+    event = wait_for(backend, "worker-0", EventKind.EXITED, timeout_s=4)
+
+    assert event.reason is ExitReason.KILLED
+    assert "SIGTERM" in event.message
+    backend.delete("worker-0")  # gone now: a no-op
+    backend.delete("no-such-instance")
+
+
+def test_delete_kills_a_process_that_ignores_sigterm_after_the_grace_period(
+    tmp_path: Path, procs: Processes
+) -> None:
+    backend = procs.backend(tmp_path)
+    code = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print('ignoring SIGTERM', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    launch(backend, procs, "worker-0", code)
+    wait_for_text(tmp_path / "logs" / "worker-0.log", "ignoring SIGTERM")
+
+    asked = time.monotonic()
+    backend.delete("worker-0", grace_period_s=0.5)
+    event = wait_for(backend, "worker-0", EventKind.EXITED)
+
+    assert time.monotonic() - asked >= 0.5
+    assert event.reason is ExitReason.KILLED
+    assert "SIGKILL" in event.message
+
+
+def test_a_new_backend_adopts_a_live_process_and_reports_its_death(
+    tmp_path: Path, procs: Processes
+) -> None:
+    old = procs.backend(tmp_path)
+    pid = launch(old, procs, "worker-4", SLEEP, index=2)
+    old.close()  # the old master is gone; its process runs on
+
+    new = procs.backend(tmp_path)
+    [info] = new.list_instances()
+    assert (info.name, info.role, info.index, info.pid) == ("worker-4", Role.WORKER, 2, pid)
+    assert new.next_events(0.3) == []  # still running
+
+    os.kill(pid, signal.SIGKILL)
+    event = wait_for(new, "worker-4", EventKind.EXITED)
+    assert event.reason is ExitReason.KILLED
+    assert "adopted" in event.message
+    assert event.pid == pid
+
+
+def test_a_new_backend_can_delete_an_adopted_process(tmp_path: Path, procs: Processes) -> None:
+    old = procs.backend(tmp_path)
+    pid = launch(old, procs, "ps-1", SLEEP, role=Role.PS, index=1)
+    old.close()
+
+    new = procs.backend(tmp_path)
+    assert [i.name for i in new.list_instances()] == ["ps-1"]
+    new.delete("ps-1", grace_period_s=5)
+    event = wait_for(new, "ps-1", EventKind.EXITED)
+
+    assert event.reason is ExitReason.KILLED
+    os.waitpid(pid, 0)  # our child: reap it
+    assert process_start_time(pid) is None
+
+
+def test_the_record_adopts_only_a_pid_whose_start_time_matches(
+    tmp_path: Path, procs: Processes
+) -> None:
+    same = subprocess.Popen(python(SLEEP), start_new_session=True)
+    procs.track(same.pid)
+    reused = subprocess.Popen(python(SLEEP), start_new_session=True)
+    procs.track(reused.pid)
+    record = {
+        "job_id": "job-1",
+        "instances": {
+            "worker-0": {
+                "pid": same.pid,
+                "start_time": process_start_time(same.pid),
+                "role": "worker",
+                "index": 0,
+            },
+            # The recorded process ended and its pid now belongs to another one.
+            "worker-1": {
+                "pid": reused.pid,
+                "start_time": process_start_time(reused.pid) - 100,
+                "role": "worker",
+                "index": 1,
+            },
+            "worker-2": {"pid": 2**22 + 7, "start_time": 1, "role": "worker", "index": 2},
+        },
+    }
+    (tmp_path / "instances.json").write_text(json.dumps(record))
+
+    backend = procs.backend(tmp_path)
+    assert [(i.name, i.pid) for i in backend.list_instances()] == [("worker-0", same.pid)]
+    saved = json.loads((tmp_path / "instances.json").read_text())
+    assert list(saved["instances"]) == ["worker-0"]
+
+    backend.delete("worker-1", grace_period_s=0)  # never adopted: the stranger is left alone
+    time.sleep(0.3)
+    assert reused.poll() is None
+
+
+def test_output_goes_to_the_instance_log_and_env_is_passed(
+    tmp_path: Path, procs: Processes
+) -> None:
+    backend = procs.backend(tmp_path)
+    code = (
+        "import os, sys\n"
+        "print('value', os.environ['ES_TEST_VALUE'])\n"
+        "print('name', os.environ['ELASTIC_STEP_INSTANCE'])\n"
+        "print('to stderr', file=sys.stderr)\n"
+    )
+    launch(backend, procs, "worker-7", code, env={"ES_TEST_VALUE": "42"})
+    event = wait_for(backend, "worker-7", EventKind.EXITED)
+
+    assert event.reason is ExitReason.COMPLETED
+    assert backend.log_path("worker-7") == str(tmp_path / "logs" / "worker-7.log")
+    log = (tmp_path / "logs" / "worker-7.log").read_text()
+    assert "value 42" in log
+    assert "name worker-7" in log
+    assert "to stderr" in log
+
+
+def test_a_command_that_cannot_start_is_a_backend_error(tmp_path: Path, procs: Processes) -> None:
+    backend = procs.backend(tmp_path)
+    spec = LaunchSpec("worker-0", Role.WORKER, 0, [str(tmp_path / "no-such-program")])
+    with pytest.raises(BackendError, match=r"cannot start worker-0 .*no-such-program"):
+        backend.launch(spec)
+    assert backend.list_instances() == []
+    assert backend.next_events(0.2) == []

@@ -1,0 +1,503 @@
+"""Parameter servers: placement, the client over real gRPC shards, checkpoints, staleness."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import keras
+import numpy as np
+import pytest
+
+from elastic_step.ps import checkpoint, placement
+from elastic_step.ps.client import PSClient, PSUnavailableError, TableSpec
+from elastic_step.ps.server import ParameterServerServicer
+from elastic_step.ps.shard import ParameterShard, TableShape
+from elastic_step.rpc import master_pb2, ps_pb2_grpc
+
+LR = 0.1
+# With 2 shards, crc32 puts "dense/kernel" on shard 1 and "dense_1/bias" on shard 0.
+KERNEL, BIAS, TABLE = "dense/kernel", "dense_1/bias", "emb/embeddings"
+TABLE_ROWS, TABLE_DIM = 7, 3
+
+
+def _params() -> tuple[dict[str, np.ndarray], dict[str, TableSpec], dict[str, np.ndarray]]:
+    dense = {
+        KERNEL: np.arange(6, dtype=np.float32).reshape(3, 2) / 10,
+        BIAS: np.array([1.0, -1.0], np.float32),
+    }
+    tables = {TABLE: TableSpec(TABLE_ROWS, TABLE_DIM, "float32")}
+    table_values = {
+        TABLE: np.arange(TABLE_ROWS * TABLE_DIM, dtype=np.float32).reshape(TABLE_ROWS, TABLE_DIM)
+    }
+    return dense, tables, table_values
+
+
+@dataclass
+class Cluster:
+    servicers: list[ParameterServerServicer]
+    servers: list[grpc.Server]
+    addresses: list[str]
+    clients: list[PSClient] = field(default_factory=list)
+
+    def client(self, timeout_s: float = 10.0) -> PSClient:
+        client = PSClient(self.addresses, timeout_s=timeout_s)
+        self.clients.append(client)
+        return client
+
+    def shard(self, i: int) -> ParameterShard:
+        shard = self.servicers[i].shard
+        assert shard is not None
+        return shard
+
+
+StartCluster = Callable[..., Cluster]
+
+
+@pytest.fixture
+def start_cluster(tmp_path: Path) -> Iterator[StartCluster]:
+    """``start_cluster(num_ps=2, optimizer=SGD, ...)`` starts real in-process gRPC PS shards."""
+    clusters: list[Cluster] = []
+
+    def start(
+        num_ps: int = 2,
+        optimizer: Callable[[], keras.optimizers.Optimizer] = lambda: keras.optimizers.SGD(LR),
+        checkpoint_steps: int = 0,
+        keep_checkpoints: int = 3,
+        staleness_modulation: bool = False,
+    ) -> Cluster:
+        cluster = Cluster([], [], [])
+        clusters.append(cluster)
+        for i in range(num_ps):
+            servicer = ParameterServerServicer()
+            servicer.settings = master_pb2.JobSettings(
+                output_dir=str(tmp_path),
+                checkpoint_steps=checkpoint_steps,
+                keep_checkpoints=keep_checkpoints,
+                num_ps=num_ps,
+            )
+            servicer.shard = ParameterShard(i, num_ps, optimizer(), staleness_modulation)
+            server = grpc.server(futures.ThreadPoolExecutor(4))
+            ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
+            port = server.add_insecure_port("127.0.0.1:0")
+            server.start()
+            cluster.servicers.append(servicer)
+            cluster.servers.append(server)
+            cluster.addresses.append(f"127.0.0.1:{port}")
+        return cluster
+
+    yield start
+    for cluster in clusters:
+        for client in cluster.clients:
+            client.close()
+        for server in cluster.servers:
+            server.stop(None).wait()
+
+
+@pytest.fixture
+def cluster(start_cluster: StartCluster) -> Cluster:
+    return start_cluster()
+
+
+@pytest.fixture
+def ps(cluster: Cluster) -> PSClient:
+    """A client over two initialized SGD shards."""
+    client = cluster.client()
+    assert client.initialize(*_params(), model_version=0) == [True, True]
+    return client
+
+
+# -- placement --
+
+
+def test_shard_of_variable_is_crc32_and_stable() -> None:
+    # Fixed values: a per-process hash() would change them from run to run.
+    assert placement.shard_of_variable("dense/kernel", 3) == 0
+    assert placement.shard_of_variable("dense/bias", 3) == 1
+    assert placement.shard_of_variable("dense_1/bias", 3) == 2
+    assert placement.shard_of_variable(KERNEL, 2) == 1
+    assert placement.shard_of_variable(BIAS, 2) == 0
+    for name in ["a", "layer/kernel", "ü/x"]:
+        for n in (1, 2, 5):
+            assert placement.shard_of_variable(name, n) == zlib.crc32(name.encode()) % n
+    assert placement.shard_of_variable("anything", 1) == 0
+
+
+def test_shard_of_variable_spreads_names() -> None:
+    counts = Counter(placement.shard_of_variable(f"layer_{i}/kernel", 4) for i in range(200))
+    assert set(counts) == {0, 1, 2, 3}
+    assert min(counts.values()) >= 30
+
+
+def test_rows_by_id_modulo() -> None:
+    ids = np.array([0, 1, 2, 3, 7, 10], np.int64)
+    np.testing.assert_array_equal(placement.shard_of_rows(ids, 3), [0, 1, 2, 0, 1, 1])
+    np.testing.assert_array_equal(placement.local_rows(ids, 3), [0, 0, 0, 1, 2, 3])
+    assert [placement.rows_owned(10, s, 3) for s in range(3)] == [4, 3, 3]
+    assert [placement.rows_owned(7, s, 2) for s in range(2)] == [4, 3]
+    assert [placement.rows_owned(1, s, 2) for s in range(2)] == [1, 0]
+    # Every row's local index is inside its owner's part of the table.
+    all_ids = np.arange(10)
+    for shard in range(3):
+        local = placement.local_rows(all_ids[placement.shard_of_rows(all_ids, 3) == shard], 3)
+        np.testing.assert_array_equal(local, np.arange(placement.rows_owned(10, shard, 3)))
+
+
+# -- the client over real shards --
+
+
+def test_initialize_places_dense_by_hash_and_rows_by_id(cluster: Cluster) -> None:
+    client = cluster.client()
+    dense, tables, table_values = _params()
+    assert client.initialize(dense, tables, table_values, model_version=0) == [True, True]
+    s0, s1 = cluster.shard(0), cluster.shard(1)
+    assert set(s0._dense) == {BIAS}
+    assert set(s1._dense) == {KERNEL}
+    np.testing.assert_array_equal(s0.pull_dense()[1][BIAS], dense[BIAS])
+    np.testing.assert_array_equal(s1.pull_dense()[1][KERNEL], dense[KERNEL])
+    # Shard s holds rows s, s + 2, s + 4, ... in that order.
+    np.testing.assert_array_equal(s0._tables[TABLE].numpy(), table_values[TABLE][0::2])
+    np.testing.assert_array_equal(s1._tables[TABLE].numpy(), table_values[TABLE][1::2])
+    assert s0._table_shapes[TABLE] == TableShape(TABLE_ROWS, TABLE_DIM, "float32")
+
+
+def test_second_initialize_is_refused_and_keeps_values(ps: PSClient, cluster: Cluster) -> None:
+    dense, tables, table_values = _params()
+    other_dense = {n: v + 100 for n, v in dense.items()}
+    other_rows = {TABLE: table_values[TABLE] + 100}
+    assert ps.initialize(other_dense, tables, other_rows, model_version=5) == [False, False]
+    pulled = ps.pull_dense()
+    for name, value in dense.items():
+        np.testing.assert_array_equal(pulled[name], value)
+    np.testing.assert_array_equal(ps.pull_rows(TABLE, np.arange(TABLE_ROWS)), table_values[TABLE])
+    assert [cluster.shard(i).version for i in range(2)] == [0, 0]
+
+
+def test_pull_dense_joins_all_shards(ps: PSClient) -> None:
+    dense, _, _ = _params()
+    pulled = ps.pull_dense()
+    assert set(pulled) == {KERNEL, BIAS}
+    for name, value in dense.items():
+        np.testing.assert_array_equal(pulled[name], value)
+        assert pulled[name].dtype == np.float32
+    assert ps.versions == [0, 0]
+
+
+def test_pull_rows_in_requested_order_across_shards(ps: PSClient) -> None:
+    _, _, table_values = _params()
+    ids = np.array([5, 0, 3, 3, 6, 1, 2])
+    np.testing.assert_array_equal(ps.pull_rows(TABLE, ids), table_values[TABLE][ids])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: PullEmbeddingRows does np.asarray(t.ids); an empty repeated field gives a "
+    "float64 array, so tf.gather fails on the shard that owns none of the requested ids",
+)
+def test_pull_rows_all_on_one_shard(ps: PSClient) -> None:
+    _, _, table_values = _params()
+    ids = np.array([4, 0, 2])  # all even: shard 1 is asked for no rows
+    np.testing.assert_array_equal(ps.pull_rows(TABLE, ids), table_values[TABLE][ids])
+
+
+def test_push_applies_sgd_exactly(ps: PSClient) -> None:
+    dense, _, table_values = _params()
+    kernel_grad = np.full((3, 2), 0.5, np.float32)
+    bias_grad = np.array([2.0, -4.0], np.float32)
+    row_ids = np.array([1, 4], np.int64)  # one row on each shard
+    row_grad = np.array([[1.0, 2.0, 3.0], [-1.0, 0.0, 10.0]], np.float32)
+
+    new_dense, new_rows = ps.push({KERNEL: kernel_grad, BIAS: bias_grad}, {TABLE: (row_ids, row_grad)})
+
+    expected_kernel = dense[KERNEL] - LR * kernel_grad
+    expected_bias = dense[BIAS] - LR * bias_grad
+    np.testing.assert_allclose(new_dense[KERNEL], expected_kernel, rtol=1e-6)
+    np.testing.assert_allclose(new_dense[BIAS], expected_bias, rtol=1e-6)
+    expected_table = table_values[TABLE].copy()
+    expected_table[row_ids] -= LR * row_grad
+    returned_ids, returned_values = new_rows[TABLE]
+    assert sorted(returned_ids.tolist()) == [1, 4]
+    for row_id, value in zip(returned_ids, returned_values, strict=True):
+        np.testing.assert_allclose(value, expected_table[row_id], rtol=1e-6)
+    # The shards hold the new values; rows that got no gradient are unchanged.
+    pulled = ps.pull_dense()
+    np.testing.assert_allclose(pulled[KERNEL], expected_kernel, rtol=1e-6)
+    np.testing.assert_allclose(pulled[BIAS], expected_bias, rtol=1e-6)
+    table = ps.pull_rows(TABLE, np.arange(TABLE_ROWS))
+    np.testing.assert_allclose(table, expected_table, rtol=1e-6)
+    untouched = [0, 2, 3, 5, 6]
+    np.testing.assert_array_equal(table[untouched], table_values[TABLE][untouched])
+    assert ps.versions == [1, 1]
+
+
+def test_push_advances_every_shard_even_without_its_gradients(
+    ps: PSClient, cluster: Cluster
+) -> None:
+    dense, _, table_values = _params()
+    # Only shard 1 (the kernel's, and odd row 3's) gets gradients.
+    grad = np.ones((3, 2), np.float32)
+    new_dense, new_rows = ps.push({KERNEL: grad}, {TABLE: (np.array([3]), np.ones((1, 3)))})
+    assert [cluster.shard(i).version for i in range(2)] == [1, 1]
+    assert ps.versions == [1, 1]
+    assert ps.model_version == 1
+    np.testing.assert_array_equal(new_dense[BIAS], dense[BIAS])  # every shard's values come back
+    np.testing.assert_allclose(new_dense[KERNEL], dense[KERNEL] - LR, rtol=1e-6)
+    assert new_rows[TABLE][0].tolist() == [3]
+    ps.push({}, {})
+    assert [cluster.shard(i).version for i in range(2)] == [2, 2]
+    np.testing.assert_array_equal(ps.pull_dense()[BIAS], dense[BIAS])
+    np.testing.assert_array_equal(ps.pull_rows(TABLE, [0, 1, 2]), table_values[TABLE][[0, 1, 2]])
+
+
+def test_push_without_return_parameters(ps: PSClient) -> None:
+    dense, _, _ = _params()
+    assert ps.push({BIAS: np.ones(2, np.float32)}, {}, return_parameters=False) == ({}, {})
+    np.testing.assert_allclose(ps.pull_dense()[BIAS], dense[BIAS] - LR, rtol=1e-6)
+
+
+def test_uninitialized_shard_is_unavailable(cluster: Cluster) -> None:
+    dense, tables, table_values = _params()
+    client = cluster.client()
+    with pytest.raises(PSUnavailableError, match="holds no parameters") as e:
+        client.pull_dense()
+    assert e.value.shard == 0
+    with pytest.raises(PSUnavailableError, match="FAILED_PRECONDITION"):
+        client.push({BIAS: np.ones(2, np.float32)}, {})
+    with pytest.raises(PSUnavailableError, match="FAILED_PRECONDITION"):
+        client.pull_rows(TABLE, np.array([0, 1]))
+    # Only shard 0 filled (as after shard 1 was relaunched without a checkpoint).
+    shard0_dense = {n: v for n, v in dense.items() if placement.shard_of_variable(n, 2) == 0}
+    rows = {TABLE: (np.array([0, 2, 4, 6]), table_values[TABLE][0::2])}
+    assert cluster.shard(0).initialize(shard0_dense, tables, rows, 0)
+    with pytest.raises(PSUnavailableError, match="holds no parameters") as e:
+        client.pull_dense()
+    assert e.value.shard == 1
+    with pytest.raises(PSUnavailableError, match="FAILED_PRECONDITION") as e:
+        client.push({BIAS: np.ones(2, np.float32)}, {})
+    assert e.value.shard == 1
+
+
+def test_starting_ps_is_unavailable(cluster: Cluster) -> None:
+    cluster.servicers[1].shard = None
+    with pytest.raises(PSUnavailableError, match="UNAVAILABLE") as e:
+        cluster.client().pull_dense()
+    assert e.value.shard == 1
+
+
+def test_stopped_server_is_unavailable(ps: PSClient, cluster: Cluster) -> None:
+    cluster.servers[0].stop(None).wait()
+    with pytest.raises(PSUnavailableError, match="UNAVAILABLE") as e:
+        ps.pull_dense()
+    assert e.value.shard == 0
+    with pytest.raises(PSUnavailableError) as e:
+        ps.push({KERNEL: np.ones((3, 2), np.float32)}, {})
+    assert e.value.shard == 0
+
+
+# -- checkpoints --
+
+
+def _ckpt_dir(cluster: Cluster, shard: int) -> str:
+    settings = cluster.servicers[shard].settings
+    assert settings is not None
+    return checkpoint.checkpoint_dir(settings.output_dir, shard, settings.num_ps)
+
+
+def test_servicer_checkpoints_every_n_versions_and_keeps_newest(
+    start_cluster: StartCluster, tmp_path: Path
+) -> None:
+    cluster = start_cluster(checkpoint_steps=2, keep_checkpoints=2)
+    client = cluster.client()
+    client.initialize(*_params(), model_version=0)
+    client.push({}, {})
+    assert not (tmp_path / "checkpoints").exists()  # version 1: no checkpoint yet
+    client.push({}, {})
+    for shard in range(2):
+        directory = tmp_path / "checkpoints" / f"ps-{shard}-of-2"
+        assert _ckpt_dir(cluster, shard) == str(directory)
+        assert os.listdir(directory) == ["version-000000000002.npz"]
+    for _ in range(5):  # versions 3..7: checkpoints at 4 and 6
+        client.push({}, {})
+    for shard in range(2):
+        names = sorted(os.listdir(tmp_path / "checkpoints" / f"ps-{shard}-of-2"))
+        assert names == ["version-000000000004.npz", "version-000000000006.npz"]
+        assert checkpoint.load_latest(_ckpt_dir(cluster, shard))[0] == 6
+
+
+def test_no_checkpoints_when_steps_is_zero(start_cluster: StartCluster, tmp_path: Path) -> None:
+    cluster = start_cluster(checkpoint_steps=0)
+    client = cluster.client()
+    client.initialize(*_params(), model_version=0)
+    for _ in range(3):
+        client.push({}, {})
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def _adam_push(shard: ParameterShard, step: int) -> tuple[int, dict, dict]:
+    """The same gradients for the same step, whichever shard gets them."""
+    rng = np.random.default_rng(step)
+    dense = {
+        n: rng.normal(size=v.shape).astype(np.float32) for n, v in _params()[0].items()
+        if n in shard._dense
+    }
+    ids = np.arange(shard.shard, TABLE_ROWS, shard.num_ps)[:2]
+    rows = {TABLE: (ids, rng.normal(size=(len(ids), TABLE_DIM)).astype(np.float32))}
+    return shard.push(dense, rows, shard.version, return_parameters=True)
+
+
+def test_checkpoint_restores_values_version_and_optimizer_state(
+    start_cluster: StartCluster,
+) -> None:
+    cluster = start_cluster(optimizer=lambda: keras.optimizers.Adam(0.01), checkpoint_steps=3)
+    client = cluster.client()
+    client.initialize(*_params(), model_version=0)
+    for step in range(3):
+        rng = np.random.default_rng(100 + step)
+        client.push(
+            {KERNEL: rng.normal(size=(3, 2)), BIAS: rng.normal(size=2)},
+            {TABLE: (np.array([1, 2, 5]), rng.normal(size=(3, TABLE_DIM)))},
+        )
+    for i in range(2):
+        original = cluster.shard(i)
+        saved = checkpoint.load_latest(_ckpt_dir(cluster, i))
+        assert saved is not None
+        version, arrays = saved
+        assert version == 3
+        restored = ParameterShard(i, 2, keras.optimizers.Adam(0.01))
+        restored.restore(version, arrays)
+        assert restored.initialized
+        assert restored.version == original.version == 3
+        _, original_dense = original.pull_dense()
+        _, restored_dense = restored.pull_dense()
+        assert set(restored_dense) == set(original_dense)
+        for name, value in original_dense.items():
+            np.testing.assert_array_equal(restored_dense[name], value)
+        owned = np.arange(i, TABLE_ROWS, 2)
+        np.testing.assert_array_equal(
+            restored.pull_rows(TABLE, owned), original.pull_rows(TABLE, owned)
+        )
+        assert restored._table_shapes == original._table_shapes
+
+        # Without the optimizer's moments the next step differs ...
+        fresh = ParameterShard(i, 2, keras.optimizers.Adam(0.01))
+        fresh.restore(version, {k: v for k, v in arrays.items() if not k.startswith("optimizer/")})
+        # ... with them it is the very step the original takes.
+        expected = _adam_push(original, 7)
+        got = _adam_push(restored, 7)
+        other = _adam_push(fresh, 7)
+        assert got[0] == expected[0] == 4
+        for name, value in expected[1].items():
+            np.testing.assert_allclose(got[1][name], value, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(got[2][TABLE], expected[2][TABLE], rtol=1e-6, atol=1e-7)
+        assert not np.allclose(other[2][TABLE], expected[2][TABLE], rtol=1e-6, atol=1e-7)
+
+
+def _save_three(directory: str) -> None:
+    for version in (1, 2, 3):
+        checkpoint.save(directory, version, {"dense/x": np.full(4, version, np.float32)}, keep=5)
+
+
+def test_checkpoint_save_keeps_newest_and_load_latest(tmp_path: Path) -> None:
+    directory = str(tmp_path / "ck")
+    assert checkpoint.load_latest(directory) is None
+    _save_three(directory)
+    checkpoint.save(directory, 4, {"dense/x": np.full(4, 4, np.float32)}, keep=2)
+    assert sorted(os.listdir(directory)) == ["version-000000000003.npz", "version-000000000004.npz"]
+    version, arrays = checkpoint.load_latest(directory)
+    assert version == 4
+    np.testing.assert_array_equal(arrays["dense/x"], np.full(4, 4, np.float32))
+
+
+def test_corrupt_newest_checkpoint_is_skipped(tmp_path: Path) -> None:
+    directory = str(tmp_path / "ck")
+    _save_three(directory)
+    (tmp_path / "ck" / "version-000000000003.npz").write_bytes(b"not a checkpoint at all")
+    version, arrays = checkpoint.load_latest(directory)
+    assert version == 2
+    np.testing.assert_array_equal(arrays["dense/x"], np.full(4, 2, np.float32))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: checkpoint.load_latest catches only OSError/ValueError; a truncated .npz "
+    "raises zipfile.BadZipFile and an empty one EOFError, so they are not skipped",
+)
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_truncated_or_empty_newest_checkpoint_is_skipped(tmp_path: Path, damage: str) -> None:
+    directory = str(tmp_path / "ck")
+    _save_three(directory)
+    newest = tmp_path / "ck" / "version-000000000003.npz"
+    data = newest.read_bytes()
+    newest.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
+    saved = checkpoint.load_latest(directory)
+    assert saved is not None and saved[0] == 2
+
+
+# -- staleness modulation --
+
+
+def _modulated_shard(version: int) -> ParameterShard:
+    shard = ParameterShard(0, 1, keras.optimizers.SGD(LR), staleness_modulation=True)
+    dense = {"w": np.zeros(2, np.float32)}
+    tables = {TABLE: TableShape(4, 2, "float32")}
+    rows = {TABLE: (np.arange(4), np.zeros((4, 2), np.float32))}
+    assert shard.initialize(dense, tables, rows, version)
+    return shard
+
+
+def test_stale_push_is_scaled_by_staleness() -> None:
+    shard = _modulated_shard(version=4)
+    grad = np.array([1.0, -2.0], np.float32)
+    row_grad = np.array([[4.0, 8.0]], np.float32)
+    version, dense, rows = shard.push(
+        {"w": grad}, {TABLE: (np.array([2]), row_grad)}, version=0, return_parameters=True
+    )
+    assert version == 5
+    np.testing.assert_allclose(dense["w"], -LR / 4 * grad, rtol=1e-6)
+    np.testing.assert_allclose(rows[TABLE], -LR / 4 * row_grad, rtol=1e-6)
+    assert float(shard._optimizer.learning_rate.numpy()) == pytest.approx(LR)
+    # A fresh push afterwards moves at the full rate again.
+    _, after, _ = shard.push({"w": grad}, {}, version=5, return_parameters=True)
+    np.testing.assert_allclose(after["w"], -LR / 4 * grad - LR * grad, rtol=1e-6)
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_fresh_push_uses_full_rate(staleness: int) -> None:
+    shard = _modulated_shard(version=3)
+    grad = np.array([1.0, -2.0], np.float32)
+    _, dense, _ = shard.push({"w": grad}, {}, version=3 - staleness, return_parameters=True)
+    np.testing.assert_allclose(dense["w"], -LR * grad, rtol=1e-6)
+
+
+def test_without_modulation_stale_push_uses_full_rate() -> None:
+    shard = ParameterShard(0, 1, keras.optimizers.SGD(LR))
+    assert shard.initialize({"w": np.zeros(2, np.float32)}, {}, {}, 10)
+    _, dense, _ = shard.push({"w": np.ones(2, np.float32)}, {}, 0, return_parameters=True)
+    np.testing.assert_allclose(dense["w"], [-LR, -LR], rtol=1e-6)
+
+
+def test_stale_push_over_grpc(start_cluster: StartCluster) -> None:
+    cluster = start_cluster(staleness_modulation=True)
+    fast, slow = cluster.client(), cluster.client()
+    dense, _, _ = _params()
+    fast.initialize(*_params(), model_version=0)
+    slow.pull_dense()  # computes its gradients at version 0
+    for _ in range(4):
+        fast.push({}, {})
+    grad = np.ones(2, np.float32)
+    new_dense, _ = slow.push({BIAS: grad}, {})
+    np.testing.assert_allclose(new_dense[BIAS], dense[BIAS] - LR / 4 * grad, rtol=1e-6)
+    assert slow.versions == [5, 5]
+
+
+def test_schedule_with_staleness_modulation_is_refused() -> None:
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
+    with pytest.raises(ValueError, match="constant learning rate"):
+        ParameterShard(0, 1, keras.optimizers.SGD(schedule), staleness_modulation=True)
+    ParameterShard(0, 1, keras.optimizers.SGD(schedule))  # fine without modulation
