@@ -1,6 +1,6 @@
 """The model definition contract: the user's Python file and how it is loaded and checked.
 
-The file defines:
+The file defines (a feed must map every record to exactly one example):
 
 - ``model() -> keras.Model``
 - ``loss(labels, outputs) -> scalar tensor``
@@ -146,6 +146,15 @@ def check_model_definition(definition: ModelDefinition, schema, records: list[by
         raise ModelDefinitionError(
             definition.path, f"the feed failed on the first batch: {_short_error(e)}"
         ) from e
+    from elastic_step.worker.stream import batch_size_of
+
+    produced = batch_size_of(labels, features)
+    if produced != len(records):
+        raise ModelDefinitionError(
+            definition.path,
+            f"the feed made {produced} examples of {len(records)} records; it must map every "
+            "record to exactly one example",
+        )
     try:
         outputs = model(features, training=False)
     except Exception as e:

@@ -60,6 +60,7 @@ class DefaultFeed:
                 vocab = column.vocabulary or []
                 self._tables[column.name] = _lookup_table(vocab, default=len(vocab))
         self._label_table = None
+        self._parsers: dict[str, object] = {}
         if schema.label_kind == "class":
             self._label_table = _lookup_table(
                 schema.label_vocabulary or [], default=MISSING_CLASS_ID
@@ -98,9 +99,17 @@ class DefaultFeed:
     def __call__(self, dataset: tf.data.Dataset, mode: str) -> tf.data.Dataset:
         """Maps batches of serialized records to batches of ``(features, labels)``."""
         check_mode(mode)
+        parse = self._parsers.get(mode)
+        if parse is None:
+            parse = self._parsers[mode] = self._parser(mode)
+        return dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    def _parser(self, mode: str):
+        """The parse function of ``mode``, traced once: a worker builds a dataset per task."""
         spec = self._spec(mode)
         label = self.label
 
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
         def parse(serialized: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
             parsed = tf.io.parse_example(serialized, spec)
             features = self._features(parsed)
@@ -109,7 +118,7 @@ class DefaultFeed:
                 labels = self._label_table.lookup(labels)
             return features, labels
 
-        return dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return parse
 
 
 _CACHE_LOCK = threading.Lock()

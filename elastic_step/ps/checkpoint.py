@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import zipfile
 
 import numpy as np
 
@@ -50,6 +51,6 @@ def load_latest(directory: str) -> tuple[int, dict[str, np.ndarray]] | None:
         try:
             with np.load(io.BytesIO(storage.read_bytes(path))) as data:
                 return version, {k: data[k] for k in data.files}
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # truncated, corrupt
             log.warning("skipping unreadable checkpoint %s: %s", path, e)
     return None

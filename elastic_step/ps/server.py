@@ -13,7 +13,6 @@ import threading
 from concurrent import futures
 
 import grpc
-import numpy as np
 
 from elastic_step.master.client import MasterClient, MasterUnreachableError
 from elastic_step.ps import checkpoint
@@ -60,10 +59,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PullEmbeddingRows(self, request, context):
         shard = self._ready(context)
         try:
-            tables = [
-                rows_to_proto(t.name, np.asarray(t.ids), shard.pull_rows(t.name, np.asarray(t.ids)))
-                for t in request.tables
-            ]
+            tables = []
+            for table in request.tables:
+                ids, _ = rows_from_proto(table)
+                tables.append(rows_to_proto(table.name, ids, shard.pull_rows(table.name, ids)))
         except ShardNotInitializedError as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         return ps_pb2.PullEmbeddingRowsResponse(tables=tables)

@@ -38,6 +38,7 @@ class Worker:
         self.name = name
         self.finished = threading.Event()
         self.ps: PSClient | None = None
+        self._streams: dict = {}
 
     # -- setup --
 
@@ -126,6 +127,8 @@ class Worker:
             task = self.master.call("GetTask", master_pb2.GetTaskRequest(worker=self.name))
             if task.kind == master_pb2.Task.FINISHED:
                 log.info("%s: the job is finished; exiting", self.name)
+                for stream in self._streams.values():
+                    stream.close()
                 return 0
             if task.kind == master_pb2.Task.WAIT:
                 time.sleep(0.3)
@@ -162,21 +165,19 @@ class Worker:
     # -- tasks --
 
     def _batches(self, task, mode: str):
-        from elastic_step.data.feed import make_dataset
         from elastic_step.data.tfrecord import read_records
+        from elastic_step.worker.stream import BatchStream, FeedContractError
 
         records = read_records(task.shard, task.start, task.end)
         try:
-            dataset = make_dataset(
-                records,
-                batch_size=self.settings.batch_size,
-                mode=mode,
-                schema=self.schema,
-                feed=self.definition.feed,
-            )
-            yield from dataset
-        except Exception as e:
-            raise UserCodeError(f"the feed failed: {type(e).__name__}: {e}") from e
+            stream = self._streams.get(mode)
+            if stream is None or stream.broken:
+                stream = self._streams[mode] = BatchStream(
+                    self.definition.feed, mode, self.schema, self.settings.batch_size
+                )
+            yield from stream.run(records)
+        except FeedContractError as e:
+            raise UserCodeError(str(e)) from e
 
     def _refresh(self) -> None:
         while True:

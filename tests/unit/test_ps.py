@@ -195,11 +195,6 @@ def test_pull_rows_in_requested_order_across_shards(ps: PSClient) -> None:
     np.testing.assert_array_equal(ps.pull_rows(TABLE, ids), table_values[TABLE][ids])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: PullEmbeddingRows does np.asarray(t.ids); an empty repeated field gives a "
-    "float64 array, so tf.gather fails on the shard that owns none of the requested ids",
-)
 def test_pull_rows_all_on_one_shard(ps: PSClient) -> None:
     _, _, table_values = _params()
     ids = np.array([4, 0, 2])  # all even: shard 1 is asked for no rows
@@ -213,7 +208,9 @@ def test_push_applies_sgd_exactly(ps: PSClient) -> None:
     row_ids = np.array([1, 4], np.int64)  # one row on each shard
     row_grad = np.array([[1.0, 2.0, 3.0], [-1.0, 0.0, 10.0]], np.float32)
 
-    new_dense, new_rows = ps.push({KERNEL: kernel_grad, BIAS: bias_grad}, {TABLE: (row_ids, row_grad)})
+    new_dense, new_rows = ps.push(
+        {KERNEL: kernel_grad, BIAS: bias_grad}, {TABLE: (row_ids, row_grad)}
+    )
 
     expected_kernel = dense[KERNEL] - LR * kernel_grad
     expected_bias = dense[BIAS] - LR * bias_grad
@@ -343,7 +340,8 @@ def _adam_push(shard: ParameterShard, step: int) -> tuple[int, dict, dict]:
     """The same gradients for the same step, whichever shard gets them."""
     rng = np.random.default_rng(step)
     dense = {
-        n: rng.normal(size=v.shape).astype(np.float32) for n, v in _params()[0].items()
+        n: rng.normal(size=v.shape).astype(np.float32)
+        for n, v in _params()[0].items()
         if n in shard._dense
     }
     ids = np.arange(shard.shard, TABLE_ROWS, shard.num_ps)[:2]
@@ -423,11 +421,6 @@ def test_corrupt_newest_checkpoint_is_skipped(tmp_path: Path) -> None:
     np.testing.assert_array_equal(arrays["dense/x"], np.full(4, 2, np.float32))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: checkpoint.load_latest catches only OSError/ValueError; a truncated .npz "
-    "raises zipfile.BadZipFile and an empty one EOFError, so they are not skipped",
-)
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
 def test_truncated_or_empty_newest_checkpoint_is_skipped(tmp_path: Path, damage: str) -> None:
     directory = str(tmp_path / "ck")
