@@ -27,6 +27,7 @@ class ModelParameters:
             raise ValueError("the model's trainable variables must have unique names (paths)")
         self.dense = {v.path: v for v in self.variables if id(v) not in table_ids}
         self.tables = {v.path: v for v in self.variables if id(v) in table_ids}
+        self._assign = None
 
     def table_specs(self) -> dict[str, TableSpec]:
         return {
@@ -40,8 +41,19 @@ class ModelParameters:
         return {n: v.numpy() for n, v in self.tables.items()}
 
     def assign_dense(self, values: dict[str, np.ndarray]) -> None:
-        for name, value in values.items():
-            self.dense[name].assign(value)
+        """Sets every dense variable (``values`` has them all) in one compiled call."""
+        if self._assign is None:
+            import tensorflow as tf
+
+            variables = list(self.dense.values())
+
+            @tf.function
+            def assign(new_values):
+                for variable, value in zip(variables, new_values, strict=True):
+                    variable.assign(value)
+
+            self._assign = assign
+        self._assign([values[name] for name in self.dense])
 
     def assign_rows(self, rows: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         import tensorflow as tf

@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -39,6 +40,8 @@ class Worker:
         self.finished = threading.Event()
         self.ps: PSClient | None = None
         self._streams: dict = {}
+        # One push at a time, off the main thread, so it overlaps the next step's compute.
+        self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="push")
 
     # -- setup --
 
@@ -189,22 +192,40 @@ class Worker:
                 self.connect_ps()
 
     def train(self, task) -> None:
+        """Trains on the task's batches; each step's push overlaps the next step's compute.
+
+        Step k is computed on the parameters that push k-2 returned while push k-1 is on
+        the wire: one more step of staleness, which asynchronous updates accept, for about
+        max(compute, round trip) per step instead of their sum.
+        """
         self._refresh()
-        for features, labels in self._batches(task, "train"):
-            try:
-                _, grads = self._train_step(features, labels)
-            except Exception as e:
-                raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
-            dense, rows = self.parameters.split_gradients(grads)
-            while True:
+        in_flight = None
+        try:
+            for features, labels in self._batches(task, "train"):
                 try:
-                    new_dense, new_rows = self.ps.push(dense, rows)
-                    break
-                except PSUnavailableError as e:
-                    log.warning("%s: %s; reconnecting", self.name, e)
-                    self.connect_ps()
-            self.parameters.assign_dense(new_dense)
-            self.parameters.assign_rows(new_rows)
+                    _, grads = self._train_step(features, labels)
+                except Exception as e:
+                    raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
+                dense, rows = self.parameters.split_gradients(grads)
+                if in_flight is not None:
+                    self._finish_push(*in_flight)
+                in_flight = (self._pusher.submit(self.ps.push, dense, rows), dense, rows)
+        finally:
+            if in_flight is not None:
+                self._finish_push(*in_flight)
+
+    def _finish_push(self, future, dense, rows) -> None:
+        """Waits for a push, pushing again after a reconnect, and takes the new values."""
+        while True:
+            try:
+                new_dense, new_rows = future.result()
+                break
+            except PSUnavailableError as e:
+                log.warning("%s: %s; reconnecting", self.name, e)
+                self.connect_ps()
+                future = self._pusher.submit(self.ps.push, dense, rows)
+        self.parameters.assign_dense(new_dense)
+        self.parameters.assign_rows(new_rows)
 
     def evaluate(self, task, report: master_pb2.ReportTaskRequest) -> None:
         self._refresh()
