@@ -7,10 +7,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
+from kubernetes import client, watch
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:
+def wait_for(
+    what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.2
+) -> Any:
     """Poll check() until it returns something truthy; fail the test with `what` if not."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
@@ -66,3 +68,29 @@ def process_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def watch_pod(
+    core: client.CoreV1Api,
+    namespace: str,
+    name: str,
+    version: str,
+    done: Callable[[str, client.V1Pod], bool],
+    timeout: float = 60,
+) -> dict[str, Any]:
+    """Watch one pod from `version` until done(event_type, pod) is true; return that event."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stream = watch.Watch().stream(
+            core.list_namespaced_pod,
+            namespace,
+            field_selector=f"metadata.name={name}",
+            resource_version=version,
+            timeout_seconds=max(1, int(deadline - time.monotonic())),
+        )
+        for event in stream:
+            pod = event["object"]
+            version = pod.metadata.resource_version
+            if done(event["type"], pod):
+                return event
+    raise TimeoutError(f"pod {name}: watched for {timeout}s without seeing the expected event")

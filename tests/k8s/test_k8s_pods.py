@@ -8,33 +8,14 @@ import time
 import uuid
 from typing import Any
 
-from k8s_helpers import pid_of, pod_manifest, process_alive, wait_for
-from kubernetes import client, watch
+from k8s_helpers import pid_of, pod_manifest, process_alive, wait_for, watch_pod
+from kubernetes import client
 
 PY = sys.executable
 
 
 def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-def _watch_until(core: client.CoreV1Api, namespace: str, name: str, version: str, done, timeout=60):
-    """Watch one pod from `version` until done(event_type, pod) is true; return that event."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        stream = watch.Watch().stream(
-            core.list_namespaced_pod,
-            namespace,
-            field_selector=f"metadata.name={name}",
-            resource_version=version,
-            timeout_seconds=max(1, int(deadline - time.monotonic())),
-        )
-        for event in stream:
-            pod = event["object"]
-            version = pod.metadata.resource_version
-            if done(event["type"], pod):
-                return event
-    raise TimeoutError(f"pod {name}: watched for {timeout}s without seeing the expected event")
 
 
 def _running(kind: str, pod: client.V1Pod) -> bool:
@@ -70,7 +51,7 @@ def test_service_account_pod_lifecycle_with_watch(cluster, sa_api) -> None:
     created = core.create_namespaced_pod(cluster.namespace, pod_manifest(name, command, env=env))
     assert created.status.phase == "Pending"
 
-    event = _watch_until(core, cluster.namespace, name, created.metadata.resource_version, _running)
+    event = watch_pod(core, cluster.namespace, name, created.metadata.resource_version, _running)
     pod = event["object"]
     assert pod.spec.node_name == cluster.node_name
     assert pod.status.pod_ip == "127.0.0.1"
@@ -78,8 +59,8 @@ def test_service_account_pod_lifecycle_with_watch(cluster, sa_api) -> None:
     pid = pid_of(pod)
     assert process_alive(pid)
 
-    seen = wait_for("the pod's env dump", lambda: env_file.exists() and env_file.read_text())
-    assert json.loads(seen) == {
+    seen = wait_for("the pod's env dump", lambda: json.loads(env_file.read_text()))
+    assert seen == {
         "POD_NAME": name,
         "POD_NAMESPACE": cluster.namespace,
         "POD_UID": created.metadata.uid,
@@ -89,7 +70,7 @@ def test_service_account_pod_lifecycle_with_watch(cluster, sa_api) -> None:
     }
 
     deleting = core.delete_namespaced_pod(name, cluster.namespace)
-    _watch_until(
+    watch_pod(
         core,
         cluster.namespace,
         name,
@@ -155,7 +136,7 @@ def test_grace_period_sigterm_then_sigkill(cluster, sa_api) -> None:
                 store["pod"] = pod
             return kind == "DELETED"
 
-        _watch_until(core, cluster.namespace, name, deleting.metadata.resource_version, record)
+        watch_pod(core, cluster.namespace, name, deleting.metadata.resource_version, record)
         elapsed = time.monotonic() - started
         assert at_least - 0.5 <= elapsed <= at_most, (name, elapsed)
         assert not process_alive(pids[name])

@@ -5,9 +5,8 @@ from __future__ import annotations
 import sys
 import uuid
 
-from k8s_helpers import pid_of, pod_manifest, process_alive, wait_for
+from k8s_helpers import pid_of, pod_manifest, process_alive, wait_for, watch_pod
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 
@@ -27,14 +26,6 @@ def _unschedulable(core: client.CoreV1Api, name: str, namespace: str) -> bool:
         c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
         for c in pod.status.conditions or []
     )
-
-
-def _gone(core: client.CoreV1Api, name: str, namespace: str) -> bool:
-    try:
-        core.read_namespaced_pod(name, namespace)
-    except ApiException as err:
-        return err.status == 404
-    return False
 
 
 def test_pod_larger_than_the_node_stays_pending(cluster, sa_api) -> None:
@@ -62,7 +53,15 @@ def test_higher_priority_pod_preempts_lower_priority_one(cluster, sa_api) -> Non
     core.create_namespaced_pod(
         ns, pod_manifest(high, SLEEP, cpu="2", priority_class="elastic-step-high")
     )
-    wait_for("the victim to be removed", lambda: _gone(core, low, ns), timeout=90)
+    reasons: set[str] = set()
+
+    def record(kind: str, pod: client.V1Pod) -> bool:
+        conditions = pod.status.conditions or []
+        reasons.update(c.reason for c in conditions if c.type == "DisruptionTarget")
+        return kind == "DELETED"
+
+    watch_pod(core, ns, low, victim.metadata.resource_version, record, timeout=90)
+    assert "PreemptionByScheduler" in reasons
     assert not process_alive(pid)
     winner = wait_for("high Running", lambda: _phase(core, high, ns, "Running"), timeout=60)
     assert winner.spec.node_name == cluster.node_name
