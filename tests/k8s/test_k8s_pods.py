@@ -10,8 +10,10 @@ from typing import Any
 
 from k8s_helpers import pid_of, pod_manifest, process_alive, wait_for, watch_pod
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 PY = sys.executable
+SLEEP = "import time; time.sleep(600)"
 
 
 def _name(prefix: str) -> str:
@@ -146,3 +148,48 @@ def test_grace_period_sigterm_then_sigkill(cluster, sa_api) -> None:
 
 def _is_running(pod: client.V1Pod) -> client.V1Pod | None:
     return pod if pod.status.phase == "Running" else None
+
+
+def test_eviction_kills_the_process(cluster, sa_api, admin_api) -> None:
+    # Eviction is not in the master's Role; the admin stands in for a drain.
+    core = client.CoreV1Api(sa_api)
+    name = _name("evicted")
+    core.create_namespaced_pod(cluster.namespace, pod_manifest(name, [PY, "-c", SLEEP], grace=1))
+    pod = wait_for(
+        "Running", lambda: _is_running(core.read_namespaced_pod(name, cluster.namespace))
+    )
+    pid = pid_of(pod)
+    eviction = client.V1Eviction(
+        metadata=client.V1ObjectMeta(name=name, namespace=cluster.namespace)
+    )
+    client.CoreV1Api(admin_api).create_namespaced_pod_eviction(name, cluster.namespace, eviction)
+    wait_for("the evicted pod's process to end", lambda: not process_alive(pid), timeout=30)
+    wait_for("the evicted pod to be removed", lambda: not _exists(core, name, cluster.namespace))
+
+
+def test_node_reports_capacity_and_stays_ready(cluster, admin_api) -> None:
+    core = client.CoreV1Api(admin_api)
+    node = core.read_node(cluster.node_name)
+    for resource, value in cluster.node_capacity.items():
+        assert node.status.allocatable[resource] == value
+    assert {c.type: c.status for c in node.status.conditions}["Ready"] == "True"
+    leases = client.CoordinationV1Api(admin_api)
+    first = leases.read_namespaced_lease(cluster.node_name, "kube-node-lease").spec.renew_time
+    wait_for(
+        "the node Lease to be renewed",
+        lambda: (
+            leases.read_namespaced_lease(cluster.node_name, "kube-node-lease").spec.renew_time
+            > first
+        ),
+        timeout=20,
+    )
+
+
+def _exists(core: client.CoreV1Api, name: str, namespace: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return True
