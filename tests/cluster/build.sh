@@ -9,8 +9,10 @@ if [ -z "$GO" ]; then
   echo "error: the Go toolchain is needed to build the test control plane (https://go.dev/dl/)" >&2
   exit 127
 fi
-key="$(cd "$here" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-16)-$("$GO" env GOVERSION)"
-cache="${ELASTIC_STEP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastic-step}/cluster/$key"
+sources="$(cd "$here" && find . -name '*.go' -o -name go.mod -o -name go.sum | LC_ALL=C sort)"
+key="$(cd "$here" && cat $sources | sha256sum | cut -c1-16)-$("$GO" env GOVERSION)"
+root="${ELASTIC_STEP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastic-step}/cluster"
+cache="$root/$key"
 bin="$cache/elastic-step-cluster"
 if [ ! -x "$bin" ]; then
   echo "building the Kubernetes control plane into $cache (cold: tens of minutes on 2 cores; then cached)" >&2
@@ -20,5 +22,7 @@ if [ ! -x "$bin" ]; then
   (cd "$here" && nice -n "${BUILD_NICE:-10}" "$GO" build -ldflags="-s -w" -o "$bin.tmp.$$" .)
   mv "$bin.tmp.$$" "$bin"
   echo "built in $(( $(date +%s) - start ))s" >&2
+  # Binaries of older sources are dead weight (about 120 MB each).
+  find "$root" -mindepth 1 -maxdepth 1 -type d ! -name "$key" -exec rm -rf {} +
 fi
 echo "$bin"

@@ -362,18 +362,17 @@ class ProcessKubelet:
             try:
                 env = container_env(pod, spec_container, self.base_env, self._lookup)
                 argv = container_argv(spec_container, env)
-                logfile = (pod_dir / f"{container.name}.log").open("ab")
                 container.started_at = now()
-                container.proc = subprocess.Popen(
-                    argv,
-                    env=env,
-                    cwd=spec_container.get("workingDir") or pod_dir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=logfile,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group, so kill reaches children
-                )
-                logfile.close()
+                with (pod_dir / f"{container.name}.log").open("ab") as logfile:
+                    container.proc = subprocess.Popen(
+                        argv,
+                        env=env,
+                        cwd=spec_container.get("workingDir") or pod_dir,
+                        stdin=subprocess.DEVNULL,
+                        stdout=logfile,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,  # own process group: kill reaches children
+                    )
             except (OSError, ValueError, ApiException) as err:
                 container.fail_to_start(str(err))
         run = PodRun(meta["uid"], meta["namespace"], meta["name"], containers, now())

@@ -143,6 +143,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         start_new_session=True,
     )
     kubelet: subprocess.Popen[bytes] | None = None
+    kubelet_log = (workdir / "kubelet.log").open("wb")
     try:
 
         def ready() -> dict[str, str] | None:
@@ -191,7 +192,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 "--workdir",
                 str(workdir / "pods"),
             ],
-            stdout=(workdir / "kubelet.log").open("wb"),
+            stdout=kubelet_log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -210,6 +211,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             _stop(kubelet, timeout=30)
         _stop(plane, timeout=60)
         plane_log.close()
+        kubelet_log.close()
 
 
 @pytest.fixture

@@ -89,6 +89,7 @@ def test_exit_codes_and_reasons(cluster, sa_api) -> None:
         "ok": ([PY, "-c", "pass"], "Succeeded", 0, "Completed"),
         "fail": ([PY, "-c", "raise SystemExit(3)"], "Failed", 3, "Error"),
         "killed": ([PY, "-c", "import os; os.kill(os.getpid(), 9)"], "Failed", 137, "Error"),
+        "missing": (["/nonexistent/binary"], "Failed", 128, "StartError"),
     }
     names = {case: _name(f"exit-{case}") for case in cases}
     for case, (command, *_) in cases.items():
