@@ -37,7 +37,7 @@ cluster:
 	@GO=$(GO) tests/cluster/build.sh >/dev/null
 
 test-k8s: $(STAMP) cluster
-	GO=$(GO) $(BIN)/python -m pytest -q -p no:cacheprovider tests/k8s
+	GO=$(GO) $(BIN)/python -m pytest -q tests/k8s
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
