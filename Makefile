@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit test-e2e lint format proto bench clean
+.PHONY: setup demo test test-unit test-e2e test-k8s cluster lint format proto bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,17 @@ test-unit: $(STAMP)
 
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest -q tests/e2e
+
+# Tests against a real Kubernetes control plane built from source (needs Go; cached after
+# the first build). Kept out of `make test`, which must pass on machines without Go.
+GO ?= $(shell command -v go 2>/dev/null || ls /usr/local/go/bin/go 2>/dev/null)
+
+cluster:
+	@test -n "$(GO)" || { echo "make test-k8s needs the Go toolchain (go not found on PATH): https://go.dev/dl/" >&2; exit 1; }
+	@GO=$(GO) tests/cluster/build.sh >/dev/null
+
+test-k8s: $(STAMP) cluster
+	GO=$(GO) $(BIN)/python -m pytest -q tests/k8s
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
