@@ -40,7 +40,9 @@ def _add_preprocess(commands) -> None:
     p.add_argument("--input", required=True, metavar="CSV", help="the CSV file (path or URI)")
     p.add_argument("--label", required=True, metavar="COLUMN", help="the label column")
     p.add_argument("--output", required=True, metavar="DIR", help="where to write the data")
-    p.add_argument("--shards", type=_int, default=4, help="shards per split (default 4)")
+    p.add_argument(
+        "--shards", type=_int, metavar="N", default=4, help="shards per split (default 4)"
+    )
     p.add_argument(
         "--validation-fraction",
         type=float,
@@ -48,7 +50,9 @@ def _add_preprocess(commands) -> None:
         metavar="F",
         help="fraction of rows held out for validation (default 0.2)",
     )
-    p.add_argument("--seed", type=_int, default=0, help="seed of the split (default 0)")
+    p.add_argument(
+        "--seed", type=_int, metavar="N", default=0, help="seed of the split (default 0)"
+    )
     p.add_argument(
         "--categorical",
         default="",
@@ -74,33 +78,48 @@ def _add_train(commands) -> None:
     p.add_argument("--model-def", required=True, metavar="FILE.py", help="the model definition")
     p.add_argument("--data", required=True, metavar="DIR", help="what `preprocess` wrote")
     p.add_argument("--output", required=True, metavar="DIR", help="model, summary and state")
-    p.add_argument("--epochs", type=_int, default=1, help="(default 1)")
-    p.add_argument("--batch-size", type=_int, default=64, help="(default 64)")
-    p.add_argument("--workers", type=_int, default=2, help="workers to start (default 2)")
-    p.add_argument("--min-workers", type=_int, default=1, help="fail below this many (default 1)")
+    p.add_argument("--epochs", type=_int, metavar="N", default=1, help="(default 1)")
+    p.add_argument("--batch-size", type=_int, metavar="N", default=64, help="(default 64)")
+    p.add_argument(
+        "--workers", type=_int, metavar="N", default=2, help="workers to start (default 2)"
+    )
+    p.add_argument(
+        "--min-workers", type=_int, metavar="N", default=1, help="fail below this many (default 1)"
+    )
     p.add_argument(
         "--max-workers",
         type=_int,
+        metavar="N",
         default=None,
         help="grow up to this many workers while all run (default: --workers)",
     )
-    p.add_argument("--ps", type=_int, default=1, help="parameter server shards (default 1)")
-    p.add_argument("--seed", type=_int, default=0, help="(default 0)")
+    p.add_argument(
+        "--ps", type=_int, metavar="N", default=1, help="parameter server shards (default 1)"
+    )
+    p.add_argument("--seed", type=_int, metavar="N", default=0, help="(default 0)")
     p.add_argument("--backend", default="local", help="where workers and PS run (default local)")
-    p.add_argument("--records-per-task", type=_int, default=512, help="task size (default 512)")
+    p.add_argument(
+        "--records-per-task", type=_int, metavar="N", default=512, help="task size (default 512)"
+    )
     p.add_argument(
         "--evaluation-steps",
         type=_int,
+        metavar="N",
         default=0,
         help="also evaluate every N model versions (default 0: at epoch ends only)",
     )
     p.add_argument(
-        "--checkpoint-steps", type=_int, default=200, help="PS checkpoints (default 200)"
+        "--checkpoint-steps",
+        type=_int,
+        metavar="N",
+        default=200,
+        help="PS checkpoints (default 200)",
     )
-    p.add_argument("--keep-checkpoints", type=_int, default=3, help="(default 3)")
+    p.add_argument("--keep-checkpoints", type=_int, metavar="N", default=3, help="(default 3)")
     p.add_argument(
         "--max-restarts",
         type=_int,
+        metavar="N",
         default=3,
         help="relaunches of a process that exits with an error (default 3); "
         "killed processes are always relaunched",
@@ -108,6 +127,7 @@ def _add_train(commands) -> None:
     p.add_argument(
         "--max-task-retries",
         type=_int,
+        metavar="N",
         default=3,
         help="retries of a task that fails in user code before the job fails (default 3)",
     )
@@ -130,7 +150,9 @@ def _add_train(commands) -> None:
         action="store_true",
         help="divide the learning rate by the staleness of asynchronous gradients",
     )
-    p.add_argument("--port", type=_int, default=0, help="master port (default: any free)")
+    p.add_argument(
+        "--port", type=_int, metavar="N", default=0, help="master port (default: any free)"
+    )
 
 
 def _add_evaluate(commands) -> None:
@@ -144,7 +166,7 @@ def _add_evaluate(commands) -> None:
     p.add_argument("--data", required=True, metavar="DIR", help="what `preprocess` wrote")
     p.add_argument("--split", default="validation", help="(default validation)")
     p.add_argument("--metrics-output", required=True, metavar="FILE.json")
-    p.add_argument("--batch-size", type=_int, default=256, help="(default 256)")
+    p.add_argument("--batch-size", type=_int, metavar="N", default=256, help="(default 256)")
 
 
 def build_parser() -> argparse.ArgumentParser:

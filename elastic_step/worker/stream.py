@@ -46,7 +46,8 @@ class BatchStream:
             raise FeedContractError(
                 f"feed() returned {type(dataset).__name__}, expected a tf.data.Dataset"
             )
-        self._iterator = iter(dataset)
+        # Prefetch stops at what is queued: it never reaches into the next task's records.
+        self._iterator = iter(dataset.prefetch(tf.data.AUTOTUNE))
 
     def run(self, records: list[bytes]) -> Iterator[tuple]:
         """Yields the ``(features, labels)`` batches of ``records``.
