@@ -91,11 +91,19 @@ class PSClient:
         tables: dict[str, TableSpec],
         table_values: dict[str, np.ndarray],
         model_version: int,
+        state: dict[str, np.ndarray] | None = None,
     ) -> list[bool]:
-        """Offers every shard its part of the parameters; returns which shards took them."""
+        """Offers every shard its part of the parameters; returns which shards took them.
+
+        ``state`` holds non-trainable values (BatchNorm statistics), placed like dense ones.
+        """
         requests = [ps_pb2.InitializeRequest(model_version=model_version) for _ in self._stubs]
         for name, value in dense.items():
             requests[placement.shard_of_variable(name, self.num_ps)].dense.append(
+                to_proto(name, value)
+            )
+        for name, value in (state or {}).items():
+            requests[placement.shard_of_variable(name, self.num_ps)].state.append(
                 to_proto(name, value)
             )
         for name, spec in tables.items():
@@ -137,6 +145,7 @@ class PSClient:
         dense_grads: dict[str, np.ndarray],
         row_grads: dict[str, tuple[np.ndarray, np.ndarray]],
         return_parameters: bool = True,
+        state: dict[str, np.ndarray] | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]:
         """Pushes one step's gradients to every shard; returns the new dense values and rows.
 
@@ -149,6 +158,10 @@ class PSClient:
         for name, grad in dense_grads.items():
             requests[placement.shard_of_variable(name, self.num_ps)].dense.append(
                 to_proto(name, grad)
+            )
+        for name, value in (state or {}).items():
+            requests[placement.shard_of_variable(name, self.num_ps)].state.append(
+                to_proto(name, value)
             )
         for name, (ids, values) in row_grads.items():
             owners = placement.shard_of_rows(ids, self.num_ps)

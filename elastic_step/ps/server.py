@@ -42,7 +42,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         tables = {t.name: TableShape(t.rows, t.dim, t.dtype) for t in request.tables}
         rows = {r.name: rows_from_proto(r) for r in request.embeddings}
         dense = {t.name: from_proto(t) for t in request.dense}
-        accepted = shard.initialize(dense, tables, rows, request.model_version)
+        state = {t.name: from_proto(t).copy() for t in request.state}
+        accepted = shard.initialize(dense, tables, rows, request.model_version, state)
         if accepted:
             log.info("shard initialized from a worker's parameters at version %d", shard.version)
         return ps_pb2.InitializeResponse(accepted=accepted, model_version=shard.version)
@@ -71,9 +72,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         shard = self._ready(context)
         dense = {t.name: from_proto(t) for t in request.dense}
         rows = {r.name: rows_from_proto(r) for r in request.embeddings}
+        state = {t.name: from_proto(t).copy() for t in request.state}
         try:
             version, values, new_rows = shard.push(
-                dense, rows, request.model_version, request.return_parameters
+                dense, rows, request.model_version, request.return_parameters, state
             )
         except ShardNotInitializedError as e:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))

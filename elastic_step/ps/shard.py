@@ -41,6 +41,7 @@ class ParameterShard:
         self._lock = threading.Lock()
         self.version = 0
         self._dense: dict = {}
+        self._state: dict[str, np.ndarray] = {}
         self._tables: dict = {}
         self._table_shapes: dict[str, TableShape] = {}
         self.initialized = False
@@ -53,12 +54,18 @@ class ParameterShard:
         tables: dict[str, TableShape],
         rows: dict[str, tuple[np.ndarray, np.ndarray]],
         version: int,
+        state: dict[str, np.ndarray] | None = None,
     ) -> bool:
-        """Takes a worker's values if the shard is empty; returns whether they were taken."""
+        """Takes a worker's values if the shard is empty; returns whether they were taken.
+
+        ``state`` holds non-trainable values (BatchNorm statistics): no optimizer touches
+        them; each push replaces them.
+        """
         with self._lock:
             if self.initialized:
                 return False
             self._create(dense, tables, version)
+            self._state = dict(state or {})
             for name, (ids, values) in rows.items():
                 self._tables[name].value.scatter_update(self._local_slices(name, ids, values))
             self.initialized = True
@@ -91,7 +98,7 @@ class ParameterShard:
             self._check_initialized()
             if known_version == self.version:
                 return self.version, None
-            return self.version, {name: v.numpy() for name, v in self._dense.items()}
+            return self.version, self._values()
 
     def pull_rows(self, name: str, ids: np.ndarray) -> np.ndarray:
         with self._lock:
@@ -106,8 +113,14 @@ class ParameterShard:
         row_grads: dict[str, tuple[np.ndarray, np.ndarray]],
         version: int,
         return_parameters: bool,
+        state: dict[str, np.ndarray] | None = None,
     ) -> tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Applies one step of gradients; returns the new version and, if asked, new values."""
+        """Applies one step of gradients and takes the pushed non-trainable values.
+
+        Returns the new version and, if asked, the new trainable dense values and the pushed
+        rows' new values. Non-trainable values are not returned: the pushing worker's own are
+        newer than anything the shard holds.
+        """
         import tensorflow as tf
 
         with self._lock:
@@ -117,6 +130,7 @@ class ParameterShard:
             grads += [self._local_slices(n, ids, values) for n, (ids, values) in row_grads.items()]
             if grads:
                 self._apply(tuple(names), grads, staleness=self.version - version)
+            self._state.update(state or {})
             self.version += 1
             dense, rows = {}, {}
             if return_parameters:
@@ -160,6 +174,7 @@ class ParameterShard:
         with self._lock:
             self._check_initialized()
             arrays = {f"dense/{n}": v.numpy() for n, v in self._dense.items()}
+            arrays |= {f"state/{n}": v for n, v in self._state.items()}
             arrays |= {f"table/{n}": v.numpy() for n, v in self._tables.items()}
             arrays |= {
                 f"table_shape/{n}": np.array([s.rows, s.dim]) for n, s in self._table_shapes.items()
@@ -177,6 +192,9 @@ class ParameterShard:
                     rows, dim = arrays[f"table_shape/{name}"].tolist()
                     tables[name] = TableShape(rows, dim, value.dtype.name)
             self._create(dense, tables, version)
+            self._state = {
+                k[len("state/") :]: v for k, v in arrays.items() if k.startswith("state/")
+            }
             for name, table in self._tables.items():
                 table.assign(arrays[f"table/{name}"])
             for i, variable in enumerate(self._optimizer.variables):
@@ -186,6 +204,9 @@ class ParameterShard:
             self.initialized = True
 
     # -- internals --
+
+    def _values(self) -> dict[str, np.ndarray]:
+        return {**{n: v.numpy() for n, v in self._dense.items()}, **self._state}
 
     def _check_initialized(self) -> None:
         if not self.initialized:

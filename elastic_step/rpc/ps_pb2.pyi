@@ -20,16 +20,18 @@ class EmbeddingTable(_message.Message):
     def __init__(self, name: _Optional[str] = ..., rows: _Optional[int] = ..., dim: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class InitializeRequest(_message.Message):
-    __slots__ = ("dense", "tables", "embeddings", "model_version")
+    __slots__ = ("dense", "tables", "embeddings", "model_version", "state")
     DENSE_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     tables: _containers.RepeatedCompositeFieldContainer[EmbeddingTable]
     embeddings: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.EmbeddingRows]
     model_version: int
-    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[EmbeddingTable, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ..., model_version: _Optional[int] = ...) -> None: ...
+    state: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[EmbeddingTable, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ..., model_version: _Optional[int] = ..., state: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class InitializeResponse(_message.Message):
     __slots__ = ("accepted", "model_version")
@@ -68,16 +70,18 @@ class PullEmbeddingRowsResponse(_message.Message):
     def __init__(self, tables: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ...) -> None: ...
 
 class PushGradientsRequest(_message.Message):
-    __slots__ = ("dense", "embeddings", "model_version", "return_parameters")
+    __slots__ = ("dense", "embeddings", "model_version", "return_parameters", "state")
     DENSE_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     RETURN_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     embeddings: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.EmbeddingRows]
     model_version: int
     return_parameters: bool
-    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ..., model_version: _Optional[int] = ..., return_parameters: _Optional[bool] = ...) -> None: ...
+    state: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
+    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ..., model_version: _Optional[int] = ..., return_parameters: _Optional[bool] = ..., state: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
 
 class PushGradientsResponse(_message.Message):
     __slots__ = ("model_version", "dense", "embeddings")

@@ -1,8 +1,11 @@
-"""A Keras model's trainable variables as the PS sees them: dense ones and embedding tables.
+"""A Keras model's variables as the PS sees them: dense ones, embedding tables and state.
 
 Each variable is named by its Keras path (``dense_1/kernel``), the same in every process that
 builds the model from the same definition. The tables of ``keras.layers.Embedding`` layers
-are split across PS shards by row id; every other trainable variable is dense.
+are split across PS shards by row id; every other trainable variable is dense. The
+floating-point non-trainable variables (BatchNorm's moving mean and variance) are *state*:
+the PS keeps the last values a worker pushed, so the saved model has them. Integer ones
+(random seed generators) stay with each worker.
 """
 
 from __future__ import annotations
@@ -27,7 +30,12 @@ class ModelParameters:
             raise ValueError("the model's trainable variables must have unique names (paths)")
         self.dense = {v.path: v for v in self.variables if id(v) not in table_ids}
         self.tables = {v.path: v for v in self.variables if id(v) in table_ids}
-        self._assign = None
+        self.state = {
+            v.path: v
+            for v in model.non_trainable_variables
+            if np.issubdtype(np.dtype(v.dtype), np.floating)
+        }
+        self._assign_functions: dict[tuple[str, ...], object] = {}
 
     def table_specs(self) -> dict[str, TableSpec]:
         return {
@@ -37,23 +45,31 @@ class ModelParameters:
     def dense_values(self) -> dict[str, np.ndarray]:
         return {n: v.numpy() for n, v in self.dense.items()}
 
+    def state_values(self) -> dict[str, np.ndarray]:
+        return {n: v.numpy() for n, v in self.state.items()}
+
     def table_values(self) -> dict[str, np.ndarray]:
         return {n: v.numpy() for n, v in self.tables.items()}
 
     def assign_dense(self, values: dict[str, np.ndarray]) -> None:
-        """Sets every dense variable (``values`` has them all) in one compiled call."""
-        if self._assign is None:
+        """Sets the dense and state variables named in ``values`` in one compiled call.
+
+        A push returns the trainable values, a pull the state too: one function each.
+        """
+        names = tuple(sorted(values))
+        assign = self._assign_functions.get(names)
+        if assign is None:
             import tensorflow as tf
 
-            variables = list(self.dense.values())
+            variables = [self.dense[n] if n in self.dense else self.state[n] for n in names]
 
             @tf.function
             def assign(new_values):
                 for variable, value in zip(variables, new_values, strict=True):
                     variable.assign(value)
 
-            self._assign = assign
-        self._assign([values[name] for name in self.dense])
+            self._assign_functions[names] = assign
+        assign([values[name] for name in names])
 
     def assign_rows(self, rows: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         import tensorflow as tf

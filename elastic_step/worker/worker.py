@@ -101,6 +101,7 @@ class Worker:
                         self.parameters.table_specs(),
                         self.parameters.table_values(),
                         version,
+                        self.parameters.state_values(),
                     )
                     self.parameters.pull(ps)
                 except PSUnavailableError as e:
@@ -207,14 +208,20 @@ class Worker:
                 except Exception as e:
                     raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
                 dense, rows = self.parameters.split_gradients(grads)
+                state = self.parameters.state_values()
                 if in_flight is not None:
                     self._finish_push(*in_flight)
-                in_flight = (self._pusher.submit(self.ps.push, dense, rows), dense, rows)
+                in_flight = (
+                    self._pusher.submit(self.ps.push, dense, rows, True, state),
+                    dense,
+                    rows,
+                    state,
+                )
         finally:
             if in_flight is not None:
                 self._finish_push(*in_flight)
 
-    def _finish_push(self, future, dense, rows) -> None:
+    def _finish_push(self, future, dense, rows, state) -> None:
         """Waits for a push, pushing again after a reconnect, and takes the new values."""
         while True:
             try:
@@ -223,7 +230,7 @@ class Worker:
             except PSUnavailableError as e:
                 log.warning("%s: %s; reconnecting", self.name, e)
                 self.connect_ps()
-                future = self._pusher.submit(self.ps.push, dense, rows)
+                future = self._pusher.submit(self.ps.push, dense, rows, True, state)
         self.parameters.assign_dense(new_dense)
         self.parameters.assign_rows(new_rows)
 

@@ -494,3 +494,22 @@ def test_schedule_with_staleness_modulation_is_refused() -> None:
     with pytest.raises(ValueError, match="constant learning rate"):
         ParameterShard(0, 1, keras.optimizers.SGD(schedule), staleness_modulation=True)
     ParameterShard(0, 1, keras.optimizers.SGD(schedule))  # fine without modulation
+
+
+def test_state_is_last_writer_wins_and_checkpointed(tmp_path: Path) -> None:
+    shard = ParameterShard(0, 1, keras.optimizers.SGD(LR))
+    kernel = np.ones((2, 2), np.float32)
+    shard.initialize({"k": kernel}, {}, {}, 0, {"bn/mean": np.zeros(2, np.float32)})
+    _, values = shard.pull_dense()
+    np.testing.assert_array_equal(values["bn/mean"], [0, 0])
+
+    _, returned, _ = shard.push({"k": kernel}, {}, 0, True, {"bn/mean": np.array([1, 2], "f4")})
+    assert "bn/mean" not in returned
+    shard.push({"k": kernel}, {}, 1, True, {"bn/mean": np.array([3, 4], "f4")})
+    _, values = shard.pull_dense()
+    np.testing.assert_array_equal(values["bn/mean"], [3, 4])
+
+    version, arrays = shard.state_arrays()
+    restored = ParameterShard(0, 1, keras.optimizers.SGD(LR))
+    restored.restore(version, arrays)
+    np.testing.assert_array_equal(restored.pull_dense()[1]["bn/mean"], [3, 4])

@@ -222,3 +222,50 @@ def test_round_trip_through_the_ps(ps: PSClient) -> None:
         client_b.close()
     for variable in b.variables:
         np.testing.assert_array_equal(variable.numpy(), trained[variable.path])
+
+
+def build_batchnorm_model(seed: int = 7) -> keras.Model:
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((4,))
+    x = keras.layers.BatchNormalization()(inputs)
+    x = keras.layers.Dropout(0.5)(x)
+    return keras.Model(inputs, keras.layers.Dense(1)(x))
+
+
+BN_MEAN = "batch_normalization/moving_mean"
+BN_VARIANCE = "batch_normalization/moving_variance"
+
+
+def test_floating_point_non_trainable_variables_are_state() -> None:
+    params = ModelParameters(build_batchnorm_model())
+    # Dropout's integer seed-generator state stays with each worker.
+    assert set(params.state) == {BN_MEAN, BN_VARIANCE}
+    assert not set(params.state) & set(params.dense)
+
+
+def test_batchnorm_statistics_travel_through_the_ps(ps: PSClient) -> None:
+    """The PS keeps the statistics a worker pushed; a pull (the saved model's) gets them."""
+    model_a = build_batchnorm_model()
+    a = ModelParameters(model_a)
+    assert ps.initialize(a.dense_values(), {}, {}, 0, a.state_values()) == [True, True]
+    features = np.random.default_rng(0).normal(5.0, 2.0, size=(64, 4)).astype("float32")
+    labels = features.sum(axis=1, keepdims=True)
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean((model_a(features, training=True) - labels) ** 2)
+        grads = tape.gradient(loss, a.variables)
+        dense, rows = a.split_gradients(grads)
+        new_dense, _ = ps.push(dense, rows, state=a.state_values())
+        # A push answers with trainable values only: the worker's statistics are newer.
+        assert set(new_dense) == set(a.dense)
+        a.assign_dense(new_dense)
+    moved = a.state_values()
+    assert not np.allclose(moved[BN_MEAN], 0.0), "training moved the moving mean"
+
+    b = ModelParameters(build_batchnorm_model(seed=99))
+    b.pull(ps)
+    for name in (BN_MEAN, BN_VARIANCE):
+        np.testing.assert_array_equal(b.state_values()[name], moved[name])
+    for name, value in a.dense_values().items():
+        np.testing.assert_array_equal(b.dense_values()[name], value)
