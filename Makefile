@@ -13,7 +13,7 @@ $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip >/dev/null
 	$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -r requirements.lock
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	@touch $(STAMP)
 

@@ -66,6 +66,8 @@ class Job:
         self._master_restarts = 0
         self._train_window: list[float] | None = None  # [first done, last done, records since]
         self._port = config.port
+        self._save_deadline: float | None = None
+        self._next_save_log = 0.0
         self.tasks = TaskManager(self._task_settings())
         self.backend: Backend | None = None
         self.instances: InstanceManager | None = None
@@ -381,7 +383,7 @@ class Job:
                 for task, worker in self.tasks.expire_leases():
                     log.warning("lease of %s on %s ran out; re-queued", task.describe(), worker)
                 self.instances.reconcile()
-                self.error = self.tasks.failure or self.instances.failure
+                self.error = self.error or self.tasks.failure or self.instances.failure
                 finished = self.tasks.finished
                 if events:
                     self.persist()
@@ -389,7 +391,7 @@ class Job:
                 return self._interrupt()
             if self.error:
                 self._fail()
-            if finished:
+            if finished and self._save_final_model():
                 return self._finish()
             now = time.monotonic()
             if now >= next_status:
@@ -445,13 +447,39 @@ class Job:
         self._write_summary()
         raise JobFailedError(self.error)
 
-    def _finish(self) -> int:
-        from elastic_step.master.final_model import save_final_model
+    def _save_final_model(self) -> bool:
+        """Saves the model from the PS; False while a PS is away (the loop relaunches it).
 
-        log.info("all %d epochs trained and evaluated; saving the model", self.config.epochs)
+        A relaunched PS restores its shard from its checkpoint; past --master-timeout without
+        one the job fails, rather than saving a model with a shard missing.
+        """
+        from elastic_step.master.final_model import save_final_model
+        from elastic_step.ps.client import PSUnavailableError
+
         with self.lock:
             addresses = list(self._ps_addresses)
-        save_final_model(self.definition, addresses, self.output, self.config.seed)
+        now = time.monotonic()
+        if self._save_deadline is None:
+            log.info("all %d epochs trained and evaluated; saving the model", self.config.epochs)
+            self._save_deadline = now + self.config.master_timeout_s
+        try:
+            if not all(addresses):
+                raise PSUnavailableError(addresses.index(""), "is being relaunched")
+            save_final_model(self.definition, addresses, self.output, self.config.seed)
+            return True
+        except PSUnavailableError as e:
+            if now > self._save_deadline:
+                with self.lock:
+                    self.error = (
+                        f"cannot save the model: {e} for {self.config.master_timeout_s:.0f} s "
+                        "(a relaunched PS restores from its checkpoint; see --checkpoint-steps)"
+                    )
+            elif now >= self._next_save_log:
+                log.warning("cannot save the model yet (%s); waiting for the PS", e)
+                self._next_save_log = now + PROGRESS_EVERY_S
+            return False
+
+    def _finish(self) -> int:
         with self.lock:
             self.phase = "succeeded"
             self.persist()
