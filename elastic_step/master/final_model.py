@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 
@@ -34,7 +35,17 @@ def save_model(model, output: str) -> None:
     scratch = storage.local_temp_dir()
     try:
         model.save(os.path.join(scratch, MODEL_FILE))
-        model.export(os.path.join(scratch, SAVED_MODEL_DIR), format="tf_saved_model", verbose=False)
+        # The export logs "Assets written to <scratch dir>" twice, naming a directory about
+        # to be removed; the master logs where the model really went.
+        tf_log = logging.getLogger("tensorflow")
+        level = tf_log.level
+        tf_log.setLevel(logging.WARNING)
+        try:
+            model.export(
+                os.path.join(scratch, SAVED_MODEL_DIR), format="tf_saved_model", verbose=False
+            )
+        finally:
+            tf_log.setLevel(level)
         storage.write_bytes_atomic(
             storage.join(output, MODEL_FILE),
             storage.read_bytes(os.path.join(scratch, MODEL_FILE)),

@@ -495,8 +495,7 @@ class Job:
             time.sleep(TICK_S)
         self._stop_all(wait_s=STOP_GRACE_S + 2)
         self._write_status()
-        summary = storage.join(self.output, reports.SUMMARY_FILE)
-        log.info("done: the model and %s are in %s", summary, self.output)
+        log.info("done: model.keras, saved_model/ and summary.json are in %s", self.output)
         return 0
 
     def _write_summary(self) -> None:
