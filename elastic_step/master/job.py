@@ -31,7 +31,7 @@ from elastic_step.master.servicer import MasterServicer, UnknownInstanceError
 from elastic_step.master.state_store import StateStore, create_state_store
 from elastic_step.master.task_manager import EvaluationResult, TaskKind, TaskManager, TaskSettings
 from elastic_step.model_def import ModelDefinition
-from elastic_step.rpc import master_pb2
+from elastic_step.rpc import master_pb2, master_pb2_grpc
 from elastic_step.rpc.tensors import from_proto
 
 log = logging.getLogger("elastic_step.master")
@@ -334,11 +334,11 @@ class Job:
 
     def _start_server(self) -> grpc.Server:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-        from elastic_step.rpc import master_pb2_grpc
-
         master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self), server)
+        # Listen only where instances reach the master: loopback for local processes.
+        host = self.backend.master_host()
         try:
-            port = server.add_insecure_port(f"0.0.0.0:{self._port}")
+            port = server.add_insecure_port(f"{host}:{self._port}")
         except RuntimeError as e:
             raise InputError(f"cannot listen on port {self._port}: {e}") from e
         server.start()
