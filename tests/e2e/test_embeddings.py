@@ -1,0 +1,88 @@
+"""A categorical column through an Embedding table split by row id over two PS shards."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import records_exact
+
+pytestmark = pytest.mark.e2e
+
+CITIES = 20
+
+MODEL = f"""
+import keras
+
+def model():
+    city = keras.Input(shape=(), name="city", dtype="int64")
+    x = keras.Input(shape=(), name="x")
+    # The default feed gives vocabulary ids 0..{CITIES - 1}, and {CITIES} for an unseen city.
+    embedded = keras.layers.Embedding({CITIES + 1}, 4)(city)
+    hidden = keras.layers.Concatenate()([embedded, keras.layers.Reshape((1,))(x)])
+    return keras.Model({{"city": city, "x": x}}, keras.layers.Dense(2)(hidden))
+
+def loss(labels, outputs):
+    return keras.ops.mean(
+        keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
+    )
+
+def optimizer():
+    return keras.optimizers.Adam(0.05)
+
+def metrics():
+    return {{"accuracy": keras.metrics.SparseCategoricalAccuracy()}}
+"""
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_step", *args], capture_output=True, text=True, timeout=240
+    )
+
+
+def test_embedding_rows_live_on_the_shard_of_their_id(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = ["city,x,label"]
+    for i in range(1200):
+        city = i % CITIES
+        # The label is a property of the city: only its embedding can tell.
+        rows.append(f"c{city},{rng.normal():.4f},{int(city % 3 == 0)}")
+    (tmp_path / "cities.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "model.py").write_text(MODEL)
+    data, run = tmp_path / "data", tmp_path / "run"
+
+    prep = run_cli("preprocess", "--input", str(tmp_path / "cities.csv"), "--label", "label",
+                   "--output", str(data))  # fmt: skip
+    assert prep.returncode == 0, prep.stderr
+    schema = json.loads((data / "schema.json").read_text())
+    assert [c["kind"] for c in schema["columns"]] == ["categorical", "numeric"]
+
+    train = run_cli(
+        "train", "--model-def", str(tmp_path / "model.py"), "--data", str(data),
+        "--output", str(run), "--ps", "2", "--workers", "2", "--epochs", "3",
+        "--batch-size", "32", "--records-per-task", "128", "--checkpoint-steps", "20",
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert records_exact(summary)
+    assert summary["metrics"]["accuracy"] > 0.95
+
+    # Each shard holds the table rows whose id is its index modulo 2, nothing else.
+    for shard, expected_rows in ((0, 11), (1, 10)):
+        directory = run / "checkpoints" / f"ps-{shard}-of-2"
+        newest = sorted(directory.glob("version-*.npz"))[-1]
+        with np.load(io.BytesIO(newest.read_bytes())) as saved:
+            tables = {k: saved[k] for k in saved.files if k.startswith("table/")}
+        assert [t.shape for t in tables.values()] == [(expected_rows, 4)]
+
+    metrics = tmp_path / "metrics.json"
+    evaluated = run_cli("evaluate", "--model", str(run), "--data", str(data),
+                        "--metrics-output", str(metrics))  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    result = json.loads(metrics.read_text())
+    assert result["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
