@@ -58,6 +58,12 @@ class PSClient:
         for channel in self._channels:
             channel.close()
 
+    def _place(self, field: str, values: dict[str, np.ndarray], requests: list) -> None:
+        """Adds each value to ``field`` of the request for the shard that holds its variable."""
+        for name, value in values.items():
+            shard = placement.shard_of_variable(name, self.num_ps)
+            getattr(requests[shard], field).append(to_proto(name, value))
+
     def _call_all(self, method: str, requests: list) -> list:
         """Calls ``method`` on every shard at once; answers in shard order.
 
@@ -98,14 +104,8 @@ class PSClient:
         ``state`` holds non-trainable values (BatchNorm statistics), placed like dense ones.
         """
         requests = [ps_pb2.InitializeRequest(model_version=model_version) for _ in self._stubs]
-        for name, value in dense.items():
-            requests[placement.shard_of_variable(name, self.num_ps)].dense.append(
-                to_proto(name, value)
-            )
-        for name, value in (state or {}).items():
-            requests[placement.shard_of_variable(name, self.num_ps)].state.append(
-                to_proto(name, value)
-            )
+        self._place("dense", dense, requests)
+        self._place("state", state or {}, requests)
         for name, spec in tables.items():
             ids = np.arange(spec.rows, dtype=np.int64)
             for shard, request in enumerate(requests):
@@ -155,14 +155,8 @@ class PSClient:
             ps_pb2.PushGradientsRequest(model_version=v, return_parameters=return_parameters)
             for v in self.versions
         ]
-        for name, grad in dense_grads.items():
-            requests[placement.shard_of_variable(name, self.num_ps)].dense.append(
-                to_proto(name, grad)
-            )
-        for name, value in (state or {}).items():
-            requests[placement.shard_of_variable(name, self.num_ps)].state.append(
-                to_proto(name, value)
-            )
+        self._place("dense", dense_grads, requests)
+        self._place("state", state or {}, requests)
         for name, (ids, values) in row_grads.items():
             owners = placement.shard_of_rows(ids, self.num_ps)
             for shard, request in enumerate(requests):
