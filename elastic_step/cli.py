@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 
+from elastic_step.backends import backend_names
 from elastic_step.errors import ElasticStepError
 from elastic_step.tf_runtime import import_tensorflow_quietly
 
@@ -97,7 +98,12 @@ def _add_train(commands) -> None:
         "--ps", type=_int, metavar="N", default=1, help="parameter server shards (default 1)"
     )
     p.add_argument("--seed", type=_int, metavar="N", default=0, help="(default 0)")
-    p.add_argument("--backend", default="local", help="where workers and PS run (default local)")
+    p.add_argument(
+        "--backend",
+        default="local",
+        choices=backend_names(),
+        help="where workers and PS run (default local)",
+    )
     p.add_argument(
         "--records-per-task", type=_int, metavar="N", default=512, help="task size (default 512)"
     )

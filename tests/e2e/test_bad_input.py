@@ -149,6 +149,13 @@ def test_broken_model_definition(tmp_path, data_dir, capsys, source, problem):
     assert not out.exists(), "nothing starts, and nothing is written, for a broken definition"
 
 
+def test_unknown_backend_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--model-def", "m.py", "--data", "d", "--output", "o", "--backend", "k8s"])
+    assert exit_info.value.code == 2
+    assert "--backend: invalid choice: 'k8s' (choose from 'local')" in capsys.readouterr().err
+
+
 def test_train_flag_rule_names_the_value(tmp_path, data_dir, capsys):
     code = main(
         ["train", "--model-def", "m.py", "--data", str(data_dir), "--output", str(tmp_path / "r"),
