@@ -68,6 +68,13 @@ def test_unkilled_run_outputs(unkilled, digits_data, tmp_path):
     )  # fmt: skip
     assert printed.returncode == 0 and "phase:   succeeded" in printed.stdout
 
+    # A pipeline retry of a finished step: nothing is trained again, nothing changes.
+    model_bytes = (unkilled.output / "model.keras").read_bytes()
+    again = subprocess.run(unkilled.argv, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "has already finished; nothing to do" in again.stderr
+    assert (unkilled.output / "model.keras").read_bytes() == model_bytes
+
 
 def test_worker_killed_mid_epoch(train_run, unkilled):
     run = train_run(*EPOCHS).start()
