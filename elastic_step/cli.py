@@ -95,6 +95,13 @@ def _add_train(commands) -> None:
         help="grow up to this many workers while all run (default: --workers)",
     )
     p.add_argument(
+        "--grow-after",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --max-workers: add a worker once all have run this long (default 10)",
+    )
+    p.add_argument(
         "--ps", type=_int, metavar="N", default=1, help="parameter server shards (default 1)"
     )
     p.add_argument("--seed", type=_int, metavar="N", default=0, help="(default 0)")
@@ -226,6 +233,7 @@ def _run(args: argparse.Namespace) -> int:
             workers=args.workers,
             min_workers=args.min_workers,
             max_workers=args.max_workers,
+            grow_after_s=args.grow_after,
             ps=args.ps,
             seed=args.seed,
             backend=args.backend,

@@ -32,6 +32,8 @@ class TrainConfig:
     keep_checkpoints: int = 3
     max_restarts: int = 3
     max_task_retries: int = 3
+    #: Grow by one worker when every wanted worker has run this long (up to max_workers).
+    grow_after_s: float = 10.0
     task_lease_s: float = 120.0
     master_timeout_s: float = 300.0
     staleness_modulation: bool = False
@@ -69,6 +71,7 @@ class TrainConfig:
                 f"--max-workers ({self.max_workers}) must be >= --workers ({self.workers})"
             )
         for flag, seconds in (
+            ("--grow-after", self.grow_after_s),
             ("--task-timeout", self.task_lease_s),
             ("--master-timeout", self.master_timeout_s),
         ):

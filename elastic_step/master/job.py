@@ -297,6 +297,7 @@ class Job:
                 max_workers=self.config.worker_limit,
                 num_ps=self.config.ps,
                 max_restarts=self.config.max_restarts,
+                grow_after_s=self.config.grow_after_s,
             ),
             self._launch_spec,
         )
