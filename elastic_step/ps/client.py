@@ -115,7 +115,7 @@ class PSClient:
         return [response.accepted for response in self._call_all("Initialize", requests)]
 
     def pull_dense(self) -> dict[str, np.ndarray]:
-        requests = [ps_pb2.PullDenseRequest(known_version=-1)] * self.num_ps
+        requests = [ps_pb2.PullDenseRequest()] * self.num_ps
         values = {}
         for shard, response in enumerate(self._call_all("PullDense", requests)):
             if not response.initialized:

@@ -51,10 +51,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PullDense(self, request, context):
         shard = self._ready(context)
         try:
-            version, values = shard.pull_dense(request.known_version)
+            version, values = shard.pull_dense()
         except ShardNotInitializedError:
             return ps_pb2.PullDenseResponse(initialized=False)
-        tensors = [to_proto(n, v) for n, v in (values or {}).items()]
+        tensors = [to_proto(n, v) for n, v in values.items()]
         return ps_pb2.PullDenseResponse(initialized=True, model_version=version, dense=tensors)
 
     def PullEmbeddingRows(self, request, context):

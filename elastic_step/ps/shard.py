@@ -92,12 +92,10 @@ class ParameterShard:
 
     # -- reading --
 
-    def pull_dense(self, known_version: int = -1) -> tuple[int, dict[str, np.ndarray] | None]:
-        """The version and the dense values; None for the values when known_version is current."""
+    def pull_dense(self) -> tuple[int, dict[str, np.ndarray]]:
+        """The version and the dense values, trainable and not."""
         with self._lock:
             self._check_initialized()
-            if known_version == self.version:
-                return self.version, None
             return self.version, self._values()
 
     def pull_rows(self, name: str, ids: np.ndarray) -> np.ndarray:

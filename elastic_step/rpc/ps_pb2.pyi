@@ -42,10 +42,8 @@ class InitializeResponse(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class PullDenseRequest(_message.Message):
-    __slots__ = ("known_version",)
-    KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
-    known_version: int
-    def __init__(self, known_version: _Optional[int] = ...) -> None: ...
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class PullDenseResponse(_message.Message):
     __slots__ = ("initialized", "model_version", "dense")

@@ -71,7 +71,7 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PullDense(self, request, context):
-        """The shard's dense variables; none when known_version is already current.
+        """The shard's dense variables, trainable and not.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
