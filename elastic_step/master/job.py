@@ -411,10 +411,8 @@ class Job:
             document = reports.status(self.phase, self.tasks, self.instances, self.error)
         reports.write_json(self.output, reports.STATUS_FILE, document)
 
-    def _stop_all(self, wait_s: float) -> None:
-        """Deletes every instance and waits up to ``wait_s`` for them to be gone."""
-        with self.lock:
-            self.instances.delete_all(STOP_GRACE_S)
+    def _wait_until_gone(self, wait_s: float) -> None:
+        """Applies backend events until no worker or PS is live, or ``wait_s`` has passed."""
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             with self.lock:
@@ -423,6 +421,12 @@ class Job:
             for event in self.backend.next_events(TICK_S):
                 with self.lock:
                     self.instances.handle(event)
+
+    def _stop_all(self, wait_s: float) -> None:
+        """Deletes every instance and waits up to ``wait_s`` for them to be gone."""
+        with self.lock:
+            self.instances.delete_all(STOP_GRACE_S)
+        self._wait_until_gone(wait_s)
 
     def _interrupt(self) -> int:
         name = signal.Signals(self._stop_signal).name
@@ -486,14 +490,7 @@ class Job:
             self.persist()
         self._write_summary()
         # Workers and PS see the job is over at their next call and exit by themselves.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with self.lock:
-                for event in self.backend.next_events(0):
-                    self.instances.handle(event)
-                if not self.instances.live(Role.WORKER) and not self.instances.live(Role.PS):
-                    break
-            time.sleep(TICK_S)
+        self._wait_until_gone(10)
         self._stop_all(wait_s=STOP_GRACE_S + 2)
         self._write_status()
         log.info("done: model.keras, saved_model/ and summary.json are in %s", self.output)
