@@ -173,9 +173,18 @@ def make_dataset(
 
     A TypeError with a clear message if the feed does not return a ``tf.data.Dataset``.
     """
+    return apply_feed(feed, records_dataset(records, batch_size), mode, schema)
+
+
+def apply_feed(
+    feed: Feed | None, batches: tf.data.Dataset, mode: str, schema: Schema
+) -> tf.data.Dataset:
+    """``feed`` (default: :func:`default_feed`) applied to ``batches`` of serialized records,
+    prefetched. A TypeError with a clear message if it does not return a ``tf.data.Dataset``.
+    """
     check_mode(mode)
     fn = feed or default_feed
-    result = fn(records_dataset(records, batch_size), mode, schema)
+    result = fn(batches, mode, schema)
     if not isinstance(result, tf.data.Dataset):
         name = getattr(fn, "__qualname__", None) or type(fn).__name__
         raise TypeError(

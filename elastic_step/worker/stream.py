@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable, Iterator
 
-from elastic_step.data.feed import default_feed
+from elastic_step.data.feed import apply_feed
 
 
 class FeedContractError(Exception):
@@ -41,13 +41,12 @@ class BatchStream:
         source = tf.data.Dataset.from_generator(
             batches, output_signature=tf.TensorSpec([None], tf.string)
         )
-        dataset = (feed or default_feed)(source, mode, schema)
-        if not isinstance(dataset, tf.data.Dataset):
-            raise FeedContractError(
-                f"feed() returned {type(dataset).__name__}, expected a tf.data.Dataset"
-            )
-        # Prefetch stops at what is queued: it never reaches into the next task's records.
-        self._iterator = iter(dataset.prefetch(tf.data.AUTOTUNE))
+        try:
+            # Prefetch stops at what is queued: it never reaches into the next task's records.
+            dataset = apply_feed(feed, source, mode, schema)
+        except TypeError as e:
+            raise FeedContractError(str(e)) from e
+        self._iterator = iter(dataset)
 
     def run(self, records: list[bytes]) -> Iterator[tuple]:
         """Yields the ``(features, labels)`` batches of ``records``.
