@@ -8,7 +8,7 @@ import shutil
 
 from elastic_step.data import storage
 from elastic_step.model_def import ModelDefinition
-from elastic_step.ps.client import PSClient
+from elastic_step.rpc.ps_client import PSClient
 from elastic_step.worker.parameters import ModelParameters
 
 MODEL_FILE = "model.keras"

@@ -459,7 +459,7 @@ class Job:
         one the job fails, rather than saving a model with a shard missing.
         """
         from elastic_step.master.final_model import save_final_model
-        from elastic_step.ps.client import PSUnavailableError
+        from elastic_step.rpc.ps_client import PSUnavailableError
 
         with self.lock:
             addresses = list(self._ps_addresses)

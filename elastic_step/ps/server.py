@@ -14,11 +14,11 @@ from concurrent import futures
 
 import grpc
 
-from elastic_step.master.client import MasterClient, MasterUnreachableError
 from elastic_step.ps import checkpoint
-from elastic_step.ps.client import CHANNEL_OPTIONS
 from elastic_step.ps.shard import ParameterShard, ShardNotInitializedError, TableShape
 from elastic_step.rpc import master_pb2, ps_pb2, ps_pb2_grpc
+from elastic_step.rpc.master_client import MasterClient, MasterUnreachableError
+from elastic_step.rpc.ps_client import CHANNEL_OPTIONS
 from elastic_step.rpc.tensors import from_proto, rows_from_proto, rows_to_proto, to_proto
 
 log = logging.getLogger("elastic_step.ps")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elastic_step.ps import placement
+from elastic_step.rpc import placement
 
 
 class ShardNotInitializedError(Exception):

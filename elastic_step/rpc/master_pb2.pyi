@@ -56,10 +56,12 @@ class JobSettings(_message.Message):
     def __init__(self, model_def: _Optional[str] = ..., data_dir: _Optional[str] = ..., output_dir: _Optional[str] = ..., batch_size: _Optional[int] = ..., num_ps: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_steps: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., staleness_modulation: _Optional[bool] = ..., master_timeout_s: _Optional[float] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("settings",)
+    __slots__ = ("settings", "model_version")
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     settings: JobSettings
-    def __init__(self, settings: _Optional[_Union[JobSettings, _Mapping]] = ...) -> None: ...
+    model_version: int
+    def __init__(self, settings: _Optional[_Union[JobSettings, _Mapping]] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class GetPSAddressesRequest(_message.Message):
     __slots__ = ()
@@ -80,7 +82,7 @@ class GetTaskRequest(_message.Message):
     def __init__(self, worker: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("kind", "id", "shard", "start", "end", "epoch")
+    __slots__ = ("kind", "id", "shard", "start", "end", "epoch", "lease_id")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[Task.Kind]
@@ -99,16 +101,18 @@ class Task(_message.Message):
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     kind: Task.Kind
     id: int
     shard: str
     start: int
     end: int
     epoch: int
-    def __init__(self, kind: _Optional[_Union[Task.Kind, str]] = ..., id: _Optional[int] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
+    lease_id: int
+    def __init__(self, kind: _Optional[_Union[Task.Kind, str]] = ..., id: _Optional[int] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ...) -> None: ...
 
 class ReportTaskRequest(_message.Message):
-    __slots__ = ("worker", "task_id", "ok", "error", "model_version", "loss_sum", "example_count", "metric_states")
+    __slots__ = ("worker", "task_id", "ok", "error", "model_version", "loss_sum", "example_count", "metric_states", "lease_id")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +121,7 @@ class ReportTaskRequest(_message.Message):
     LOSS_SUM_FIELD_NUMBER: _ClassVar[int]
     EXAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
     METRIC_STATES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     worker: str
     task_id: int
     ok: bool
@@ -125,19 +130,24 @@ class ReportTaskRequest(_message.Message):
     loss_sum: float
     example_count: int
     metric_states: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, worker: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., model_version: _Optional[int] = ..., loss_sum: _Optional[float] = ..., example_count: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    lease_id: int
+    def __init__(self, worker: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., model_version: _Optional[int] = ..., loss_sum: _Optional[float] = ..., example_count: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., lease_id: _Optional[int] = ...) -> None: ...
 
 class ReportTaskResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("name", "model_version")
+    __slots__ = ("name", "model_version", "lease_id", "batches_done")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_DONE_FIELD_NUMBER: _ClassVar[int]
     name: str
     model_version: int
-    def __init__(self, name: _Optional[str] = ..., model_version: _Optional[int] = ...) -> None: ...
+    lease_id: int
+    batches_done: int
+    def __init__(self, name: _Optional[str] = ..., model_version: _Optional[int] = ..., lease_id: _Optional[int] = ..., batches_done: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("finished",)

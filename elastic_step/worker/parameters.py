@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elastic_step.ps.client import PSClient, TableSpec
+from elastic_step.rpc.ps_client import PSClient, TableSpec
 
 
 class ModelParameters:

@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from elastic_step.master.client import MasterClient, MasterUnreachableError
-from elastic_step.ps.client import PSClient, PSUnavailableError
 from elastic_step.rpc import master_pb2
+from elastic_step.rpc.master_client import MasterClient, MasterUnreachableError
+from elastic_step.rpc.ps_client import PSClient, PSUnavailableError
 from elastic_step.rpc.tensors import to_proto
 
 log = logging.getLogger("elastic_step.worker")
@@ -40,6 +40,9 @@ class Worker:
         self.finished = threading.Event()
         self.ps: PSClient | None = None
         self._streams: dict = {}
+        #: The lease of the task in hand and the batches finished on it, for heartbeats.
+        self._lease_id = 0
+        self._batches_done = 0
         # One push at a time, off the main thread, so it overlaps the next step's compute.
         self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="push")
 
@@ -133,11 +136,15 @@ class Worker:
                 log.info("%s: the job is finished; exiting", self.name)
                 for stream in self._streams.values():
                     stream.close()
+                self.finished.set()
                 return 0
             if task.kind == master_pb2.Task.WAIT:
                 time.sleep(0.3)
                 continue
-            report = master_pb2.ReportTaskRequest(worker=self.name, task_id=task.id, ok=True)
+            self._lease_id, self._batches_done = task.lease_id, 0
+            report = master_pb2.ReportTaskRequest(
+                worker=self.name, task_id=task.id, lease_id=task.lease_id, ok=True
+            )
             try:
                 if task.kind == master_pb2.Task.TRAIN:
                     self.train(task)
@@ -146,9 +153,14 @@ class Worker:
             except UserCodeError as e:
                 log.error("%s: task %d failed: %s", self.name, task.id, e)
                 report = master_pb2.ReportTaskRequest(
-                    worker=self.name, task_id=task.id, ok=False, error=str(e)
+                    worker=self.name,
+                    task_id=task.id,
+                    lease_id=task.lease_id,
+                    ok=False,
+                    error=str(e),
                 )
             report.model_version = self.ps.model_version
+            self._lease_id = 0
             self.master.call("ReportTask", report)
 
     def _heartbeats(self) -> None:
@@ -157,7 +169,10 @@ class Worker:
                 reply = self.master.call(
                     "Heartbeat",
                     master_pb2.HeartbeatRequest(
-                        name=self.name, model_version=self.ps.model_version if self.ps else 0
+                        name=self.name,
+                        model_version=self.ps.model_version if self.ps else 0,
+                        lease_id=self._lease_id,
+                        batches_done=self._batches_done,
                     ),
                 )
             except MasterUnreachableError:
@@ -217,6 +232,7 @@ class Worker:
                     rows,
                     state,
                 )
+                self._batches_done += 1
         finally:
             if in_flight is not None:
                 self._finish_push(*in_flight)
@@ -249,6 +265,7 @@ class Worker:
             n = int(np.shape(labels)[0])
             loss_sum += float(loss) * n
             count += n
+            self._batches_done += 1
         report.loss_sum, report.example_count = loss_sum, count
         for name, metric in self.metrics.items():
             for i, variable in enumerate(metric.variables):

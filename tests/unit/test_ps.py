@@ -15,11 +15,11 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_step.ps import checkpoint, placement
-from elastic_step.ps.client import PSClient, PSUnavailableError, TableSpec
+from elastic_step.ps import checkpoint
 from elastic_step.ps.server import ParameterServerServicer
 from elastic_step.ps.shard import ParameterShard, TableShape
-from elastic_step.rpc import master_pb2, ps_pb2_grpc
+from elastic_step.rpc import master_pb2, placement, ps_pb2_grpc
+from elastic_step.rpc.ps_client import PSClient, PSUnavailableError, TableSpec
 
 LR = 0.1
 # With 2 shards, crc32 puts "dense/kernel" on shard 1 and "dense_1/bias" on shard 0.

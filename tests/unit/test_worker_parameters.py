@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elastic_step.ps.client import PSClient, TableSpec
 from elastic_step.ps.server import ParameterServerServicer
 from elastic_step.ps.shard import ParameterShard
 from elastic_step.rpc import master_pb2, ps_pb2_grpc
+from elastic_step.rpc.ps_client import PSClient, TableSpec
 from elastic_step.worker.parameters import ModelParameters
 
 LR = 0.1

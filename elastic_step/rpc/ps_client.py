@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from elastic_step.ps import placement
-from elastic_step.rpc import ps_pb2, ps_pb2_grpc
+from elastic_step.rpc import placement, ps_pb2, ps_pb2_grpc
 from elastic_step.rpc.tensors import from_proto, rows_from_proto, rows_to_proto, to_proto
 
 _MAX_MESSAGE = 512 * 1024 * 1024
