@@ -149,7 +149,8 @@ def _add_train(commands) -> None:
         type=float,
         default=120.0,
         metavar="SECONDS",
-        help="a task's lease without heartbeats from its worker (default 120)",
+        help="a worker that finishes no batch of its task for this long loses the task, "
+        "even while its heartbeats go on (default 120)",
     )
     p.add_argument(
         "--master-timeout",
@@ -243,7 +244,7 @@ def _run(args: argparse.Namespace) -> int:
             keep_checkpoints=args.keep_checkpoints,
             max_restarts=args.max_restarts,
             max_task_retries=args.max_task_retries,
-            task_lease_s=args.task_timeout,
+            task_timeout_s=args.task_timeout,
             master_timeout_s=args.master_timeout,
             staleness_modulation=args.staleness_modulation,
             port=args.port,

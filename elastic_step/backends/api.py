@@ -35,12 +35,28 @@ class EventKind(enum.StrEnum):
 
 
 class ExitReason(enum.StrEnum):
+    """How an instance ended. Only the program's own faults count against it."""
+
     #: Exit status 0.
     COMPLETED = "completed"
-    #: A non-zero exit status: the program failed.
-    ERROR = "error"
-    #: Killed by a signal, deleted, evicted or preempted: not the program's fault.
-    KILLED = "killed"
+    #: A non-zero exit status, or a signal that neither the master nor the platform sent.
+    CRASHED = "crashed"
+    #: Killed for using more memory than its limit.
+    OOM_KILLED = "oom-killed"
+    #: Deleted by the master.
+    DELETED = "deleted"
+    #: Taken by the platform for higher-priority work.
+    PREEMPTED = "preempted"
+    #: Evicted by the platform (node pressure, drain).
+    EVICTED = "evicted"
+    #: Gone, and how is unknown (an adopted process, a lost node).
+    LOST = "lost"
+
+    @property
+    def is_fault(self) -> bool:
+        """True when the program itself ended it: counts toward --max-restarts and the
+        failures of the tasks it held."""
+        return self in (ExitReason.CRASHED, ExitReason.OOM_KILLED)
 
 
 @dataclass(frozen=True)

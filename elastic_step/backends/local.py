@@ -203,15 +203,18 @@ class LocalBackend(Backend):
         if instance.popen is None:
             if process_start_time(instance.pid) == instance.start_time:
                 return None
-            # Not our child: its exit status went to init. Treat it as lost, not failed.
-            return None, ExitReason.KILLED, "adopted process exited (status unknown)"
+            # Not our child: its exit status went to init.
+            if instance.deleting:
+                return None, ExitReason.DELETED, "deleted (adopted process; status unknown)"
+            return None, ExitReason.LOST, "adopted process exited (status unknown)"
         code = instance.popen.poll()
         if code is None:
             return None
-        if code < 0:
-            return code, ExitReason.KILLED, f"killed by {signal.Signals(-code).name}"
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
         if instance.deleting:
-            return code, ExitReason.KILLED, f"deleted (exit status {code})"
+            return code, ExitReason.DELETED, f"deleted ({how})"
         if code == 0:
-            return code, ExitReason.COMPLETED, "exit status 0"
-        return code, ExitReason.ERROR, f"exit status {code}"
+            return code, ExitReason.COMPLETED, how
+        # A signal the master did not send is the program's fault here: this machine has
+        # no platform that preempts or evicts (the OOM killer's SIGKILL looks the same).
+        return code, ExitReason.CRASHED, how

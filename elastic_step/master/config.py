@@ -5,11 +5,19 @@ Each rule's error names the flag, the value and the rule it broke.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from elastic_step.errors import InputError
+
+#: The settings that define what a job computes, by field and flag.
+FIXED_SETTINGS = {
+    "data": "--data",
+    "epochs": "--epochs",
+    "batch_size": "--batch-size",
+    "ps": "--ps",
+    "seed": "--seed",
+    "records_per_task": "--records-per-task",
+}
 
 
 @dataclass(frozen=True)
@@ -34,7 +42,7 @@ class TrainConfig:
     max_task_retries: int = 3
     #: Grow by one worker when every wanted worker has run this long (up to max_workers).
     grow_after_s: float = 10.0
-    task_lease_s: float = 120.0
+    task_timeout_s: float = 120.0
     master_timeout_s: float = 300.0
     staleness_modulation: bool = False
     port: int = 0
@@ -72,7 +80,7 @@ class TrainConfig:
             )
         for flag, seconds in (
             ("--grow-after", self.grow_after_s),
-            ("--task-timeout", self.task_lease_s),
+            ("--task-timeout", self.task_timeout_s),
             ("--master-timeout", self.master_timeout_s),
         ):
             if seconds <= 0:
@@ -82,11 +90,7 @@ class TrainConfig:
     def worker_limit(self) -> int:
         return self.max_workers if self.max_workers is not None else self.workers
 
-    def fingerprint(self) -> str:
-        """What a resumed job must share with the saved one; elasticity settings may differ."""
-        fixed = {
-            k: v
-            for k, v in asdict(self).items()
-            if k in {"data", "epochs", "batch_size", "ps", "seed", "records_per_task"}
-        }
-        return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:16]
+    def fixed_settings(self) -> dict:
+        """What a resumed or re-run job must share with the saved one, by flag; elasticity
+        settings may differ."""
+        return {flag: getattr(self, name) for name, flag in FIXED_SETTINGS.items()}

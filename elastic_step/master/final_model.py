@@ -8,6 +8,7 @@ import shutil
 
 from elastic_step.data import storage
 from elastic_step.model_def import ModelDefinition
+from elastic_step.rpc.auth import Credentials
 from elastic_step.rpc.ps_client import PSClient
 from elastic_step.worker.parameters import ModelParameters
 
@@ -16,13 +17,17 @@ SAVED_MODEL_DIR = "saved_model"
 
 
 def save_final_model(
-    definition: ModelDefinition, ps_addresses: list[str], output: str, seed: int
+    definition: ModelDefinition,
+    ps_addresses: list[str],
+    credentials: Credentials,
+    output: str,
+    seed: int,
 ) -> None:
     import keras
 
     keras.utils.set_random_seed(seed)
     model = definition.build_model()
-    ps = PSClient(ps_addresses)
+    ps = PSClient(ps_addresses, credentials)
     try:
         ModelParameters(model).pull(ps)
     finally:

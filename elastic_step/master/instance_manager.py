@@ -3,11 +3,13 @@
 Membership is a set of *slots*: one per PS shard and one per wanted worker. Each slot has at
 most one live instance; when it ends, the relaunch policy decides:
 
-- killed, deleted or preempted: always replaced;
-- exited with an error: replaced at most ``max_restarts`` times per slot, then the slot is
-  given up. A given-up PS shard fails the job; so does having fewer than ``min_workers``
-  worker slots left;
-- exited with status 0: not replaced (workers exit 0 only when the job is over).
+- deleted, preempted, evicted or lost: not its fault, always replaced;
+- crashed or OOM-killed (its own fault): replaced at most ``max_restarts`` times per slot,
+  then the slot is given up. A given-up PS shard fails the job; so does having fewer than
+  ``min_workers`` worker slots left. A slot whose instances keep failing before they finish
+  a task is relaunched after an exponential backoff, never in a tight loop;
+- exited with status 0: not replaced (workers exit 0 only when the job is over). While the
+  job is stopping nothing is retired: a stop must leave every slot to be relaunched on resume.
 
 The job starts with ``workers`` worker slots and grows by one, up to ``max_workers``, each time
 every wanted worker has been running for ``grow_after_s`` seconds: a cluster that grants the
@@ -25,15 +27,25 @@ from dataclasses import asdict, dataclass
 
 from elastic_step.backends.api import (
     Backend,
+    BackendError,
+    ExitReason,
     InstanceEvent,
     InstanceInfo,
     LaunchRejectedError,
     LaunchSpec,
     Role,
 )
-from elastic_step.master.process_state import ProcessState, next_state, transition_of
+from elastic_step.master.process_state import (
+    ProcessState,
+    Transition,
+    next_state,
+    transition_of,
+)
 
 log = logging.getLogger(__name__)
+
+#: Launch errors in a row (other than "no capacity now") after which the job fails.
+MAX_LAUNCH_ERRORS = 8
 
 
 @dataclass
@@ -45,7 +57,12 @@ class Instance:
     state: ProcessState = ProcessState.PENDING
     pid: int | None = None
     exit_code: int | None = None
+    #: How it ended (an :class:`ExitReason` value), and the detail.
+    reason: str = ""
     message: str = ""
+
+    def describe_end(self) -> str:
+        return f"{self.name} {self.reason or self.state.value} ({self.message or 'no detail'})"
 
     def to_json(self) -> dict:
         return {**asdict(self), "role": self.role.value, "state": self.state.value}
@@ -63,6 +80,10 @@ class MembershipSettings:
     num_ps: int
     max_restarts: int
     grow_after_s: float = 10.0
+    #: First delay before relaunching a slot whose instance failed before finishing a task;
+    #: it doubles with each such failure in a row, up to ``backoff_max_s``.
+    backoff_s: float = 1.0
+    backoff_max_s: float = 60.0
 
 
 SpecFactory = Callable[[Role, int, str], LaunchSpec]
@@ -75,8 +96,12 @@ class InstanceManager:
         settings: MembershipSettings,
         spec_for: SpecFactory,
         clock: Callable[[], float] = time.time,
+        journal: Callable[[dict], None] | None = None,
     ) -> None:
         self._backend = backend
+        #: Called with a small record for every change worth keeping across a master restart.
+        self._journal = journal or (lambda record: None)
+        self._last_membership: dict | None = None
         self.settings = settings
         self._spec_for = spec_for
         self._clock = clock
@@ -84,12 +109,19 @@ class InstanceManager:
         self.worker_slots: set[int] = set(range(settings.workers))
         self.error_restarts: dict[str, int] = {}
         self.restarts = {Role.WORKER.value: 0, Role.PS.value: 0}
+        #: Restarts by how the replaced instance ended (ExitReason values).
+        self.restarts_by_reason: dict[str, int] = {}
+        #: Per slot: failures in a row of instances that finished no task, and when the
+        #: slot may be relaunched.
+        self.failures_in_a_row: dict[str, int] = {}
+        self._relaunch_at: dict[str, float] = {}
         #: Slots whose instance exited with status 0: their work is over, nothing refills them.
         self.retired: set[str] = set()
         self.started_at = clock()
         self.timeline: list[list[float]] = [[0.0, 0]]
         self._last_change = clock()
         self._retry_launch_at = 0.0
+        self._launch_errors = 0
         self.stopping = False
         #: Set when the membership can no longer run the job.
         self.failure: str | None = None
@@ -110,8 +142,12 @@ class InstanceManager:
         wanted = [(Role.PS, shard) for shard in range(self.settings.num_ps)]
         wanted += [(Role.WORKER, slot) for slot in sorted(self.worker_slots)]
         occupied = {(i.role, i.slot) for i in self.instances.values() if not i.state.ended}
+        now = self._clock()
         for role, slot in wanted:
-            if (role, slot) in occupied or self._slot_key(role, slot) in self.retired:
+            key = self._slot_key(role, slot)
+            if (role, slot) in occupied or key in self.retired:
+                continue
+            if self._relaunch_at.get(key, 0.0) > now:
                 continue
             try:
                 self._launch(role, slot)
@@ -119,24 +155,46 @@ class InstanceManager:
                 log.info("cannot start a %s now (%s); will retry in 5 s", role.value, e)
                 self._retry_launch_at = self._clock() + 5.0
                 return
+            except BackendError as e:
+                self._launch_errors += 1
+                if self._launch_errors > MAX_LAUNCH_ERRORS:
+                    self.failure = (
+                        f"cannot start a {role.value}: {e} "
+                        f"({self._launch_errors} launch errors in a row)"
+                    )
+                    self._record()
+                    return
+                delay = min(2.0**self._launch_errors, self.settings.backoff_max_s)
+                log.error("cannot start a %s: %s; will retry in %.0f s", role.value, e, delay)
+                self._retry_launch_at = self._clock() + delay
+                return
+            self._launch_errors = 0
 
     def handle(self, event: InstanceEvent) -> Instance | None:
         """Applies a backend event; returns the instance if it just ended."""
         instance = self.instances.get(event.name)
         if instance is None:
             return None
-        new_state = next_state(instance.state, transition_of(event))
+        transition = transition_of(event)
+        if self.stopping and transition is Transition.COMPLETED:
+            # Whatever made it exit 0 during a stop, its work is not over: on resume the
+            # slot must be relaunched, so it is not recorded as succeeded.
+            transition = Transition.KILLED
+        new_state = next_state(instance.state, transition)
         if new_state is None:
             return None
         instance.state = new_state
         instance.pid = event.pid or instance.pid
         if not new_state.ended:
             self._note_membership_change()
+            self._record(instance)
             return None
         instance.exit_code = event.exit_code
+        instance.reason = (event.reason or ExitReason.LOST).value
         instance.message = event.message
         self._note_membership_change()
         self._apply_relaunch_policy(instance)
+        self._record(instance)
         return instance
 
     def adopt(self, live: list[InstanceInfo]) -> list[Instance]:
@@ -154,6 +212,7 @@ class InstanceManager:
             info = live_by_name.pop(instance.name, None)
             if info is None:
                 instance.state = ProcessState.KILLED
+                instance.reason = ExitReason.LOST.value
                 instance.message = "lost while the master was away"
                 lost.append(instance)
                 self._apply_relaunch_policy(instance)
@@ -172,7 +231,8 @@ class InstanceManager:
                     info.index,
                     ProcessState.KILLED,
                     info.pid,
-                    message="deleted: its slot already had an instance",
+                    reason=ExitReason.DELETED.value,
+                    message="its slot already had an instance",
                 )
                 continue
             self.instances[info.name] = Instance(
@@ -180,7 +240,23 @@ class InstanceManager:
             )
             occupied.add((info.role, info.index))
         self._note_membership_change()
+        for instance in self.instances.values():
+            self._record(instance)
         return lost
+
+    def note_task_done(self, name: str) -> None:
+        """A worker finished a task: its slot is healthy, so its failure backoff resets."""
+        instance = self.instances.get(name)
+        key = instance and self._slot_key(instance.role, instance.slot)
+        if key in self.failures_in_a_row:
+            del self.failures_in_a_row[key]
+            self._record()
+
+    def note_pid(self, name: str, pid: int) -> None:
+        instance = self.instances.get(name)
+        if instance is not None and pid and instance.pid != pid:
+            instance.pid = pid
+            self._record(instance)
 
     def delete_all(self, grace_period_s: float) -> None:
         """Stops every live instance; nothing is relaunched afterwards."""
@@ -191,27 +267,56 @@ class InstanceManager:
 
     # -- persistence --
 
-    def to_state(self) -> dict:
+    def snapshot(self) -> dict:
+        """Everything needed to resume: every instance and the membership aggregates."""
+        return {"instances": [i.to_json() for i in self.instances.values()], **self._membership()}
+
+    def restore(self, state: dict) -> None:
+        """Loads a :meth:`snapshot` (nothing is launched or journaled)."""
+        self.instances = {d["name"]: Instance.from_json(d) for d in state["instances"]}
+        self._load_membership(state)
+
+    def apply(self, record: dict) -> None:
+        """Replays one journal record, as emitted by this class."""
+        if record["op"] == "instance":
+            instance = Instance.from_json(record["instance"])
+            self.instances[instance.name] = instance
+        else:
+            self._load_membership(record)
+
+    def _membership(self) -> dict:
         return {
-            "instances": [i.to_json() for i in self.instances.values()],
             "worker_slots": sorted(self.worker_slots),
-            "error_restarts": self.error_restarts,
-            "restarts": self.restarts,
+            "error_restarts": dict(self.error_restarts),
+            "restarts": dict(self.restarts),
+            "restarts_by_reason": dict(self.restarts_by_reason),
+            "failures_in_a_row": dict(self.failures_in_a_row),
             "retired": sorted(self.retired),
             "started_at": self.started_at,
-            "timeline": self.timeline,
+            "timeline": [list(point) for point in self.timeline],
             "failure": self.failure,
         }
 
-    def restore(self, state: dict) -> None:
-        self.instances = {d["name"]: Instance.from_json(d) for d in state["instances"]}
+    def _load_membership(self, state: dict) -> None:
         self.worker_slots = set(state["worker_slots"])
         self.error_restarts = dict(state["error_restarts"])
         self.restarts = dict(state["restarts"])
+        self.restarts_by_reason = dict(state["restarts_by_reason"])
+        self.failures_in_a_row = dict(state["failures_in_a_row"])
         self.retired = set(state["retired"])
         self.started_at = state["started_at"]
         self.timeline = [list(point) for point in state["timeline"]]
         self.failure = state["failure"]
+        self._last_membership = self._membership()
+
+    def _record(self, instance: Instance | None = None) -> None:
+        """Journals ``instance`` and, when they changed, the membership aggregates."""
+        if instance is not None:
+            self._journal({"op": "instance", "instance": instance.to_json()})
+        membership = self._membership()
+        if membership != self._last_membership:
+            self._last_membership = membership
+            self._journal({"op": "membership", **membership})
 
     # -- internals --
 
@@ -223,7 +328,8 @@ class InstanceManager:
         name = self._next_name(role, slot)
         spec = self._spec_for(role, slot, name)
         self._backend.launch(spec)
-        self.instances[name] = Instance(name, role, slot)
+        self.instances[name] = instance = Instance(name, role, slot)
+        self._record(instance)
         log.info("launched %s (%s slot %d)", name, role.value, slot)
 
     def _next_name(self, role: Role, slot: int) -> str:
@@ -247,7 +353,7 @@ class InstanceManager:
 
     def _apply_relaunch_policy(self, instance: Instance) -> None:
         role, key = instance.role, self._slot_key(instance.role, instance.slot)
-        what = f"{instance.name} {instance.state.value} ({instance.message or 'no detail'})"
+        what = instance.describe_end()
         if instance.state is ProcessState.SUCCEEDED:
             self.retired.add(key)
             log.info("%s", what)
@@ -256,16 +362,18 @@ class InstanceManager:
             log.info("%s", what)
             return
         if instance.state is ProcessState.KILLED:
-            self.restarts[role.value] += 1
-            log.warning("%s; replacing it (killed processes are always replaced)", what)
+            self._count_restart(instance)
+            log.warning("%s; replacing it (not its fault: does not count)", what)
             return
         used = self.error_restarts.get(key, 0)
         if used < self.settings.max_restarts:
             self.error_restarts[key] = used + 1
-            self.restarts[role.value] += 1
+            self._count_restart(instance)
+            delay = self._back_off(key)
             log.warning(
-                "%s; replacing it (restart %d of --max-restarts=%d for %s slot %d)",
+                "%s; replacing it%s (restart %d of --max-restarts=%d for %s slot %d)",
                 what,
+                f" in {delay:.0f} s, as it finished no task" if delay else "",
                 used + 1,
                 self.settings.max_restarts,
                 role.value,
@@ -286,6 +394,26 @@ class InstanceManager:
                     f"--min-workers={self.settings.min_workers}; last: {what}"
                 )
 
+    def _count_restart(self, instance: Instance) -> None:
+        self.restarts[instance.role.value] += 1
+        self.restarts_by_reason[instance.reason] = (
+            self.restarts_by_reason.get(instance.reason, 0) + 1
+        )
+
+    def _back_off(self, key: str) -> float:
+        """The delay before relaunching a slot after a failure; 0 after its first one.
+
+        A worker that finished a task resets its slot's count (:meth:`note_task_done`); a PS
+        never does, so a PS that keeps failing also backs off.
+        """
+        failures = self.failures_in_a_row.get(key, 0) + 1
+        self.failures_in_a_row[key] = failures
+        if failures < 2:
+            return 0.0
+        delay = min(self.settings.backoff_s * 2 ** (failures - 2), self.settings.backoff_max_s)
+        self._relaunch_at[key] = self._clock() + delay
+        return delay
+
     def _maybe_grow(self) -> None:
         if len(self.worker_slots) >= self.settings.max_workers:
             return
@@ -295,6 +423,7 @@ class InstanceManager:
             return
         slot = max(self.worker_slots, default=-1) + 1
         self.worker_slots.add(slot)
+        self._record()
         log.info(
             "all %d workers are running; growing to %d (--max-workers=%d)",
             len(self.worker_slots) - 1,

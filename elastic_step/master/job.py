@@ -1,18 +1,19 @@
-"""The master of one training job: it runs in the ``elastic-step train`` process.
+"""The life of one training job in the ``elastic-step train`` process.
 
-It checks the inputs, starts (or, after a restart, adopts) the PS and workers through a
-backend, serves tasks over gRPC, replaces what dies, persists its state after every change,
-and at the end saves the model and the summary. SIGTERM or SIGINT stops every instance and
-exits non-zero; running the same command again resumes the job.
+It takes the job's lease in the state store, creates the job or resumes it (checking that
+the settings are the same), starts the gRPC server, and runs the loop that feeds backend
+events and ticks to the :class:`Coordinator`. At the end it saves the model and the summary.
+SIGTERM or SIGINT stops every instance and exits non-zero; the same command resumes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import signal
+import socket
 import sys
-import threading
 import time
 from concurrent import futures
 
@@ -25,22 +26,35 @@ from elastic_step.data.schema import Schema
 from elastic_step.errors import InputError, JobFailedError
 from elastic_step.master import reports
 from elastic_step.master.config import TrainConfig
+from elastic_step.master.coordinator import Coordinator
 from elastic_step.master.evaluation import metric_values
 from elastic_step.master.instance_manager import InstanceManager, MembershipSettings
-from elastic_step.master.servicer import MasterServicer, UnknownInstanceError
-from elastic_step.master.state_store import StateStore, create_state_store
-from elastic_step.master.task_manager import EvaluationResult, TaskKind, TaskManager, TaskSettings
+from elastic_step.master.job_record import JobRecord
+from elastic_step.master.journal import Journal, Replay
+from elastic_step.master.phase import Phase
+from elastic_step.master.servicer import MasterServicer
+from elastic_step.master.state_store import (
+    StateStore,
+    StateStoreFencedError,
+    StateStoreLockedError,
+    create_state_store,
+)
+from elastic_step.master.task_manager import TaskManager, TaskSettings
 from elastic_step.model_def import ModelDefinition
-from elastic_step.rpc import master_pb2, master_pb2_grpc
-from elastic_step.rpc.tensors import from_proto
+from elastic_step.rpc import auth, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("elastic_step.master")
 
 MODEL_DEF_COPY = "model_def.py"
+#: The state file of versions before the journal; such an output cannot be resumed.
+LEGACY_STATE_FILE = "master-state.json"
 TICK_S = 0.2
 STATUS_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
 STOP_GRACE_S = 3.0
+#: How long a second master of the same job waits for the first one's lease.
+ACQUIRE_TIMEOUT_S = 5.0
+FLUSH_TIMEOUT_S = 30.0
 
 
 class Job:
@@ -56,23 +70,20 @@ class Job:
         self.definition = definition
         self.output = config.output
         self.store = store or create_state_store("file", config.output)
-        self.lock = threading.RLock()
-        self.phase = "starting"
-        self.error: str | None = None
         self._stop_signal: int | None = None
-        self._ps_addresses = [""] * config.ps
-        self._registered: set[str] = set()
-        self._history: list[dict] = []
-        self._master_restarts = 0
-        self._train_window: list[float] | None = None  # [first done, last done, records since]
-        self._port = config.port
         self._save_deadline: float | None = None
         self._next_save_log = 0.0
-        self.tasks = TaskManager(self._task_settings())
         self.backend: Backend | None = None
-        self.instances: InstanceManager | None = None
+        self.coordinator: Coordinator | None = None
 
     # -- settings --
+
+    def fixed_settings(self) -> dict:
+        settings = self.config.fixed_settings()
+        settings["the model definition"] = hashlib.sha256(
+            self.definition.source.encode()
+        ).hexdigest()
+        return settings
 
     def _task_settings(self) -> TaskSettings:
         c = self.config
@@ -83,8 +94,22 @@ class Job:
             epochs=c.epochs,
             evaluation_steps=c.evaluation_steps,
             max_task_retries=c.max_task_retries,
-            lease_s=c.task_lease_s,
+            task_timeout_s=c.task_timeout_s,
             seed=c.seed,
+            metric_shapes=tuple(
+                tuple(v.shape) for metric in self._metrics.values() for v in metric.variables
+            ),
+        )
+
+    def _membership_settings(self) -> MembershipSettings:
+        c = self.config
+        return MembershipSettings(
+            workers=c.workers,
+            min_workers=c.min_workers,
+            max_workers=c.worker_limit,
+            num_ps=c.ps,
+            max_restarts=c.max_restarts,
+            grow_after_s=c.grow_after_s,
         )
 
     def job_settings(self) -> master_pb2.JobSettings:
@@ -103,329 +128,237 @@ class Job:
         )
 
     def _launch_spec(self, role: Role, slot: int, name: str) -> LaunchSpec:
-        address = f"{self.backend.master_host()}:{self._port}"
+        record = self.coordinator.record
+        address = f"{self.backend.master_host()}:{record.port}"
         if role is Role.PS:
             args = ["ps", "--master", address, "--shard", str(slot), "--name", name]
         else:
             args = ["worker", "--master", address, "--name", name]
-        return LaunchSpec(name, role, slot, [sys.executable, "-m", "elastic_step", *args])
-
-    # -- state --
-
-    def _state(self) -> dict:
-        return {
-            "fingerprint": self._fingerprint(),
-            "phase": self.phase,
-            "error": self.error,
-            "port": self._port,
-            "ps_addresses": self._ps_addresses,
-            "tasks": self.tasks.to_state(),
-            "instances": self.instances.to_state(),
-            "history": self._history,
-            "master_restarts": self._master_restarts,
-            "train_window": self._train_window,
-        }
-
-    def _fingerprint(self) -> str:
-        source = hashlib.sha256(self.definition.source.encode()).hexdigest()[:16]
-        return f"{self.config.fingerprint()}-{source}"
-
-    def persist(self) -> None:
-        with self.lock:
-            self.store.save(self._state())
-
-    def _restore(self, state: dict) -> None:
-        if state["fingerprint"] != self._fingerprint():
-            raise InputError(
-                f"{self.output} holds a job with other settings (the model definition, --data, "
-                "--epochs, --batch-size, --ps, --seed or --records-per-task differ); "
-                "use a new --output to start a new job"
-            )
-        self.tasks = TaskManager.from_state(self._task_settings(), state["tasks"])
-        self.instances.restore(state["instances"])
-        self._port = state["port"]
-        self._ps_addresses = state["ps_addresses"]
-        self._history = state["history"]
-        self._master_restarts = state["master_restarts"] + 1
-        self._train_window = state["train_window"]
-
-    # -- gRPC handlers (called from server threads) --
-
-    def register(self, request: master_pb2.RegisterRequest) -> master_pb2.JobSettings:
-        with self.lock:
-            instance = self.instances.instances.get(request.name)
-            if instance is None or instance.state.ended:
-                raise UnknownInstanceError(f"{request.name} is not an instance of this job")
-            instance.pid = request.pid or instance.pid
-            if request.role == master_pb2.PS:
-                self._ps_addresses[request.shard] = request.address
-                log.info(
-                    "%s serves PS shard %d at %s", request.name, request.shard, request.address
-                )
-            elif request.name not in self._registered:
-                log.info("%s registered (pid %d)", request.name, request.pid)
-            self._registered.add(request.name)
-            self.persist()
-            return self.job_settings()
-
-    def ps_addresses(self) -> list[str]:
-        with self.lock:
-            return list(self._ps_addresses)
-
-    def _over(self) -> bool:
-        return self.phase in ("succeeded", "failed", "interrupted")
-
-    def next_task(self, worker: str) -> master_pb2.Task:
-        with self.lock:
-            instance = self.instances.instances.get(worker)
-            if self._over() or instance is None or instance.state.ended:
-                return master_pb2.Task(kind=master_pb2.Task.FINISHED)
-            # A worker runs one task at a time: what it still holds was never received.
-            self.tasks.recover_tasks(worker)
-            task = self.tasks.get_task(worker)
-            if task is None:
-                return master_pb2.Task(kind=master_pb2.Task.WAIT)
-            self.persist()
-            kind = (
-                master_pb2.Task.TRAIN if task.kind is TaskKind.TRAIN else master_pb2.Task.EVALUATE
-            )
-            return master_pb2.Task(
-                kind=kind,
-                id=task.id,
-                shard=task.shard,
-                start=task.start,
-                end=task.end,
-                epoch=task.epoch,
-            )
-
-    def report_task(self, request: master_pb2.ReportTaskRequest) -> None:
-        with self.lock:
-            if not request.ok:
-                task = self.tasks.report_failure(request.task_id, request.error, request.worker)
-                if task is not None:
-                    log.warning(
-                        "%s failed on %s (failure %d): %s",
-                        request.worker,
-                        task.describe(),
-                        task.failures,
-                        request.error,
-                    )
-                self.persist()
-                return
-            evaluation = None
-            if request.metric_states or request.example_count:
-                evaluation = EvaluationResult(
-                    request.loss_sum,
-                    request.example_count,
-                    [from_proto(t).astype("float64") for t in request.metric_states],
-                )
-            task = self.tasks.report_success(
-                request.task_id, model_version=request.model_version, evaluation=evaluation
-            )
-            if task is not None and task.kind is TaskKind.TRAIN:
-                self._note_trained(task.records)
-            self._collect_evaluations()
-            self.persist()
-
-    def heartbeat(self, name: str, model_version: int) -> bool:
-        with self.lock:
-            self.tasks.renew_leases(name)
-            self.tasks.observe_model_version(model_version)
-            return self._over()
-
-    # -- bookkeeping --
-
-    def _note_trained(self, records: int) -> None:
-        now = time.time()
-        if self._train_window is None:
-            self._train_window = [now, now, 0]  # the first task warms up: not counted
-        else:
-            self._train_window[1] = now
-            self._train_window[2] += records
-
-    def examples_per_second(self) -> float | None:
-        window = self._train_window
-        if window is None or window[1] <= window[0]:
-            return None
-        return window[2] / (window[1] - window[0])
-
-    def _collect_evaluations(self) -> None:
-        while self.tasks.completed_rounds:
-            round_ = self.tasks.completed_rounds.pop(0)
-            values = metric_values(self._metrics, round_)
-            entry = {
-                "model_version": round_.model_version,
-                "trigger": round_.trigger,
-                "epoch": round_.epoch,
-                "metrics": values,
-            }
-            self._history.append(entry)
-            shown = ", ".join(f"{k}={v:.4f}" for k, v in values.items() if isinstance(v, float))
-            log.info(
-                "evaluation at model v%d (%s, epoch %d): %s",
-                round_.model_version,
-                round_.trigger,
-                round_.epoch,
-                shown or "no metrics",
-            )
+        return LaunchSpec(
+            name,
+            role,
+            slot,
+            [sys.executable, "-m", "elastic_step", *args],
+            env={auth.SECRET_ENV: record.secret},
+        )
 
     # -- the run --
 
     def run(self) -> int:
         """Runs the job to its end; returns the exit status (raises JobFailedError on failure)."""
+        storage.makedirs(self.output)
+        if storage.exists(storage.join(self.output, LEGACY_STATE_FILE)):
+            raise InputError(
+                f"{self.output} holds a job of an older elastic-step version, which cannot be "
+                "resumed; use a new --output"
+            )
+        owner = f"{socket.gethostname()}:{os.getpid()}"
+        try:
+            token = self.store.acquire(owner, timeout_s=ACQUIRE_TIMEOUT_S)
+        except StateStoreLockedError as e:
+            raise InputError(f"another master is running the job in {self.output}: {e}") from e
+        try:
+            return self._run(token)
+        finally:
+            self.store.close()
+
+    def _run(self, token: int) -> int:
         import keras
 
-        storage.makedirs(self.output)
-        saved = self.store.load()
-        if saved is not None and saved["phase"] == "succeeded":
+        replay = Replay.of(self.store.load())
+        record = self._check_saved(replay)
+        if record is not None and record.phase is Phase.SUCCEEDED:
             log.info("the job in %s has already finished; nothing to do", self.output)
             return 0
-        if saved is not None and saved["phase"] == "failed":
-            raise InputError(
-                f"{self.output} holds a job that failed ({saved['error']}); "
-                "use a new --output to run it again"
-            )
         keras.utils.set_random_seed(self.config.seed)
         self._metrics = self.definition.build_metrics()
         work_dir = storage.local_path(storage.join(self.output, "backend"))
         self.backend = create_backend(self.config.backend, BackendParams(self.output, work_dir))
-        self.instances = InstanceManager(
+        try:
+            self._build(replay, record, token)
+            server = self._start_server()
+            try:
+                return self._supervise(resumed=record is not None)
+            finally:
+                server.stop(grace=1)
+        finally:
+            self.backend.close()
+
+    def _check_saved(self, replay: Replay) -> JobRecord | None:
+        """The saved job's record, after checking it may go on; None for a new job."""
+        if replay.snapshot is None:
+            return None
+        record = JobRecord.restore(replay.part("job"), replay.records["job"])
+        differ = record.differing_settings(self.fixed_settings())
+        if differ:
+            state = "finished" if record.phase is Phase.SUCCEEDED else "saved"
+            raise InputError(
+                f"{self.output} holds a {state} job with other settings ({', '.join(differ)} "
+                "differ); use a new --output to start a new job"
+            )
+        if record.phase is Phase.FAILED:
+            raise InputError(
+                f"{self.output} holds a job that failed ({record.error}); "
+                "use a new --output to run it again"
+            )
+        return record
+
+    def _build(self, replay: Replay, record: JobRecord | None, token: int) -> None:
+        journal = Journal(self.store)
+        lease_base = token << 32
+        if record is None:
+            record = JobRecord(self.fixed_settings(), auth.new_secret(), self.config.ps)
+            tasks = TaskManager(
+                self._task_settings(), journal=journal.writer("tasks"), lease_base=lease_base
+            )
+        else:
+            tasks = TaskManager.restore(
+                self._task_settings(),
+                replay.part("tasks"),
+                replay.records["tasks"],
+                lease_base=lease_base,
+                journal=journal.writer("tasks"),
+            )
+        record.attach(journal.writer("job"))
+        instances = InstanceManager(
             self.backend,
-            MembershipSettings(
-                workers=self.config.workers,
-                min_workers=self.config.min_workers,
-                max_workers=self.config.worker_limit,
-                num_ps=self.config.ps,
-                max_restarts=self.config.max_restarts,
-                grow_after_s=self.config.grow_after_s,
-            ),
+            self._membership_settings(),
             self._launch_spec,
+            journal=journal.writer("instances"),
         )
-        if saved is None:
+        if replay.snapshot is not None:
+            instances.restore(replay.part("instances"))
+            for entry in replay.records["instances"]:
+                instances.apply(entry)
+        self.coordinator = Coordinator(
+            record=record,
+            tasks=tasks,
+            instances=instances,
+            journal=journal,
+            settings=self.job_settings(),
+            evaluate_round=lambda round_: metric_values(self._metrics, round_),
+        )
+        if replay.snapshot is None:
             storage.write_text_atomic(
                 storage.join(self.output, MODEL_DEF_COPY), self.definition.source
             )
-        else:
-            self._restore(saved)
-        server = self._start_server()
-        previous = {signal.SIGTERM: None, signal.SIGINT: None}
-        for sig in previous:
-            previous[sig] = signal.signal(sig, self._on_signal)
+            self.coordinator.snapshot()
+            self.store.flush(FLUSH_TIMEOUT_S)
+
+    def _start_server(self) -> grpc.Server:
+        record = self.coordinator.record
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=16),
+            interceptors=[auth.ServerAuthInterceptor(record.secret)],
+        )
+        master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self.coordinator), server)
+        # Listen only where instances reach the master: loopback for local processes.
+        host = self.backend.master_host()
         try:
-            with self.lock:
-                if saved is None:
+            port = server.add_insecure_port(f"{host}:{record.port or self.config.port}")
+        except RuntimeError as e:
+            raise InputError(f"cannot listen on port {record.port or self.config.port}: {e}") from e
+        server.start()
+        with self.coordinator.lock:
+            record.set_port(port)
+        return server
+
+    def _supervise(self, resumed: bool) -> int:
+        coordinator = self.coordinator
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            with coordinator.lock:
+                if resumed:
+                    coordinator.record.count_master_restart()
+                    coordinator.adopt(self.backend.list_instances())
+                    self._log_resume()
+                else:
                     log.info(
                         "starting %d PS and %d workers (master on port %d, backend %s)",
                         self.config.ps,
                         self.config.workers,
-                        self._port,
+                        coordinator.record.port,
                         self.config.backend,
                     )
-                else:
-                    self._adopt()
-                self.phase = "running"
-                self.instances.reconcile()
-                self.persist()
+                coordinator.set_phase(Phase.RUNNING)
             return self._loop()
+        except StateStoreFencedError as e:
+            # Another master owns the job now: it adopts the instances; touch nothing.
+            log.error("%s; this master stops and leaves the job to the new one", e)
+            return 1
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            server.stop(grace=1)
-            self.backend.close()
 
-    def _start_server(self) -> grpc.Server:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-        master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self), server)
-        # Listen only where instances reach the master: loopback for local processes.
-        host = self.backend.master_host()
-        try:
-            port = server.add_insecure_port(f"{host}:{self._port}")
-        except RuntimeError as e:
-            raise InputError(f"cannot listen on port {self._port}: {e}") from e
-        server.start()
-        self._port = port
-        return server
-
-    def _adopt(self) -> None:
-        live = self.backend.list_instances()
-        lost = self.instances.adopt(live)
-        names = sorted(i.name for i in self.instances.instances.values() if not i.state.ended)
+    def _log_resume(self) -> None:
+        coordinator = self.coordinator
+        names = sorted(
+            i.name for i in coordinator.instances.instances.values() if not i.state.ended
+        )
         log.info(
             "resuming the job in %s (master restart %d): epoch %d, model v%d; adopted %s",
             self.output,
-            self._master_restarts,
-            self.tasks.current_epoch,
-            self.tasks.model_version,
+            coordinator.record.master_restarts,
+            coordinator.tasks.current_epoch,
+            coordinator.tasks.model_version,
             ", ".join(names) or "no instances",
         )
-        for instance in lost:
-            self._on_ended(instance)
 
     def _on_signal(self, signum, frame) -> None:
         self._stop_signal = signum
 
-    def _on_ended(self, instance) -> None:
-        if instance.role is Role.WORKER:
-            lost = self.tasks.recover_tasks(instance.name)
-            if lost:
-                log.info("re-queued %s of %s", ", ".join(t.describe() for t in lost), instance.name)
-        elif self._ps_addresses[instance.slot]:
-            self._ps_addresses[instance.slot] = ""
-
     def _loop(self) -> int:
+        coordinator = self.coordinator
         next_status = next_progress = 0.0
         while True:
-            events = self.backend.next_events(TICK_S)
-            with self.lock:
-                for event in events:
-                    ended = self.instances.handle(event)
-                    if ended is not None:
-                        self._on_ended(ended)
-                for task, worker in self.tasks.expire_leases():
-                    log.warning("lease of %s on %s ran out; re-queued", task.describe(), worker)
-                self.instances.reconcile()
-                self.error = self.error or self.tasks.failure or self.instances.failure
-                finished = self.tasks.finished
-                if events:
-                    self.persist()
+            coordinator.apply_events(self.backend.next_events(TICK_S))
+            coordinator.tick()
             if self._stop_signal is not None:
                 return self._interrupt()
-            if self.error:
+            if coordinator.record.error:
                 self._fail()
-            if finished and self._save_final_model():
+            if coordinator.tasks.finished and self._save_final_model():
                 return self._finish()
             now = time.monotonic()
             if now >= next_status:
                 self._write_status()
                 next_status = now + STATUS_EVERY_S
             if now >= next_progress:
-                with self.lock:
+                with coordinator.lock:
                     line = reports.progress_line(
-                        self.tasks, self.instances, self.examples_per_second()
+                        coordinator.tasks, coordinator.instances, coordinator.examples_per_second()
                     )
                 log.info("%s", line)
                 next_progress = now + PROGRESS_EVERY_S
 
     def _write_status(self) -> None:
-        with self.lock:
-            document = reports.status(self.phase, self.tasks, self.instances, self.error)
+        coordinator = self.coordinator
+        with coordinator.lock:
+            document = reports.status(
+                coordinator.phase,
+                coordinator.tasks,
+                coordinator.instances,
+                coordinator.record.error,
+            )
         reports.write_json(self.output, reports.STATUS_FILE, document)
 
     def _wait_until_gone(self, wait_s: float) -> None:
         """Applies backend events until no worker or PS is live, or ``wait_s`` has passed."""
+        coordinator = self.coordinator
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            with self.lock:
-                if not self.instances.live(Role.WORKER) and not self.instances.live(Role.PS):
+            with coordinator.lock:
+                instances = coordinator.instances
+                if not instances.live(Role.WORKER) and not instances.live(Role.PS):
                     return
-            for event in self.backend.next_events(TICK_S):
-                with self.lock:
-                    self.instances.handle(event)
+            coordinator.apply_events(self.backend.next_events(TICK_S))
 
     def _stop_all(self, wait_s: float) -> None:
         """Deletes every instance and waits up to ``wait_s`` for them to be gone."""
-        with self.lock:
-            self.instances.delete_all(STOP_GRACE_S)
+        with self.coordinator.lock:
+            self.coordinator.instances.delete_all(STOP_GRACE_S)
         self._wait_until_gone(wait_s)
 
     def _interrupt(self) -> int:
@@ -433,24 +366,21 @@ class Job:
         log.warning(
             "%s received: stopping all workers and PS; run the same command to resume", name
         )
-        with self.lock:
-            self.phase = "interrupted"
-            self.persist()
+        self.coordinator.set_phase(Phase.INTERRUPTED)
         self._stop_all(wait_s=STOP_GRACE_S + 4)
-        with self.lock:
-            self.persist()
+        self.store.flush(FLUSH_TIMEOUT_S)
         self._write_status()
         return 128 + self._stop_signal
 
     def _fail(self) -> None:
-        log.error("the job failed: %s", self.error)
-        with self.lock:
-            self.phase = "failed"
-            self.persist()
+        error = self.coordinator.record.error
+        log.error("the job failed: %s", error)
+        self.coordinator.set_phase(Phase.FAILED)
         self._stop_all(wait_s=STOP_GRACE_S + 4)
+        self.store.flush(FLUSH_TIMEOUT_S)
         self._write_status()
         self._write_summary()
-        raise JobFailedError(self.error)
+        raise JobFailedError(error)
 
     def _save_final_model(self) -> bool:
         """Saves the model from the PS; False while a PS is away (the loop relaunches it).
@@ -461,8 +391,8 @@ class Job:
         from elastic_step.master.final_model import save_final_model
         from elastic_step.rpc.ps_client import PSUnavailableError
 
-        with self.lock:
-            addresses = list(self._ps_addresses)
+        coordinator = self.coordinator
+        addresses = coordinator.ps_addresses()
         now = time.monotonic()
         if self._save_deadline is None:
             log.info("all %d epochs trained and evaluated; saving the model", self.config.epochs)
@@ -470,14 +400,16 @@ class Job:
         try:
             if not all(addresses):
                 raise PSUnavailableError(addresses.index(""), "is being relaunched")
-            save_final_model(self.definition, addresses, self.output, self.config.seed)
+            credentials = auth.Credentials.for_instance(coordinator.record.secret, auth.MASTER)
+            save_final_model(self.definition, addresses, credentials, self.output, self.config.seed)
             return True
         except PSUnavailableError as e:
             if now > self._save_deadline:
-                with self.lock:
-                    self.error = (
+                with coordinator.lock:
+                    coordinator.record.set_phase(
+                        coordinator.phase,
                         f"cannot save the model: {e} for {self.config.master_timeout_s:.0f} s "
-                        "(a relaunched PS restores from its checkpoint; see --checkpoint-steps)"
+                        "(a relaunched PS restores from its checkpoint; see --checkpoint-steps)",
                     )
             elif now >= self._next_save_log:
                 log.warning("cannot save the model yet (%s); waiting for the PS", e)
@@ -485,9 +417,8 @@ class Job:
             return False
 
     def _finish(self) -> int:
-        with self.lock:
-            self.phase = "succeeded"
-            self.persist()
+        self.coordinator.set_phase(Phase.SUCCEEDED)
+        self.store.flush(FLUSH_TIMEOUT_S)
         self._write_summary()
         # Workers and PS see the job is over at their next call and exit by themselves.
         self._wait_until_gone(10)
@@ -497,18 +428,21 @@ class Job:
         return 0
 
     def _write_summary(self) -> None:
-        with self.lock:
-            final = self._history[-1]["metrics"] if self._history else {}
-            rate = self.examples_per_second()
+        coordinator = self.coordinator
+        with coordinator.lock:
+            record, tasks, instances = coordinator.record, coordinator.tasks, coordinator.instances
+            rate = coordinator.examples_per_second()
             document = {
-                "phase": self.phase,
-                "error": self.error,
-                "epochs": self.tasks.epoch_accounting(),
-                "metrics": final,
-                "evaluations": self._history,
-                "restarts": {**self.instances.restarts, "master": self._master_restarts},
-                "workers_timeline": self.instances.timeline,
+                "phase": record.phase.value,
+                "error": record.error,
+                "epochs": tasks.epoch_accounting(),
+                "metrics": record.final_metrics(self.config.epochs),
+                "evaluations": record.evaluations,
+                "restarts": {**instances.restarts, "master": record.master_restarts},
+                "restarts_by_reason": instances.restarts_by_reason,
+                "ps_restores": record.ps_restores,
+                "workers_timeline": instances.timeline,
                 "examples_per_second": round(rate, 2) if rate else None,
-                "model_version": self.tasks.model_version,
+                "model_version": tasks.model_version,
             }
         reports.write_json(self.output, reports.SUMMARY_FILE, document)

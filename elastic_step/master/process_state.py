@@ -10,9 +10,9 @@ from elastic_step.backends.api import EventKind, ExitReason, InstanceEvent
 class ProcessState(enum.StrEnum):
     PENDING = "pending"  # asked for, not yet running
     RUNNING = "running"
-    SUCCEEDED = "succeeded"  # exit status 0
-    FAILED = "failed"  # exited with an error: counts toward --max-restarts
-    KILLED = "killed"  # killed, deleted or preempted: always replaced
+    SUCCEEDED = "succeeded"  # exit status 0 once the job is over
+    FAILED = "failed"  # crashed or OOM-killed: counts toward --max-restarts and task failures
+    KILLED = "killed"  # deleted, preempted, evicted or lost: not its fault, always replaced
 
     @property
     def ended(self) -> bool:
@@ -25,32 +25,29 @@ _ENDED = {ProcessState.SUCCEEDED, ProcessState.FAILED, ProcessState.KILLED}
 class Transition(enum.StrEnum):
     STARTED = "started"
     COMPLETED = "completed"
-    ERROR = "error"
+    FAILED = "failed"
     KILLED = "killed"
 
 
 TRANSITIONS: dict[tuple[ProcessState, Transition], ProcessState] = {
     (ProcessState.PENDING, Transition.STARTED): ProcessState.RUNNING,
     (ProcessState.PENDING, Transition.COMPLETED): ProcessState.SUCCEEDED,
-    (ProcessState.PENDING, Transition.ERROR): ProcessState.FAILED,
+    (ProcessState.PENDING, Transition.FAILED): ProcessState.FAILED,
     (ProcessState.PENDING, Transition.KILLED): ProcessState.KILLED,
     (ProcessState.RUNNING, Transition.STARTED): ProcessState.RUNNING,
     (ProcessState.RUNNING, Transition.COMPLETED): ProcessState.SUCCEEDED,
-    (ProcessState.RUNNING, Transition.ERROR): ProcessState.FAILED,
+    (ProcessState.RUNNING, Transition.FAILED): ProcessState.FAILED,
     (ProcessState.RUNNING, Transition.KILLED): ProcessState.KILLED,
-}
-
-_BY_REASON = {
-    ExitReason.COMPLETED: Transition.COMPLETED,
-    ExitReason.ERROR: Transition.ERROR,
-    ExitReason.KILLED: Transition.KILLED,
 }
 
 
 def transition_of(event: InstanceEvent) -> Transition:
     if event.kind is EventKind.STARTED:
         return Transition.STARTED
-    return _BY_REASON[event.reason or ExitReason.KILLED]
+    reason = event.reason or ExitReason.LOST
+    if reason is ExitReason.COMPLETED:
+        return Transition.COMPLETED
+    return Transition.FAILED if reason.is_fault else Transition.KILLED
 
 
 def next_state(state: ProcessState, transition: Transition) -> ProcessState | None:

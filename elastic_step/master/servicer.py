@@ -1,43 +1,77 @@
-"""The master's gRPC service: a thin layer over :class:`elastic_step.master.job.Job`."""
+"""The master's gRPC service: a thin layer over the :class:`Coordinator`.
+
+Every call is authenticated before it gets here (:mod:`elastic_step.rpc.auth`); the caller's
+proven name goes to the coordinator. Errors become status codes that tell the caller what
+to do: a client's mistake ends it, a master's trouble is retried.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+import logging
 
 import grpc
 
+from elastic_step.master.coordinator import CallerError, Coordinator
+from elastic_step.master.state_store import StateStoreError
+from elastic_step.master.task_manager import InvalidReportError
 from elastic_step.rpc import master_pb2, master_pb2_grpc
+from elastic_step.rpc.auth import caller_name
 
-if TYPE_CHECKING:
-    from elastic_step.master.job import Job
+log = logging.getLogger("elastic_step.master")
 
 
-class UnknownInstanceError(Exception):
-    pass
+def _status_of(error: Exception) -> grpc.StatusCode:
+    if isinstance(error, CallerError):
+        return grpc.StatusCode.PERMISSION_DENIED
+    if isinstance(error, InvalidReportError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, StateStoreError):
+        # The master cannot keep its state: it is failing or being replaced. The caller
+        # retries until a master answers or --master-timeout runs out.
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.INTERNAL
+
+
+def _handler(method):
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except Exception as e:
+            code = _status_of(e)
+            if code is grpc.StatusCode.INTERNAL:
+                log.exception("%s failed", method.__name__)
+            else:
+                log.warning("%s rejected (%s): %s", method.__name__, code.name, e)
+            context.abort(code, str(e))
+
+    return wrapper
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
-    def __init__(self, job: Job) -> None:
-        self._job = job
+    def __init__(self, coordinator: Coordinator) -> None:
+        self._coordinator = coordinator
 
+    @_handler
     def Register(self, request, context):
-        try:
-            settings = self._job.register(request)
-        except UnknownInstanceError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        return master_pb2.RegisterResponse(settings=settings)
+        return self._coordinator.register(caller_name(context), request)
 
+    @_handler
     def GetPSAddresses(self, request, context):
-        addresses = self._job.ps_addresses()
+        addresses = self._coordinator.ps_addresses()
         return master_pb2.GetPSAddressesResponse(ready=all(addresses), addresses=addresses)
 
+    @_handler
     def GetTask(self, request, context):
-        return self._job.next_task(request.worker)
+        return self._coordinator.next_task(caller_name(context), request.worker)
 
+    @_handler
     def ReportTask(self, request, context):
-        self._job.report_task(request)
+        self._coordinator.report_task(caller_name(context), request)
         return master_pb2.ReportTaskResponse()
 
+    @_handler
     def Heartbeat(self, request, context):
-        finished = self._job.heartbeat(request.name, request.model_version)
+        finished = self._coordinator.heartbeat(caller_name(context), request)
         return master_pb2.HeartbeatResponse(finished=finished)

@@ -7,6 +7,7 @@ import json
 
 from elastic_step.backends.api import (
     Backend,
+    BackendError,
     EventKind,
     ExitReason,
     InstanceEvent,
@@ -15,7 +16,11 @@ from elastic_step.backends.api import (
     LaunchSpec,
     Role,
 )
-from elastic_step.master.instance_manager import InstanceManager, MembershipSettings
+from elastic_step.master.instance_manager import (
+    MAX_LAUNCH_ERRORS,
+    InstanceManager,
+    MembershipSettings,
+)
 from elastic_step.master.process_state import (
     ProcessState,
     Transition,
@@ -60,7 +65,7 @@ class FakeBackend(Backend):
         if name not in self.live:
             return
         self.deleted.append((name, grace_period_s))
-        self.end(name, ExitReason.KILLED, message="deleted")
+        self.end(name, ExitReason.DELETED, message="deleted")
 
     def list_instances(self) -> list[InstanceInfo]:
         return list(self.live.values())
@@ -99,6 +104,7 @@ def make(backend=None, clock=None, **overrides) -> InstanceManager:
         "num_ps": 1,
         "max_restarts": 2,
         "grow_after_s": 10.0,
+        "backoff_s": 0.0,
         **overrides,
     }
     return InstanceManager(
@@ -119,12 +125,13 @@ def started(manager: InstanceManager) -> InstanceManager:
 
 
 def kill(manager: InstanceManager, name: str) -> None:
-    manager._backend.end(name, ExitReason.KILLED, message="killed by SIGKILL")
+    """Ends ``name`` through no fault of its own (preempted)."""
+    manager._backend.end(name, ExitReason.PREEMPTED, message="preempted")
     pump(manager)
 
 
 def crash(manager: InstanceManager, name: str, code: int = 1) -> None:
-    manager._backend.end(name, ExitReason.ERROR, code, f"exit status {code}")
+    manager._backend.end(name, ExitReason.CRASHED, code, f"exit status {code}")
     pump(manager)
 
 
@@ -167,7 +174,7 @@ def test_start_launches_the_ps_then_the_workers() -> None:
 # -- the relaunch policy --
 
 
-def test_a_killed_worker_is_always_replaced() -> None:
+def test_a_preempted_worker_is_always_replaced() -> None:
     backend = FakeBackend()
     manager = started(make(backend, max_restarts=0))
     for _ in range(4):
@@ -176,6 +183,7 @@ def test_a_killed_worker_is_always_replaced() -> None:
         pump(manager)
 
     assert manager.restarts == {"worker": 4, "ps": 0}
+    assert manager.restarts_by_reason == {"preempted": 4}
     assert manager.error_restarts == {}
     assert manager.failure is None
     assert manager.worker_slots == {0, 1}
@@ -374,7 +382,7 @@ def test_adopt_keeps_live_instances_and_returns_the_lost_ones() -> None:
     backend = FakeBackend()
     first = make(backend, workers=3, max_workers=3)
     first.reconcile()  # the master dies before any STARTED event: all PENDING in the record
-    state = round_trip(first.to_state())
+    state = round_trip(first.snapshot())
     backend.events.clear()
     backend.live.pop("worker-1")  # died while no master was watching
 
@@ -398,7 +406,7 @@ def test_adopt_keeps_live_instances_and_returns_the_lost_ones() -> None:
 def test_adopt_takes_unrecorded_live_instances_into_free_slots_or_deletes_them() -> None:
     backend = FakeBackend()
     first = started(make(backend))
-    state = round_trip(first.to_state())
+    state = round_trip(first.snapshot())
     # After the save, the old master replaced worker-0 (as worker-2) and then, for slot 1,
     # launched a duplicate worker-3, and died before saving again.
     backend.live.pop("worker-0")
@@ -431,7 +439,7 @@ def test_adopt_takes_unrecorded_live_instances_into_free_slots_or_deletes_them()
 def test_a_name_adopted_from_the_backend_is_not_reused() -> None:
     backend = FakeBackend()
     first = started(make(backend))
-    state = round_trip(first.to_state())  # records worker-0, worker-1
+    state = round_trip(first.snapshot())  # records worker-0, worker-1
     kill(first, "worker-1")
     first.reconcile()  # launches worker-2 for slot 1; the master dies before saving
     assert backend.names()[-1] == "worker-2"
@@ -475,7 +483,7 @@ def test_state_round_trip_keeps_membership_counters_and_names() -> None:
     crash(first, "worker-1")
     first.reconcile()  # worker-4 for slot 1
     crash(first, "worker-2")  # slot 2's one restart: worker-5 not yet launched
-    state = round_trip(first.to_state())
+    state = round_trip(first.snapshot())
 
     manager = make(backend, clock, workers=3, max_workers=3, max_restarts=1)
     manager.restore(state)
@@ -500,7 +508,7 @@ def test_the_failure_survives_a_state_round_trip() -> None:
     backend = FakeBackend()
     first = started(make(backend, max_restarts=0))
     crash(first, "ps-0")
-    manager = restarted(backend, first.to_state(), max_restarts=0)
+    manager = restarted(backend, first.snapshot(), max_restarts=0)
     assert manager.failure == first.failure
     assert "parameter server shard 0" in manager.failure
 
@@ -516,7 +524,7 @@ def test_stale_and_duplicate_events_are_ignored() -> None:
     # A late STARTED after the exit, then a second EXITED for the same instance.
     assert manager.handle(InstanceEvent("worker-0", EventKind.STARTED, pid=1)) is None
     assert manager.instances["worker-0"].state is ProcessState.FAILED
-    again = InstanceEvent("worker-0", EventKind.EXITED, None, ExitReason.KILLED, "gone")
+    again = InstanceEvent("worker-0", EventKind.EXITED, None, ExitReason.LOST, "gone")
     assert manager.handle(again) is None
     assert manager.instances["worker-0"].state is ProcessState.FAILED
     assert manager.restarts["worker"] == 1
@@ -534,7 +542,7 @@ def test_a_pending_instance_may_end_before_it_started() -> None:
     manager.reconcile()
     backend.events.clear()
     ended = manager.handle(
-        InstanceEvent("worker-1", EventKind.EXITED, None, ExitReason.KILLED, "preempted")
+        InstanceEvent("worker-1", EventKind.EXITED, None, ExitReason.PREEMPTED, "preempted")
     )
     assert ended is not None and ended.state is ProcessState.KILLED
     assert ended.message == "preempted"
@@ -545,7 +553,7 @@ def test_transition_table() -> None:
     assert next_state(ProcessState.PENDING, Transition.STARTED) is ProcessState.RUNNING
     assert next_state(ProcessState.RUNNING, Transition.STARTED) is ProcessState.RUNNING
     assert next_state(ProcessState.RUNNING, Transition.COMPLETED) is ProcessState.SUCCEEDED
-    assert next_state(ProcessState.RUNNING, Transition.ERROR) is ProcessState.FAILED
+    assert next_state(ProcessState.RUNNING, Transition.FAILED) is ProcessState.FAILED
     assert next_state(ProcessState.PENDING, Transition.KILLED) is ProcessState.KILLED
     for ended in (ProcessState.SUCCEEDED, ProcessState.FAILED, ProcessState.KILLED):
         assert ended.ended
@@ -560,6 +568,103 @@ def test_transition_of_events() -> None:
 
     assert transition_of(InstanceEvent("w", EventKind.STARTED)) is Transition.STARTED
     assert transition_of(exited(ExitReason.COMPLETED)) is Transition.COMPLETED
-    assert transition_of(exited(ExitReason.ERROR)) is Transition.ERROR
-    assert transition_of(exited(ExitReason.KILLED)) is Transition.KILLED
+    # Only the program's own faults fail it; the platform's and the master's doings do not.
+    assert transition_of(exited(ExitReason.CRASHED)) is Transition.FAILED
+    assert transition_of(exited(ExitReason.OOM_KILLED)) is Transition.FAILED
+    for reason in (ExitReason.DELETED, ExitReason.PREEMPTED, ExitReason.EVICTED):
+        assert transition_of(exited(reason)) is Transition.KILLED
     assert transition_of(exited(None)) is Transition.KILLED  # an unknown end is not a failure
+
+
+# -- stops, backoff, launch errors, the journal --
+
+
+def test_an_exit_0_during_a_stop_is_not_taken_for_success() -> None:
+    backend = FakeBackend()
+    manager = started(make(backend))
+    manager.stopping = True  # as delete_all sets it, before any delete lands
+    backend.end("worker-0", ExitReason.COMPLETED, 0, "exit status 0")
+    [ended] = pump(manager)
+
+    assert ended.state is ProcessState.KILLED
+    assert manager.retired == set()  # a resumed job relaunches the slot
+
+    resumed = restarted(FakeBackend(), manager.snapshot())
+    resumed.adopt([])
+    resumed.reconcile()
+    assert sorted(s.index for s in resumed._backend.launched if s.role is Role.WORKER) == [0, 1]
+
+
+def test_a_slot_that_keeps_failing_before_any_task_backs_off_exponentially() -> None:
+    clock = FakeClock(100.0)
+    backend = FakeBackend()
+    manager = started(make(backend, clock, max_restarts=10, backoff_s=1.0, backoff_max_s=4.0))
+    relaunched_at = []
+    for _ in range(5):
+        crash(manager, live_worker(manager, 0))
+        start = clock.now
+        while not [i for i in manager.live(Role.WORKER) if i.slot == 0]:
+            manager.reconcile()
+            clock.now += 0.25
+        relaunched_at.append(clock.now - 0.25 - start)
+        pump(manager)
+
+    # The first failure is relaunched at once, then 1, 2, 4 s, capped at --backoff-max 4 s.
+    assert relaunched_at == [0.0, 1.0, 2.0, 4.0, 4.0]
+
+
+def test_a_finished_task_resets_the_backoff() -> None:
+    clock = FakeClock(100.0)
+    backend = FakeBackend()
+    manager = started(make(backend, clock, max_restarts=10, backoff_s=1.0))
+    crash(manager, live_worker(manager, 0))
+    manager.reconcile()
+    pump(manager)
+    manager.note_task_done(live_worker(manager, 0))
+    crash(manager, live_worker(manager, 0))
+    manager.reconcile()
+
+    assert [i.slot for i in manager.live(Role.WORKER)].count(0) == 1  # relaunched at once
+
+
+class BrokenBackend(FakeBackend):
+    def launch(self, spec: LaunchSpec) -> None:
+        raise BackendError("pods is forbidden: cannot create resource pods")
+
+
+def test_launch_errors_are_retried_with_backoff_then_fail_the_job() -> None:
+    clock = FakeClock(100.0)
+    manager = make(BrokenBackend(), clock)
+    attempts = 0
+    while manager.failure is None and attempts < 50:
+        manager.reconcile()  # must not raise: the master lives on
+        attempts += 1
+        clock.now += 120
+    assert manager.failure is not None
+    assert "pods is forbidden" in manager.failure
+    assert attempts == MAX_LAUNCH_ERRORS + 1
+
+
+def test_journal_replay_rebuilds_the_same_membership() -> None:
+    clock = FakeClock(100.0)
+    backend = FakeBackend()
+    records: list[dict] = []
+    first = make(backend, clock, workers=2, max_workers=3, max_restarts=2)
+    first._journal = records.append
+    base = round_trip(first.snapshot())
+    first.reconcile()
+    pump(first)
+    crash(first, "worker-0")
+    clock.now += 20
+    first.reconcile()  # relaunches slot 0 and grows to 3 workers
+    pump(first)
+    kill(first, "ps-0")
+    first.reconcile()
+    first.note_pid("worker-1", 777)
+
+    replayed = make(FakeBackend(), clock, workers=2, max_workers=3, max_restarts=2)
+    replayed.restore(base)
+    for record in round_trip(records):
+        replayed.apply(record)
+    assert replayed.snapshot() == round_trip(first.snapshot())
+    assert all(len(json.dumps(r)) < 1000 for r in records if r["op"] == "instance")

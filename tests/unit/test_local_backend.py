@@ -122,22 +122,23 @@ def test_exit_status_0_is_completed(tmp_path: Path, procs: Processes) -> None:
     assert record["instances"] == {}  # an ended instance leaves the record
 
 
-def test_a_non_zero_exit_status_is_an_error(tmp_path: Path, procs: Processes) -> None:
+def test_a_non_zero_exit_status_is_a_crash(tmp_path: Path, procs: Processes) -> None:
     backend = procs.backend(tmp_path)
     launch(backend, procs, "worker-0", "import sys; sys.exit(3)")
     event = wait_for(backend, "worker-0", EventKind.EXITED)
 
-    assert (event.reason, event.exit_code) == (ExitReason.ERROR, 3)
+    assert (event.reason, event.exit_code) == (ExitReason.CRASHED, 3)
+    assert event.reason.is_fault
     assert "exit status 3" in event.message
 
 
-def test_a_process_killed_by_a_signal_is_killed(tmp_path: Path, procs: Processes) -> None:
+def test_a_signal_the_master_did_not_send_is_a_crash(tmp_path: Path, procs: Processes) -> None:
     backend = procs.backend(tmp_path)
     pid = launch(backend, procs, "ps-0", SLEEP, role=Role.PS)
     os.kill(pid, signal.SIGKILL)
     event = wait_for(backend, "ps-0", EventKind.EXITED)
 
-    assert event.reason is ExitReason.KILLED
+    assert event.reason is ExitReason.CRASHED
     assert event.exit_code == -signal.SIGKILL
     assert "SIGKILL" in event.message
 
@@ -148,7 +149,7 @@ def test_delete_stops_a_process_with_sigterm(tmp_path: Path, procs: Processes) -
     backend.delete("worker-0", grace_period_s=5)
     event = wait_for(backend, "worker-0", EventKind.EXITED, timeout_s=4)
 
-    assert event.reason is ExitReason.KILLED
+    assert event.reason is ExitReason.DELETED and not event.reason.is_fault
     assert "SIGTERM" in event.message
     backend.delete("worker-0")  # gone now: a no-op
     backend.delete("no-such-instance")
@@ -172,7 +173,7 @@ def test_delete_kills_a_process_that_ignores_sigterm_after_the_grace_period(
     event = wait_for(backend, "worker-0", EventKind.EXITED)
 
     assert time.monotonic() - asked >= 0.5
-    assert event.reason is ExitReason.KILLED
+    assert event.reason is ExitReason.DELETED
     assert "SIGKILL" in event.message
 
 
@@ -190,7 +191,7 @@ def test_a_new_backend_adopts_a_live_process_and_reports_its_death(
 
     os.kill(pid, signal.SIGKILL)
     event = wait_for(new, "worker-4", EventKind.EXITED)
-    assert event.reason is ExitReason.KILLED
+    assert event.reason is ExitReason.LOST
     assert "adopted" in event.message
     assert event.pid == pid
 
@@ -205,7 +206,7 @@ def test_a_new_backend_can_delete_an_adopted_process(tmp_path: Path, procs: Proc
     new.delete("ps-1", grace_period_s=5)
     event = wait_for(new, "ps-1", EventKind.EXITED)
 
-    assert event.reason is ExitReason.KILLED
+    assert event.reason is ExitReason.DELETED
     os.waitpid(pid, 0)  # our child: reap it
     assert process_start_time(pid) is None
 

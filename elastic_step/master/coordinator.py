@@ -1,0 +1,343 @@
+"""The coordinator: the job's state and every decision on it, behind one lock.
+
+It owns the task manager, the instance manager and the job record, and journals their
+changes. The gRPC servicer calls it for workers and PS (:meth:`register`, :meth:`next_task`,
+:meth:`report_task`, :meth:`heartbeat`); the run loop calls it with backend events and
+ticks. It needs neither gRPC nor TensorFlow: an evaluation round's metrics are computed by
+the ``evaluate_round`` function it is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+
+from elastic_step.backends.api import InstanceEvent, Role
+from elastic_step.master.instance_manager import Instance, InstanceManager
+from elastic_step.master.job_record import JobRecord
+from elastic_step.master.journal import Journal
+from elastic_step.master.phase import Phase
+from elastic_step.master.process_state import ProcessState
+from elastic_step.master.task_manager import (
+    EvaluationResult,
+    EvaluationRound,
+    InvalidReportError,
+    TaskKind,
+    TaskManager,
+)
+from elastic_step.rpc import master_pb2
+from elastic_step.rpc.tensors import from_proto
+
+log = logging.getLogger("elastic_step.master")
+
+_TASK_KINDS = {TaskKind.TRAIN: master_pb2.Task.TRAIN, TaskKind.EVALUATE: master_pb2.Task.EVALUATE}
+
+
+class CallerError(Exception):
+    """A call from a process that is not the instance it claims, or not of this job."""
+
+
+class Coordinator:
+    def __init__(
+        self,
+        *,
+        record: JobRecord,
+        tasks: TaskManager,
+        instances: InstanceManager,
+        journal: Journal,
+        settings: master_pb2.JobSettings,
+        evaluate_round: Callable[[EvaluationRound], dict],
+    ) -> None:
+        self.lock = threading.RLock()
+        self.record = record
+        self.tasks = tasks
+        self.instances = instances
+        self.journal = journal
+        self._settings = settings
+        self._evaluate_round = evaluate_round
+        self._registered: set[str] = set()
+        #: Per PS shard: the job's model version when its last instance was lost, until the
+        #: replacement reports the version it came back with.
+        self._ps_lost_at: dict[int, int] = {}
+        self._train_window: list[float] | None = None  # [first done, last done, records since]
+        self._clock = instances._clock
+
+    @property
+    def phase(self) -> Phase:
+        return self.record.phase
+
+    # -- calls from workers and PS (gRPC threads) --
+
+    def register(
+        self, caller: str, request: master_pb2.RegisterRequest
+    ) -> master_pb2.RegisterResponse:
+        """Admits an instance the master launched, in the role and slot it was launched for."""
+        with self.lock:
+            instance = self._instance_of(caller, request.name)
+            role = Role.PS if request.role == master_pb2.PS else Role.WORKER
+            if role is not instance.role or (role is Role.PS and request.shard != instance.slot):
+                what = f"PS shard {request.shard}" if role is Role.PS else "a worker"
+                raise CallerError(
+                    f"{request.name} registered as {what}, but was launched as "
+                    f"{instance.role.value} slot {instance.slot}"
+                )
+            self.instances.note_pid(instance.name, request.pid)
+            if role is Role.PS:
+                self.record.set_ps_address(request.shard, request.address)
+                log.info(
+                    "%s serves PS shard %d at %s", request.name, request.shard, request.address
+                )
+            elif request.name not in self._registered:
+                log.info("%s registered (pid %d)", request.name, request.pid)
+            self._registered.add(request.name)
+            return master_pb2.RegisterResponse(
+                settings=self._settings, model_version=self.tasks.model_version
+            )
+
+    def ps_addresses(self) -> list[str]:
+        with self.lock:
+            return list(self.record.ps_addresses)
+
+    def next_task(self, caller: str, worker: str) -> master_pb2.Task:
+        with self.lock:
+            instance = self._instance_of(caller, worker, ended_ok=True)
+            if self.phase.dismisses_instances or instance.state.ended:
+                return master_pb2.Task(kind=master_pb2.Task.FINISHED)
+            if self.phase.over:
+                return master_pb2.Task(kind=master_pb2.Task.WAIT)
+            # A worker runs one task at a time: what it still holds was never received.
+            self.tasks.recover_tasks(worker)
+            task = self.tasks.get_task(worker)
+            if task is None:
+                return master_pb2.Task(kind=master_pb2.Task.WAIT)
+            return master_pb2.Task(
+                kind=_TASK_KINDS[task.kind],
+                id=task.id,
+                shard=task.shard,
+                start=task.start,
+                end=task.end,
+                epoch=task.epoch,
+                lease_id=task.lease_id,
+            )
+
+    def report_task(self, caller: str, request: master_pb2.ReportTaskRequest) -> None:
+        """Applies a task's outcome. Raises InvalidReportError for a malformed one (its task
+        is re-queued); a report for a task the worker no longer holds is ignored."""
+        with self.lock:
+            self._instance_of(caller, request.worker, ended_ok=True)
+            try:
+                evaluation = _evaluation_of(request)
+            except InvalidReportError:
+                # The worker runs one task at a time: this takes back the one it reports on.
+                self.tasks.recover_tasks(request.worker)
+                raise
+            if not request.ok:
+                task = self.tasks.report_failure(
+                    request.task_id,
+                    worker=request.worker,
+                    lease_id=request.lease_id,
+                    error=request.error,
+                )
+                if task is None:
+                    self._log_stale(request)
+                else:
+                    log.warning(
+                        "%s failed on %s (failure %d): %s",
+                        request.worker,
+                        task.describe(),
+                        task.failures,
+                        request.error,
+                    )
+                return
+            task = self.tasks.report_success(
+                request.task_id,
+                worker=request.worker,
+                lease_id=request.lease_id,
+                model_version=request.model_version,
+                evaluation=evaluation,
+            )
+            if task is None:
+                self._log_stale(request)
+                return
+            self.instances.note_task_done(request.worker)
+            if task.kind is TaskKind.TRAIN:
+                self._note_trained(task.records)
+            self._collect_evaluations()
+
+    def heartbeat(self, caller: str, request: master_pb2.HeartbeatRequest) -> bool:
+        """Notes liveness and progress; True when the instance should exit."""
+        with self.lock:
+            instance = self._instance_of(caller, request.name, ended_ok=True)
+            if instance.role is Role.WORKER:
+                if request.lease_id:
+                    self.tasks.note_progress(request.name, request.lease_id, request.batches_done)
+                self.tasks.observe_model_version(request.model_version)
+            else:
+                self._note_ps_version(instance, request.model_version)
+            self._collect_evaluations()
+            return self.phase.dismisses_instances or instance.state.ended
+
+    # -- calls from the run loop --
+
+    def apply_events(self, events: list[InstanceEvent]) -> None:
+        with self.lock:
+            for event in events:
+                ended = self.instances.handle(event)
+                if ended is not None:
+                    self._on_ended(ended)
+
+    def tick(self) -> None:
+        """Expires leases, relaunches what is missing, notes failures, snapshots when due."""
+        with self.lock:
+            for task, worker in self.tasks.expire_leases():
+                log.warning(
+                    "%s on %s made no progress for --task-timeout=%.0f s; re-queued",
+                    task.describe(),
+                    worker,
+                    self.tasks.settings.task_timeout_s,
+                )
+            self.instances.reconcile()
+            error = self.tasks.failure or self.instances.failure
+            if error and not self.record.error and not self.phase.over:
+                self.record.set_phase(self.phase, error)
+            if self.journal.due():
+                self.snapshot()
+
+    def snapshot(self) -> None:
+        with self.lock:
+            self.journal.snapshot(
+                {
+                    "job": self.record.snapshot(),
+                    "tasks": self.tasks.snapshot(),
+                    "instances": self.instances.snapshot(),
+                }
+            )
+
+    def set_phase(self, phase: Phase, error: str | None = None) -> None:
+        with self.lock:
+            self.record.set_phase(phase, error if error is not None else self.record.error)
+
+    def adopt(self, live: list) -> None:
+        """After a master restart: keeps the live instances, re-queues the others' tasks."""
+        with self.lock:
+            lost = self.instances.adopt(live)
+            for instance in lost:
+                self._on_ended(instance)
+            # Tasks of workers not adopted go back at once, not when their leases run out.
+            for instance in list(self.instances.instances.values()):
+                if instance.role is not Role.WORKER or not instance.state.ended:
+                    continue
+                requeued = self.tasks.recover_tasks(instance.name)
+                if requeued:
+                    log.info(
+                        "re-queued %s of %s, which was not adopted",
+                        ", ".join(t.describe() for t in requeued),
+                        instance.name,
+                    )
+
+    # -- reports --
+
+    def examples_per_second(self) -> float | None:
+        window = self._train_window
+        if window is None or window[1] <= window[0]:
+            return None
+        return window[2] / (window[1] - window[0])
+
+    # -- internals --
+
+    def _instance_of(self, caller: str, name: str, ended_ok: bool = False) -> Instance:
+        if caller != name:
+            raise CallerError(f"{caller} called on behalf of {name}")
+        instance = self.instances.instances.get(name)
+        if instance is None or (instance.state.ended and not ended_ok):
+            raise CallerError(f"{name} is not a live instance of this job")
+        return instance
+
+    def _log_stale(self, request: master_pb2.ReportTaskRequest) -> None:
+        log.info(
+            "ignored %s's report on task %d (lease %d): it no longer holds that task",
+            request.worker,
+            request.task_id,
+            request.lease_id,
+        )
+
+    def _on_ended(self, instance: Instance) -> None:
+        if instance.role is Role.WORKER:
+            death = instance.describe_end() if instance.state is ProcessState.FAILED else None
+            lost = self.tasks.recover_tasks(instance.name, death)
+            if lost:
+                log.info(
+                    "re-queued %s of %s%s",
+                    ", ".join(t.describe() for t in lost),
+                    instance.name,
+                    " (counts as a failure of each: it died by itself)" if death else "",
+                )
+            return
+        self.record.set_ps_address(instance.slot, "")
+        self._ps_lost_at.setdefault(instance.slot, self.tasks.model_version)
+
+    def _note_ps_version(self, instance: Instance, version: int) -> None:
+        self.tasks.observe_model_version(version)
+        lost_at = self._ps_lost_at.get(instance.slot)
+        if lost_at is None or version <= 0:
+            return
+        del self._ps_lost_at[instance.slot]
+        entry = {
+            "ps": instance.name,
+            "shard": instance.slot,
+            "model_version_when_lost": lost_at,
+            "restored_version": version,
+            "versions_lost": max(lost_at - version, 0),
+        }
+        self.record.add_ps_restore(entry)
+        log.info(
+            "%s came back at model v%d; %d model versions lost",
+            instance.name,
+            version,
+            entry["versions_lost"],
+        )
+
+    def _note_trained(self, records: int) -> None:
+        now = self._clock()
+        if self._train_window is None:
+            self._train_window = [now, now, 0]  # the first task warms up: not counted
+        else:
+            self._train_window[1] = now
+            self._train_window[2] += records
+
+    def _collect_evaluations(self) -> None:
+        while self.tasks.completed_rounds:
+            round_ = self.tasks.completed_rounds.pop(0)
+            values = self._evaluate_round(round_)
+            entry = {
+                "round": round_.id,
+                "epoch": round_.epoch,
+                "trigger": round_.trigger,
+                "model_version": round_.model_version,
+                "min_model_version": round_.min_model_version,
+                "metrics": values,
+            }
+            self.record.add_evaluation(entry)
+            shown = ", ".join(f"{k}={v:.4f}" for k, v in values.items() if isinstance(v, float))
+            log.info(
+                "evaluation at model v%d (%s, epoch %d): %s",
+                round_.model_version,
+                round_.trigger,
+                round_.epoch,
+                shown or "no metrics",
+            )
+
+
+def _evaluation_of(request: master_pb2.ReportTaskRequest) -> EvaluationResult | None:
+    """The evaluation result a report carries, or None; malformed tensors are rejected."""
+    if not (request.metric_states or request.example_count or request.loss_sum):
+        return None
+    if not math.isfinite(request.loss_sum):
+        raise InvalidReportError(f"task {request.task_id}: loss_sum is {request.loss_sum}")
+    try:
+        states = [from_proto(t).astype("float64") for t in request.metric_states]
+    except (ValueError, TypeError) as e:
+        raise InvalidReportError(f"task {request.task_id}: unreadable metric state: {e}") from e
+    return EvaluationResult(request.loss_sum, request.example_count, states)

@@ -1,0 +1,111 @@
+"""The job-level part of the master's state: what is neither a task nor an instance.
+
+It holds the job's identity (the settings a resumed job must share, and the secret that
+instances prove themselves with), the phase, the PS addresses, the evaluations in epoch
+order and what each PS restart lost. Every change is one small journal record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from elastic_step.master.phase import Phase
+
+
+@dataclass
+class JobRecord:
+    #: The settings a resumed or re-run job must share with this one (name -> value).
+    settings: dict
+    #: The job's secret: instances get it through their environment.
+    secret: str
+    num_ps: int
+    phase: Phase = Phase.STARTING
+    error: str | None = None
+    ps_addresses: list[str] = field(default_factory=list)
+    #: Evaluation rounds, sorted by (epoch, round id): see :meth:`add_evaluation`.
+    evaluations: list[dict] = field(default_factory=list)
+    #: One entry per PS restart: its shard, the job's model version when it was lost, the
+    #: version it came back with, and the difference.
+    ps_restores: list[dict] = field(default_factory=list)
+    master_restarts: int = 0
+    #: The master's port, kept so that a restarted master is found where instances look.
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.ps_addresses:
+            self.ps_addresses = [""] * self.num_ps
+        self._journal: Callable[[dict], None] = lambda record: None
+
+    def attach(self, journal: Callable[[dict], None]) -> None:
+        self._journal = journal
+
+    # -- changes (each applies one record, live or replayed) --
+
+    def set_phase(self, phase: Phase, error: str | None = None) -> None:
+        self._change({"op": "phase", "phase": phase.value, "error": error})
+
+    def set_ps_address(self, shard: int, address: str) -> None:
+        if self.ps_addresses[shard] != address:
+            self._change({"op": "ps_address", "shard": shard, "address": address})
+
+    def add_evaluation(self, entry: dict) -> None:
+        self._change({"op": "evaluation", "entry": entry})
+
+    def add_ps_restore(self, entry: dict) -> None:
+        self._change({"op": "ps_restore", "entry": entry})
+
+    def set_port(self, port: int) -> None:
+        if port != self.port:
+            self._change({"op": "port", "port": port})
+
+    def count_master_restart(self) -> None:
+        self._change({"op": "master_restart"})
+
+    def _change(self, record: dict) -> None:
+        self.apply(record)
+        self._journal(record)
+
+    def apply(self, record: dict) -> None:
+        op = record["op"]
+        if op == "phase":
+            self.phase, self.error = Phase(record["phase"]), record["error"]
+        elif op == "ps_address":
+            self.ps_addresses[record["shard"]] = record["address"]
+        elif op == "evaluation":
+            self.evaluations.append(record["entry"])
+            # Rounds finish out of order (a later round's tasks can finish first): the
+            # list is kept in the order the rounds were started, which is epoch order.
+            self.evaluations.sort(key=lambda e: (e["epoch"], e["round"]))
+        elif op == "ps_restore":
+            self.ps_restores.append(record["entry"])
+        elif op == "master_restart":
+            self.master_restarts += 1
+        elif op == "port":
+            self.port = record["port"]
+        else:
+            raise ValueError(f"unknown job record op {op!r}")
+
+    def final_metrics(self, epochs: int) -> dict:
+        """The metrics of the final model: the last epoch's end-of-epoch evaluation."""
+        for entry in reversed(self.evaluations):
+            if entry["trigger"] == "epoch-end" and entry["epoch"] == epochs:
+                return entry["metrics"]
+        return {}
+
+    # -- persistence --
+
+    def snapshot(self) -> dict:
+        return {**asdict(self), "phase": self.phase.value}
+
+    @classmethod
+    def restore(cls, snapshot: dict, records: list[dict]) -> JobRecord:
+        record = cls(**{**snapshot, "phase": Phase(snapshot["phase"])})
+        for entry in records:
+            record.apply(entry)
+        return record
+
+    def differing_settings(self, settings: dict) -> list[str]:
+        """The names of the settings whose values differ from ``settings``."""
+        keys = sorted(set(self.settings) | set(settings))
+        return [k for k in keys if self.settings.get(k) != settings.get(k)]
