@@ -10,7 +10,9 @@ import json
 import logging
 import os
 
+from elastic_step.data import storage
 from elastic_step.examples import path_of
+from elastic_step.output_layout import OutputLayout
 
 log = logging.getLogger("elastic_step")
 
@@ -68,8 +70,7 @@ def run_demo(workdir: str, epochs: int = 8) -> int:
     result = evaluate(
         model_dir=output, data_dir=data_dir, split="validation", metrics_output=metrics_path
     )
-    with open(os.path.join(output, "summary.json")) as f:
-        summary = json.load(f)
+    summary = json.loads(storage.read_text(OutputLayout(output).summary))
     print()
     print(f"validation accuracy: {result['metrics']['accuracy']:.3f}   loss: {result['loss']:.3f}")
     print(

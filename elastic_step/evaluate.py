@@ -11,9 +11,8 @@ from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
 from elastic_step.errors import InputError
-from elastic_step.master.final_model import MODEL_FILE
-from elastic_step.master.job import MODEL_DEF_COPY
 from elastic_step.model_def import load_model_definition
+from elastic_step.output_layout import MODEL_FILE, OutputLayout
 
 log = logging.getLogger("elastic_step")
 
@@ -35,9 +34,10 @@ def evaluate(
 
     from elastic_step.data.feed import make_dataset
 
-    for name in (MODEL_FILE, MODEL_DEF_COPY):
-        if not storage.exists(storage.join(model_dir, name)):
-            raise InputError(f"{model_dir}: no {name}; is it the --output of a finished training?")
+    paths = OutputLayout(model_dir)
+    for path in (paths.model_file, paths.model_def):
+        if not storage.exists(path):
+            raise InputError(f"no {path}; is {model_dir} the --output of a finished training?")
     schema = Schema.load(data_dir)
     if split not in schema.splits:
         raise InputError(
@@ -47,12 +47,12 @@ def evaluate(
     total = sum(records for _, records in shards)
     if total == 0:
         raise InputError(f"{data_dir}: the {split} split holds no records")
-    definition = load_model_definition(storage.join(model_dir, MODEL_DEF_COPY))
+    definition = load_model_definition(paths.model_def)
     model = definition.build_model()
     scratch = storage.local_temp_dir()
     local_model = f"{scratch}/{MODEL_FILE}"
     with open(local_model, "wb") as f:
-        f.write(storage.read_bytes(storage.join(model_dir, MODEL_FILE)))
+        f.write(storage.read_bytes(paths.model_file))
     model.load_weights(local_model)
     metrics = definition.build_metrics()
     loss_sum, count = 0.0, 0

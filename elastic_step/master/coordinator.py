@@ -17,7 +17,7 @@ from collections.abc import Callable
 from elastic_step.backends.api import InstanceEvent, Role
 from elastic_step.master.instance_manager import Instance, InstanceManager
 from elastic_step.master.job_record import JobRecord
-from elastic_step.master.journal import Journal
+from elastic_step.master.persistence import Journal
 from elastic_step.master.phase import Phase
 from elastic_step.master.process_state import ProcessState
 from elastic_step.master.task_manager import (

@@ -8,12 +8,10 @@ import shutil
 
 from elastic_step.data import storage
 from elastic_step.model_def import ModelDefinition
+from elastic_step.output_layout import MODEL_FILE, SAVED_MODEL_DIR, OutputLayout
 from elastic_step.rpc.auth import Credentials
 from elastic_step.rpc.ps_client import PSClient
 from elastic_step.worker.parameters import ModelParameters
-
-MODEL_FILE = "model.keras"
-SAVED_MODEL_DIR = "saved_model"
 
 
 def save_final_model(
@@ -51,11 +49,12 @@ def save_model(model, output: str) -> None:
             )
         finally:
             tf_log.setLevel(level)
+        paths = OutputLayout(output)
         storage.write_bytes_atomic(
-            storage.join(output, MODEL_FILE),
+            paths.model_file,
             storage.read_bytes(os.path.join(scratch, MODEL_FILE)),
         )
-        with storage.atomic_directory(storage.join(output, SAVED_MODEL_DIR)) as target:
+        with storage.atomic_directory(paths.saved_model) as target:
             storage.copy_tree(os.path.join(scratch, SAVED_MODEL_DIR), target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -30,7 +30,7 @@ from elastic_step.master.coordinator import Coordinator
 from elastic_step.master.evaluation import metric_values
 from elastic_step.master.instance_manager import InstanceManager, MembershipSettings
 from elastic_step.master.job_record import JobRecord
-from elastic_step.master.journal import Journal, Replay
+from elastic_step.master.persistence import Journal, Replay
 from elastic_step.master.phase import Phase
 from elastic_step.master.servicer import MasterServicer
 from elastic_step.master.state_store import (
@@ -41,13 +41,11 @@ from elastic_step.master.state_store import (
 )
 from elastic_step.master.task_manager import TaskManager, TaskSettings
 from elastic_step.model_def import ModelDefinition
+from elastic_step.output_layout import OutputLayout
 from elastic_step.rpc import auth, master_pb2, master_pb2_grpc
 
 log = logging.getLogger("elastic_step.master")
 
-MODEL_DEF_COPY = "model_def.py"
-#: The state file of versions before the journal; such an output cannot be resumed.
-LEGACY_STATE_FILE = "master-state.json"
 TICK_S = 0.2
 STATUS_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
@@ -69,6 +67,7 @@ class Job:
         self.schema = schema
         self.definition = definition
         self.output = config.output
+        self.paths = OutputLayout(config.output)
         self.store = store or create_state_store("file", config.output)
         self._stop_signal: int | None = None
         self._save_deadline: float | None = None
@@ -115,7 +114,7 @@ class Job:
     def job_settings(self) -> master_pb2.JobSettings:
         c = self.config
         return master_pb2.JobSettings(
-            model_def=storage.join(self.output, MODEL_DEF_COPY),
+            model_def=self.paths.model_def,
             data_dir=c.data,
             output_dir=self.output,
             batch_size=c.batch_size,
@@ -147,7 +146,7 @@ class Job:
     def run(self) -> int:
         """Runs the job to its end; returns the exit status (raises JobFailedError on failure)."""
         storage.makedirs(self.output)
-        if storage.exists(storage.join(self.output, LEGACY_STATE_FILE)):
+        if storage.exists(self.paths.legacy_state_file):
             raise InputError(
                 f"{self.output} holds a job of an older elastic-step version, which cannot be "
                 "resumed; use a new --output"
@@ -172,7 +171,7 @@ class Job:
             return 0
         keras.utils.set_random_seed(self.config.seed)
         self._metrics = self.definition.build_metrics()
-        work_dir = storage.local_path(storage.join(self.output, "backend"))
+        work_dir = storage.local_path(self.paths.backend_dir)
         self.backend = create_backend(self.config.backend, BackendParams(self.output, work_dir))
         try:
             self._build(replay, record, token)
@@ -239,9 +238,7 @@ class Job:
             evaluate_round=lambda round_: metric_values(self._metrics, round_),
         )
         if replay.snapshot is None:
-            storage.write_text_atomic(
-                storage.join(self.output, MODEL_DEF_COPY), self.definition.source
-            )
+            storage.write_text_atomic(self.paths.model_def, self.definition.source)
             self.coordinator.snapshot()
             self.store.flush(FLUSH_TIMEOUT_S)
 
@@ -342,7 +339,7 @@ class Job:
                 coordinator.instances,
                 coordinator.record.error,
             )
-        reports.write_json(self.output, reports.STATUS_FILE, document)
+        reports.write_json(self.paths.status, document)
 
     def _wait_until_gone(self, wait_s: float) -> None:
         """Applies backend events until no worker or PS is live, or ``wait_s`` has passed."""
@@ -445,4 +442,4 @@ class Job:
                 "examples_per_second": round(rate, 2) if rate else None,
                 "model_version": tasks.model_version,
             }
-        reports.write_json(self.output, reports.SUMMARY_FILE, document)
+        reports.write_json(self.paths.summary, document)

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING
 
 from elastic_step.backends.api import Role
 from elastic_step.data import storage
 from elastic_step.master.instance_manager import InstanceManager
 from elastic_step.master.task_manager import TaskManager
+from elastic_step.output_layout import OutputLayout
 
-STATUS_FILE = "status.json"
-SUMMARY_FILE = "summary.json"
+if TYPE_CHECKING:
+    from elastic_step.master.coordinator import Coordinator
 
 
 def _members(instances: InstanceManager, role: Role) -> list[dict]:
@@ -22,11 +24,19 @@ def _members(instances: InstanceManager, role: Role) -> list[dict]:
     ]
 
 
-def status(phase: str, tasks: TaskManager, instances: InstanceManager, error: str | None) -> dict:
+def status(coordinator: Coordinator, master_address: str) -> dict:
+    """The live status document; call under the coordinator's lock."""
+    tasks, instances, record = coordinator.tasks, coordinator.instances, coordinator.record
     epoch = tasks.current_epoch
     done, total = tasks.records_trained(epoch), tasks.records_per_epoch
+    ps = _members(instances, Role.PS)
+    for member in ps:
+        instance = instances.instances[member["id"]]
+        live = not instance.state.ended
+        member["address"] = record.ps_addresses[instance.slot] if live else ""
     return {
-        "phase": phase,
+        "phase": record.phase.value,
+        "master": master_address,
         "epoch": epoch,
         "epochs": tasks.settings.epochs,
         "progress": {
@@ -36,9 +46,10 @@ def status(phase: str, tasks: TaskManager, instances: InstanceManager, error: st
         },
         "model_version": tasks.model_version,
         "workers": _members(instances, Role.WORKER),
-        "ps": _members(instances, Role.PS),
+        "ps": ps,
         "restarts": instances.restarts,
-        "error": error,
+        "restarts_by_reason": instances.restarts_by_reason,
+        "error": record.error,
         "updated_at": time.time(),
     }
 
@@ -56,8 +67,8 @@ def progress_line(tasks: TaskManager, instances: InstanceManager, rate: float | 
     )
 
 
-def write_json(output_dir: str, name: str, document: dict) -> None:
-    storage.write_text_atomic(storage.join(output_dir, name), json.dumps(document, indent=2) + "\n")
+def write_json(path: str, document: dict) -> None:
+    storage.write_text_atomic(path, json.dumps(document, indent=2) + "\n")
 
 
 def format_status(document: dict) -> str:
@@ -82,7 +93,7 @@ def print_status(output_dir: str, as_json: bool = False) -> int:
     """Prints a job's status.json; exit status 2 when there is none."""
     from elastic_step.errors import InputError
 
-    path = storage.join(output_dir, STATUS_FILE)
+    path = OutputLayout(output_dir).status
     if not storage.exists(path):
         raise InputError(f"{path}: no status file; is {output_dir} the --output of a training job?")
     document = json.loads(storage.read_text(path))

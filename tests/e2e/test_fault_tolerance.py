@@ -90,7 +90,7 @@ def test_worker_killed_mid_epoch(train_run, unkilled):
     assert 1 in live[live.index(2) :]
     accuracy, reference = summary["metrics"]["accuracy"], unkilled.summary()["metrics"]["accuracy"]
     assert abs(accuracy - reference) <= 0.02, (accuracy, reference)
-    assert f"{victim['id']} killed (killed by SIGKILL); replacing it" in run.log()
+    assert f"{victim['id']} crashed (killed by SIGKILL); replacing it" in run.log()
 
 
 def test_only_ps_killed(train_run):

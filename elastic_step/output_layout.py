@@ -1,0 +1,62 @@
+"""What a training job writes under its ``--output``: the one place that names those paths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from elastic_step.data import storage
+
+MODEL_FILE = "model.keras"
+SAVED_MODEL_DIR = "saved_model"
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """The paths (local or URIs) under one job's output directory."""
+
+    root: str
+
+    def _join(self, *parts: str) -> str:
+        return storage.join(self.root, *parts)
+
+    @property
+    def model_file(self) -> str:
+        """The trained model, ``model.keras``."""
+        return self._join(MODEL_FILE)
+
+    @property
+    def saved_model(self) -> str:
+        """The TF Serving export, ``saved_model/``."""
+        return self._join(SAVED_MODEL_DIR)
+
+    @property
+    def model_def(self) -> str:
+        """The copy of the model definition that workers, PS and ``evaluate`` load."""
+        return self._join("model_def.py")
+
+    @property
+    def status(self) -> str:
+        return self._join("status.json")
+
+    @property
+    def summary(self) -> str:
+        return self._join("summary.json")
+
+    @property
+    def state_dir(self) -> str:
+        """The master's state store: snapshot, journal and lease."""
+        return self._join("master-state")
+
+    @property
+    def legacy_state_file(self) -> str:
+        """The state file of versions before the journal, which cannot be resumed."""
+        return self._join("master-state.json")
+
+    @property
+    def backend_dir(self) -> str:
+        """The backend's own records and the instances' logs."""
+        return self._join("backend")
+
+    def checkpoint_dir(self, shard: int, num_ps: int) -> str:
+        """PS shard ``shard``'s checkpoints."""
+        return self._join("checkpoints", f"ps-{shard}-of-{num_ps}")

@@ -1,0 +1,261 @@
+"""The engine on a shared cluster's terms: poisoned tasks end the job, stops resume, resumed
+jobs report the final model, chaos keeps accounting exact, and strangers are turned away."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TrainRun, mid_epoch, pid_alive, records_exact
+
+pytestmark = pytest.mark.e2e
+
+# A model over two numeric columns whose feed SIGKILLs the worker that reads the row with
+# a == 999, as a segfault in a custom op or an OOM kill would. The master's own check of
+# the definition runs the feed too, but only workers die (they have ELASTIC_STEP_INSTANCE).
+POISONED_MODEL = """
+import os, signal
+import keras
+import numpy as np
+import tensorflow as tf
+from elastic_step.data.feed import default_feed
+
+def _die_on_poison(records):
+    parsed = tf.io.parse_example(records, {"a": tf.io.FixedLenFeature([], tf.float32)})
+    def check(a):
+        if np.any(a.numpy() == 999.0) and os.environ.get("ELASTIC_STEP_INSTANCE"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return 0
+    tf.py_function(check, [parsed["a"]], tf.int32)
+    return records
+
+def feed(dataset, mode, schema):
+    return default_feed(dataset.map(_die_on_poison), mode, schema)
+
+def model():
+    inputs = {n: keras.Input(shape=(), name=n) for n in ("a", "b")}
+    x = keras.layers.Concatenate()([keras.layers.Reshape((1,))(inputs[n]) for n in ("a", "b")])
+    return keras.Model(inputs, keras.layers.Dense(2)(x))
+
+def loss(labels, outputs):
+    return keras.ops.mean(
+        keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
+    )
+
+def optimizer():
+    return keras.optimizers.SGD(0.1)
+"""
+
+
+def _elastic_step(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_step", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_a_record_that_kills_every_worker_reading_it_fails_the_job(tmp_path: Path):
+    csv = tmp_path / "poisoned.csv"
+    rows = [f"{i % 7},{(i * 3) % 5},{i % 2}" for i in range(300)]
+    rows[150] = "999,1,0"
+    csv.write_text("a,b,label\n" + "\n".join(rows) + "\n")
+    data = tmp_path / "data"
+    prepared = _elastic_step(
+        "preprocess", "--input", str(csv), "--label", "label", "--output", str(data),
+    )  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr
+    model_def = tmp_path / "poisoned_model.py"
+    model_def.write_text(POISONED_MODEL)
+
+    output = tmp_path / "run"
+    started = time.monotonic()
+    result = _elastic_step(
+        "train", "--model-def", str(model_def), "--data", str(data), "--output", str(output),
+        "--epochs", "2", "--batch-size", "16", "--records-per-task", "40",
+        "--workers", "2", "--max-task-retries", "2", "--max-restarts", "10",
+        timeout=240,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+
+    assert result.returncode == 1, result.stderr[-3000:]
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("elastic-step:")]
+    assert "failed 3 times, more than --max-task-retries=2" in error
+    # The poisoned row may have gone to either split: its task is named either way.
+    assert re.search(r"(train|evaluate) task \d+ \(\S+ records \d+-\d+\)", error), error
+    assert error.count("killed by SIGKILL") == 3, error
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["phase"] == "failed"
+    # Three poisoned hand-outs, each killing one worker: no endless relaunching.
+    assert summary["restarts_by_reason"].get("crashed", 0) <= 3
+    assert elapsed < 200
+    status = json.loads((output / "status.json").read_text())
+    assert all(not pid_alive(m["pid"]) for m in status["workers"] + status["ps"] if m["pid"])
+
+
+def test_sigterm_while_workers_ask_for_tasks_then_resume(train_run):
+    run = train_run("--epochs", "3").start()
+    status = run.wait_for("training mid-epoch", mid_epoch)
+    first = run.member_pids(status)
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(timeout=30) == 128 + signal.SIGTERM
+    stopped = run.status()
+    assert stopped["phase"] == "interrupted"
+    # A stop is never taken for the end of the work: no instance is recorded as succeeded.
+    states = {m["id"]: m["state"] for m in stopped["workers"] + stopped["ps"]}
+    assert "succeeded" not in states.values(), states
+    assert not any(pid_alive(pid) for pid in first.values())
+
+    resumed = train_run("--epochs", "3", output=run.output).start()
+    assert resumed.wait() == 0, resumed.log()[-3000:]
+    summary = resumed.summary()
+    assert records_exact(summary), summary["epochs"]
+    final = resumed.status()
+    # Every slot was relaunched: one new PS and two new workers finished the job.
+    succeeded = sorted(m["id"] for m in final["workers"] + final["ps"] if m["state"] == "succeeded")
+    assert len(succeeded) == 3 and not set(succeeded) & set(first), succeeded
+    assert summary["restarts"]["master"] == 1
+
+
+def test_resumed_job_requeues_lost_tasks_at_once_and_reports_the_final_model(
+    train_run, digits_data, tmp_path
+):
+    # A long --task-timeout: a lease left to run out would hold the job for 10 minutes.
+    args = ("--epochs", "4", "--evaluation-steps", "15", "--task-timeout", "600")
+    run = train_run(*args).start()
+    status = run.wait_for("training mid-epoch", lambda s: mid_epoch(s) and s["epoch"] >= 2)
+    workers = {m["id"]: m["pid"] for m in status["workers"] if m["state"] == "running"}
+    run.proc.send_signal(signal.SIGKILL)
+    run.proc.wait(timeout=10)
+    for pid in workers.values():  # the workers die while no master watches, tasks in hand
+        os.killpg(pid, signal.SIGKILL)
+
+    resumed = train_run(*args, output=run.output).start()
+    started = time.monotonic()
+    assert resumed.wait(timeout=240) == 0, resumed.log()[-3000:]
+    assert time.monotonic() - started < 200
+    log = resumed.log()
+    assert "made no progress" not in log
+    assert "re-queued" in log
+    summary = resumed.summary()
+    assert records_exact(summary)
+
+    # Evaluations are listed in epoch order, each with the model version it measured.
+    evaluations = summary["evaluations"]
+    assert [(e["epoch"], e["round"]) for e in evaluations] == sorted(
+        (e["epoch"], e["round"]) for e in evaluations
+    )
+    assert evaluations[-1]["trigger"] == "epoch-end" and evaluations[-1]["epoch"] == 4
+    assert all(e["min_model_version"] <= e["model_version"] for e in evaluations)
+
+    # The final metrics are the final model's: evaluate on the saved model agrees.
+    metrics_file = tmp_path / "metrics.json"
+    evaluated = _elastic_step(
+        "evaluate", "--model", str(resumed.output), "--data", str(digits_data),
+        "--metrics-output", str(metrics_file),
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    metrics = json.loads(metrics_file.read_text())["metrics"]
+    assert metrics["accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
+    assert metrics["loss"] == pytest.approx(summary["metrics"]["loss"], rel=1e-4)
+
+    # A finished job run again with other settings is refused, naming what differs.
+    other = TrainRun(digits_data, resumed.output, "--epochs", "5")
+    result = subprocess.run(other.argv, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("elastic-step: error")]
+    assert "finished job with other settings (--epochs differ)" in line
+
+
+UNAUTHENTICATED_PROBE = """
+import sys, grpc
+from elastic_step.rpc import master_pb2, master_pb2_grpc, ps_pb2, ps_pb2_grpc
+master, ps = sys.argv[1], sys.argv[2]
+codes = []
+stub = master_pb2_grpc.MasterStub(grpc.insecure_channel(master))
+for method, request in [
+    ("Register", master_pb2.RegisterRequest(role=master_pb2.PS, name="ps-0", shard=0,
+                                            address="127.0.0.1:1")),
+    ("GetPSAddresses", master_pb2.GetPSAddressesRequest()),
+    ("GetTask", master_pb2.GetTaskRequest(worker="worker-0")),
+    ("ReportTask", master_pb2.ReportTaskRequest(worker="worker-0", task_id=0, ok=True)),
+    ("Heartbeat", master_pb2.HeartbeatRequest(name="worker-0")),
+]:
+    try:
+        getattr(stub, method)(request, timeout=10)
+        codes.append(f"master.{method}=OK")
+    except grpc.RpcError as e:
+        codes.append(f"master.{method}={e.code().name}")
+stub = ps_pb2_grpc.ParameterServerStub(grpc.insecure_channel(ps))
+for method, request in [
+    ("Initialize", ps_pb2.InitializeRequest()),
+    ("PullDense", ps_pb2.PullDenseRequest()),
+    ("PullEmbeddingRows", ps_pb2.PullEmbeddingRowsRequest()),
+    ("PushGradients", ps_pb2.PushGradientsRequest()),
+]:
+    try:
+        getattr(stub, method)(request, timeout=10)
+        codes.append(f"ps.{method}=OK")
+    except grpc.RpcError as e:
+        codes.append(f"ps.{method}={e.code().name}")
+print(" ".join(codes))
+"""
+
+
+def test_chaos_random_worker_kills_and_a_ps_kill_keep_accounting_exact(train_run):
+    run = train_run(
+        "--epochs", "3", "--checkpoint-steps", "10",
+        "--max-restarts", "100", "--max-task-retries", "20",
+    ).start()  # fmt: skip
+    status = run.wait_for("training mid-epoch", mid_epoch)
+
+    # A process without the job's credentials is turned away by master and PS alike.
+    probe = subprocess.run(
+        [sys.executable, "-c", UNAUTHENTICATED_PROBE, status["master"], status["ps"][0]["address"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert probe.returncode == 0, probe.stderr
+    codes = dict(item.split("=") for item in probe.stdout.split())
+    assert len(codes) == 9 and set(codes.values()) == {"UNAUTHENTICATED"}, codes
+
+    rng = random.Random(3)
+    kills = ps_killed = 0
+    next_kill = time.monotonic() + 3
+    while run.proc.poll() is None and kills < 12:
+        time.sleep(0.2)
+        if time.monotonic() < next_kill:
+            continue
+        status = run.status()
+        if status.get("phase") != "running":
+            continue
+        if not ps_killed and status.get("model_version", 0) >= 15:
+            ps = [m for m in status["ps"] if m["state"] == "running" and m["pid"]]
+            if ps:
+                os.kill(ps[0]["pid"], signal.SIGKILL)
+                ps_killed = 1
+        workers = [m for m in status["workers"] if m["state"] == "running" and m["pid"]]
+        if workers:
+            os.kill(rng.choice(workers)["pid"], signal.SIGKILL)
+            kills += 1
+        next_kill = time.monotonic() + 3
+
+    assert run.wait(timeout=300) == 0, run.log()[-3000:]
+    summary = run.summary()
+    assert records_exact(summary), summary["epochs"]
+    assert kills >= 3 and ps_killed
+    assert summary["restarts"]["ps"] == 1
+    assert summary["restarts"]["worker"] >= kills - 1  # the last kill may land at the very end
+    assert summary["metrics"]["accuracy"] > 0.8
+    [restore] = summary["ps_restores"]
+    assert restore["versions_lost"] >= 0 and restore["restored_version"] > 0
