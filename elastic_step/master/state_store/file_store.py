@@ -1,41 +1,216 @@
-"""A state store in one JSON file, replaced atomically (write a temporary file, then rename)."""
+"""A state store in a local directory.
+
+Layout::
+
+    lock                        flock held by the owner; names it, for the next contender
+    token                       the last fencing token given out
+    snapshot.json               {"format": 2, "seq": S, "token": T, "state": {...}}
+    journal-<first seq>.log     framed records (see journal.py)
+
+Writing a snapshot covering records up to S: the records up to S are made durable, a new
+segment ``journal-<S+1>.log`` takes the records after S, the snapshot replaces the old one
+(temp file, fsync, rename, fsync of the directory), then the older segments are deleted. A
+crash at any point loads correctly (see replay.py).
+"""
 
 from __future__ import annotations
 
-import json
+import logging
+import os
+import threading
 
-from elastic_step.data import storage
-from elastic_step.master.state_store.api import StateStore, StateStoreError
+from elastic_step.master.state_store.api import (
+    SavedState,
+    StateStore,
+    StateStoreError,
+    StateStoreSettings,
+)
+from elastic_step.master.state_store.file_lease import FileLease
+from elastic_step.master.state_store.group_commit import GroupCommitter, PendingSnapshot
+from elastic_step.master.state_store.journal import SegmentWriter, encode_json, list_segments
+from elastic_step.master.state_store.local_files import (
+    fsync_dir,
+    local_dir,
+    remove_temporaries,
+    write_atomic,
+)
+from elastic_step.master.state_store.replay import (
+    SNAPSHOT_FILE,
+    SNAPSHOT_FORMAT,
+    Replay,
+    read_directory,
+)
 
-FORMAT_VERSION = 1
+log = logging.getLogger("elastic_step.master.state_store")
 
 
 class FileStateStore(StateStore):
-    def __init__(self, path: str) -> None:
-        self._path = path
+    def __init__(self, directory: str, settings: StateStoreSettings | None = None) -> None:
+        self._dir = local_dir(directory)
+        self._settings = settings or StateStoreSettings()
+        self._lease = FileLease(self._dir)
+        self._mutex = threading.Lock()  # acquire and close against each other
+        self._committer: GroupCommitter | None = None
+        self._segment: SegmentWriter | None = None
+        self._closed = False
 
-    def load(self) -> dict | None:
-        if not storage.exists(self._path):
-            return None
-        try:
-            document = json.loads(storage.read_text(self._path))
-        except (OSError, ValueError) as e:
-            raise StateStoreError(f"cannot read master state {self._path}: {e}") from e
-        if not isinstance(document, dict) or not isinstance(document.get("state"), dict):
-            raise StateStoreError(f"master state {self._path} is not a saved state")
-        if document.get("format") != FORMAT_VERSION:
-            raise StateStoreError(
-                f"master state {self._path} has format {document.get('format')!r}, "
-                f"this version reads format {FORMAT_VERSION}"
-            )
-        return document["state"]
+    # -- the lease and recovery --
 
-    def save(self, state: dict) -> None:
-        document = {"format": FORMAT_VERSION, "state": state}
+    def acquire(self, owner: str, timeout_s: float) -> int:
+        with self._mutex:
+            if self._committer is not None or self._closed:
+                raise StateStoreError(f"{self._dir}: a store is acquired at most once")
+            try:
+                os.makedirs(self._dir, exist_ok=True)
+            except OSError as e:
+                raise StateStoreError(f"cannot create the state directory: {e}") from e
+            token = self._lease.acquire(owner, timeout_s)
+            try:
+                next_seq = self._recover()
+            except OSError as e:
+                self._lease.release()
+                raise StateStoreError(f"cannot recover the state in {self._dir}: {e}") from e
+            except BaseException:
+                self._lease.release()
+                raise
+            self._committer = GroupCommitter(f"state store {self._dir}", self._write, next_seq)
+            return token
+
+    def _recover(self) -> int:
+        """Repairs what a crashed owner left; returns the next record's seq."""
+        replay = read_directory(self._dir)
+        remove_temporaries(self._dir)
+        if replay.cut is not None:
+            self._cut(replay)
+        for path in replay.covered:  # a crash came between a snapshot and their deletion
+            os.remove(path)
+        if replay.covered or (replay.cut is not None and replay.cut.dropped):
+            fsync_dir(self._dir)
+        segments = list_segments(self._dir)
+        next_seq = replay.last_seq + 1
+        self._segment = SegmentWriter(self._dir, segments[-1][0] if segments else next_seq)
+        return next_seq
+
+    def _cut(self, replay: Replay) -> None:
+        cut = replay.cut
+        with open(cut.path, "r+b") as f:
+            f.truncate(cut.offset)
+            os.fsync(f.fileno())
+        for path in cut.dropped:
+            os.remove(path)
+        # A torn last record is an ordinary crash; anything else is damage worth a warning.
+        level = logging.INFO if not cut.dropped and "torn" in cut.problem else logging.WARNING
+        log.log(
+            level,
+            "%s: the journal ended in %s at byte %d; truncated it there%s. "
+            "The state resumes after record %d",
+            cut.path,
+            cut.problem,
+            cut.offset,
+            f" and dropped {len(cut.dropped)} later segment(s)" if cut.dropped else "",
+            replay.last_seq,
+        )
+
+    # -- reading --
+
+    def load(self) -> SavedState:
+        if not os.path.isdir(self._dir):
+            return SavedState(None, [])
         try:
-            storage.write_text_atomic(self._path, json.dumps(document, separators=(",", ":")))
+            replay = read_directory(self._dir)
         except OSError as e:
-            raise StateStoreError(f"cannot save master state {self._path}: {e}") from e
+            raise StateStoreError(f"cannot read the state in {self._dir}: {e}") from e
+        return SavedState(replay.snapshot, replay.records)
+
+    # -- writing --
+
+    def _owner(self) -> GroupCommitter:
+        committer = self._committer
+        if committer is None:
+            raise StateStoreError(f"{self._dir}: acquire the lease before writing")
+        return committer
+
+    def append(self, record: dict) -> None:
+        if not isinstance(record, dict):
+            raise TypeError(f"a record must be a dict, got {type(record).__name__}")
+        self._owner().append(record)
+
+    def snapshot(self, state: dict) -> None:
+        if not isinstance(state, dict):
+            raise TypeError(f"a snapshot's state must be a dict, got {type(state).__name__}")
+        self._owner().snapshot(state)
+
+    def snapshot_due(self) -> bool:
+        committer = self._committer
+        return committer is not None and (
+            committer.since_snapshot >= self._settings.snapshot_every_records
+        )
+
+    def flush(self, timeout_s: float) -> None:
+        committer = self._owner()
+        committer.flush(timeout_s)
+        try:
+            self._lease.check()  # also when there was nothing to write
+        except StateStoreError as e:
+            committer.fail(e)
+            raise
+
+    def _write(self, records: list[tuple[int, dict]], snapshot: PendingSnapshot | None) -> None:
+        """The writer thread's batch: records in order, then the snapshot and compaction."""
+        try:
+            self._lease.check()
+            if snapshot is None:
+                self._segment.write(records)
+                return
+            split = next((i for i, (seq, _) in enumerate(records) if seq > snapshot.seq), None)
+            split = len(records) if split is None else split
+            self._segment.write(records[:split])
+            if self._segment.first_seq != snapshot.seq + 1:
+                segment = SegmentWriter(self._dir, snapshot.seq + 1)
+                self._segment.close()
+                self._segment = segment
+            self._segment.write(records[split:])
+            self._write_snapshot(snapshot)
+            for first_seq, path in list_segments(self._dir):
+                if first_seq < self._segment.first_seq:
+                    os.remove(path)  # no fsync: if they come back, replay skips them
+        except OSError as e:
+            raise StateStoreError(f"cannot write the state in {self._dir}: {e}") from e
+
+    def _write_snapshot(self, snapshot: PendingSnapshot) -> None:
+        document = {
+            "format": SNAPSHOT_FORMAT,
+            "seq": snapshot.seq,
+            "token": self._lease.token,
+            "state": snapshot.state,
+        }
+        try:
+            data = encode_json(document)
+        except (TypeError, ValueError) as e:
+            raise StateStoreError(
+                f"the snapshot after record {snapshot.seq} is not JSON-ready: {e}"
+            ) from e
+        self._lease.check()  # again: the snapshot replaces what a successor may rely on
+        write_atomic(os.path.join(self._dir, SNAPSHOT_FILE), data)
+
+    # -- the end --
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            committer = self._committer
+            if committer is None:
+                return
+            try:
+                committer.flush(self._settings.close_timeout_s)
+            finally:
+                # A writer stuck in I/O keeps the lease (the process's exit releases it):
+                # a successor must not start while this owner may still write.
+                committer.stop(self._settings.close_timeout_s)
+                self._segment.close()
+                self._lease.release()
 
     def describe(self) -> str:
-        return self._path
+        return self._dir
