@@ -2,8 +2,8 @@
 
 Three components change the state: the task manager (``tasks``), the instance manager
 (``instances``) and the job record (``job``). Each emits small records for its changes;
-this module tags them with the component, appends them to the store, and takes a snapshot
-of all three every ``SNAPSHOT_EVERY`` records, so that a restart replays a short journal.
+this module tags them with the component and appends them to the store; a snapshot of all
+three, when the store says one is due, keeps the journal that a restart replays short.
 """
 
 from __future__ import annotations
@@ -13,20 +13,14 @@ from dataclasses import dataclass, field
 
 from elastic_step.master.state_store import SavedState, StateStore
 
-#: Records between snapshots. A snapshot of 100k tasks per epoch is about 50 KB; taking
-#: one every few thousand records keeps replay short and the journal small.
-SNAPSHOT_EVERY = 5000
-
 COMPONENTS = ("job", "tasks", "instances")
 
 
 class Journal:
-    """Appends tagged records to the store; :meth:`maybe_snapshot` compacts now and then."""
+    """Appends tagged records to the store, and snapshots the whole state when asked."""
 
-    def __init__(self, store: StateStore, snapshot_every: int = SNAPSHOT_EVERY) -> None:
+    def __init__(self, store: StateStore) -> None:
         self._store = store
-        self._snapshot_every = snapshot_every
-        self._since_snapshot = 0
 
     def writer(self, component: str) -> Callable[[dict], None]:
         """The callback through which ``component`` journals its records."""
@@ -34,7 +28,6 @@ class Journal:
 
         def write(record: dict) -> None:
             self._store.append({"c": component, "r": record})
-            self._since_snapshot += 1
 
         return write
 
@@ -42,10 +35,9 @@ class Journal:
         """Snapshots ``state`` (one entry per component); call under the lock that orders the
         records, so that the snapshot covers exactly the records appended before it."""
         self._store.snapshot(state)
-        self._since_snapshot = 0
 
     def due(self) -> bool:
-        return self._since_snapshot >= self._snapshot_every
+        return self._store.snapshot_due()
 
 
 @dataclass

@@ -16,7 +16,6 @@ import pytest
 
 from elastic_step.errors import InputError
 from elastic_step.master.state_store import (
-    STATE_DIR,
     FileStateStore,
     SavedState,
     StateStoreError,
@@ -524,11 +523,11 @@ def test_settings_state_the_rule_they_break() -> None:
 def test_create_state_store_file_keeps_the_state_under_the_output_dir(tmp_path: Path) -> None:
     store = create_state_store("file", str(tmp_path))
     assert isinstance(store, FileStateStore)
-    assert store.describe() == str(tmp_path / STATE_DIR)
+    assert store.describe() == str(tmp_path / "master-state")
     store.acquire("master", timeout_s=WAIT_S)
     store.snapshot(STATE)
     store.close()
-    assert os.listdir(tmp_path) == [STATE_DIR]
+    assert os.listdir(tmp_path) == ["master-state"]
     assert create_state_store("file", f"file://{tmp_path}").load() == SavedState(STATE, [])
 
 

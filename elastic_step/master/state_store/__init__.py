@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from elastic_step.data import storage
 from elastic_step.errors import InputError
 from elastic_step.master.state_store.api import (
     SavedState,
@@ -15,10 +14,9 @@ from elastic_step.master.state_store.api import (
     StateStoreSettings,
 )
 from elastic_step.master.state_store.file_store import FileStateStore
+from elastic_step.output_layout import OutputLayout
 
 __all__ = [
-    "LEGACY_STATE_FILE",
-    "STATE_DIR",
     "FileStateStore",
     "SavedState",
     "StateStore",
@@ -30,14 +28,9 @@ __all__ = [
     "state_store_names",
 ]
 
-#: Where the file store keeps the state, under the job's output directory.
-STATE_DIR = "master-state"
-#: The single-file state (format 1) of earlier versions, which this package no longer reads.
-LEGACY_STATE_FILE = "master-state.json"
-
 _REGISTRY: dict[str, Callable[[str, StateStoreSettings], StateStore]] = {
     "file": lambda output_dir, settings: FileStateStore(
-        storage.join(output_dir, STATE_DIR), settings
+        OutputLayout(output_dir).state_dir, settings
     ),
 }
 
