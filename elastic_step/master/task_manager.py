@@ -1,31 +1,61 @@
-"""Splits the data into tasks and tracks them through todo, doing and done.
+"""Cuts the data into tasks, hands them out under fenced leases and tracks them until done.
 
-A training task is a range of records of one training shard for one epoch. Epochs are created
-lazily, when the todo queue of the last one runs dry. Evaluation tasks cover the validation
-shards; they are grouped in rounds, started every ``evaluation_steps`` model versions and at
-the end of each epoch, and run before any waiting training task.
+Tasks. The training tasks of every epoch are the split of the training shards, in shard
+order, into ranges of ``records_per_task`` records; a shard with no records gives none. Call
+their count T. Task ``i`` of that split in epoch ``e`` (1-based) has id ``(e - 1) * T + i``.
+Evaluation round ``r`` has the V tasks of the validation split, ids ``epochs * T + r * V + j``.
+A ``Task`` is built from its id on demand: per task, only what changed is stored (done bits,
+failure causes, leases).
 
-Rules:
-- A task is handed out under a lease. A lost task (its worker died, or the lease ran out)
-  goes back to todo at once and does not count as a failure.
-- A task that fails in user code is retried; past ``max_task_retries`` failures the job fails
-  with that error. No task is dropped.
-- Each task is counted once, however often it ran: ``records_trained`` per epoch equals the
-  number of training records.
+Order. Epochs are created lazily, when the training todo runs dry; each is handed out in its
+own seeded shuffle. Evaluation rounds start at every epoch end and every ``evaluation_steps``
+model versions (no steps round while a round is open); their tasks go before any training
+task. A task taken back goes to the front of its queue; a task that failed in user code goes
+behind the other taken-back tasks, ahead of those never handed out.
 
-The manager is not thread-safe; the master serializes calls to it.
+Leases. Every hand-out has a lease id, unique for the life of the job: ids count up from
+``lease_base``, which the master derives from its fencing token. A report names the lease it
+reports on; one from a worker that does not hold that lease (it ran out and the task went
+elsewhere, or the task is done) changes nothing. A lease runs out ``task_timeout_s`` after
+the hand-out or after the last progress (its batch count going up); heartbeats alone do not
+renew it. A task taken back (lease ran out, worker lost, malformed report) is not a failure,
+unless its worker died: that counts as a failure of the task, as an error in user code does.
+Past ``max_task_retries`` failures of one task the job fails with ``failure``.
+
+Accounting. Each task is counted once per epoch however often it ran: ``records_trained`` of
+an epoch ends at exactly the number of training records.
+
+Persistence. Every change of durable state is one small JSON-ready record passed to
+``journal`` after it is applied; ``snapshot()`` is a compact JSON-ready state; ``restore()``
+rebuilds a manager from a snapshot plus the records after it. Live methods and replay go
+through the same transition (``_apply``), so they cannot drift. Deadlines are not durable:
+restored leases get a full ``task_timeout_s``. Tasks taken back but not yet handed out again
+are not durable either: after a restore, each epoch's todo is its shuffled order minus the
+done and the leased tasks.
+
+The manager is not thread-safe: the master serializes calls to it. ``clock`` must be
+monotonic (lease deadlines are kept in the order they were set).
 """
 
 from __future__ import annotations
 
+import base64
+import bisect
 import enum
+import math
 import random
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+#: Snapshot layout version; restore refuses others.
+SNAPSHOT_FORMAT = 1
+#: A failure cause longer than this keeps its end (where a traceback names the error).
+MAX_CAUSE_CHARS = 1000
 
 
 class TaskKind(enum.StrEnum):
@@ -33,17 +63,27 @@ class TaskKind(enum.StrEnum):
     EVALUATE = "evaluate"
 
 
-@dataclass
+class InvalidReportError(ValueError):
+    """A success report that cannot be right; its task was taken back and re-queued."""
+
+
+@dataclass(frozen=True)
 class Task:
+    """A range of records of one shard, built from its id."""
+
     id: int
     kind: TaskKind
     shard: str
     start: int
     end: int
+    #: The epoch a training task belongs to; the epoch an evaluation round followed.
     epoch: int
     #: The evaluation round of an evaluation task.
     round: int | None = None
-    failures: int = 0
+    #: The lease it is held under, None when nobody holds it.
+    lease_id: int | None = None
+    #: How each failure so far happened, oldest first.
+    failures: tuple[str, ...] = ()
 
     @property
     def records(self) -> int:
@@ -51,13 +91,6 @@ class Task:
 
     def describe(self) -> str:
         return f"{self.kind.value} task {self.id} ({self.shard} records {self.start}-{self.end})"
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "kind": self.kind.value}
-
-    @classmethod
-    def from_json(cls, d: dict) -> Task:
-        return cls(**{**d, "kind": TaskKind(d["kind"])})
 
 
 @dataclass
@@ -72,37 +105,48 @@ class EvaluationResult:
 
 @dataclass
 class EvaluationRound:
+    """One evaluation over the whole validation split, summed over its tasks."""
+
     id: int
-    model_version: int
     #: Why it ran: "epoch-end" or "steps".
     trigger: str
     epoch: int
-    pending: set[int] = field(default_factory=set)
+    #: The highest and lowest model version its tasks reported; None before the first report.
+    model_version: int | None = None
+    min_model_version: int | None = None
     loss_sum: float = 0.0
     example_count: int = 0
     metric_states: list[np.ndarray] | None = None
 
-    def add(self, result: EvaluationResult) -> None:
-        self.loss_sum += result.loss_sum
-        self.example_count += result.example_count
+    def add(
+        self, loss_sum: float, example_count: int, states: list[np.ndarray], version: int
+    ) -> None:
+        """Adds one task's result, reported at model ``version``."""
+        self.loss_sum += loss_sum
+        self.example_count += example_count
         if self.metric_states is None:
-            self.metric_states = [np.array(s, dtype=np.float64) for s in result.metric_states]
+            self.metric_states = [np.array(s, dtype=np.float64) for s in states]
         else:
-            for total, state in zip(self.metric_states, result.metric_states, strict=True):
+            for total, state in zip(self.metric_states, states, strict=True):
                 total += state
+        self.model_version = (
+            version if self.model_version is None else max(self.model_version, version)
+        )
+        self.min_model_version = (
+            version if self.min_model_version is None else min(self.min_model_version, version)
+        )
 
     def to_json(self) -> dict:
+        states = self.metric_states
         return {
             "id": self.id,
-            "model_version": self.model_version,
             "trigger": self.trigger,
             "epoch": self.epoch,
-            "pending": sorted(self.pending),
+            "model_version": self.model_version,
+            "min_model_version": self.min_model_version,
             "loss_sum": self.loss_sum,
             "example_count": self.example_count,
-            "metric_states": None
-            if self.metric_states is None
-            else [s.tolist() for s in self.metric_states],
+            "metric_states": None if states is None else _encode_states(states),
         }
 
     @classmethod
@@ -110,58 +154,113 @@ class EvaluationRound:
         states = d["metric_states"]
         return cls(
             id=d["id"],
-            model_version=d["model_version"],
             trigger=d["trigger"],
             epoch=d["epoch"],
-            pending=set(d["pending"]),
+            model_version=d["model_version"],
+            min_model_version=d["min_model_version"],
             loss_sum=d["loss_sum"],
             example_count=d["example_count"],
-            metric_states=None
-            if states is None
-            else [np.array(s, dtype=np.float64) for s in states],
+            metric_states=None if states is None else _decode_states(states),
         )
-
-
-@dataclass
-class _Lease:
-    task: Task
-    worker: str
-    deadline: float
 
 
 @dataclass(frozen=True)
 class TaskSettings:
-    """How the data is cut into tasks."""
+    """How the data is cut into tasks, and the limits on running them."""
 
-    #: (shard URI, record count) of the training split.
+    #: (shard URI, record count) of the training split; at least one record in all.
     train_shards: Sequence[tuple[str, int]]
-    #: (shard URI, record count) of the validation split; may be empty.
+    #: (shard URI, record count) of the validation split; may be empty (no evaluation).
     validation_shards: Sequence[tuple[str, int]]
     records_per_task: int
     epochs: int
     #: Start an evaluation round every this many model versions; 0 for epoch ends only.
     evaluation_steps: int = 0
+    #: A task may fail this many times; one more failure fails the job.
     max_task_retries: int = 3
-    lease_s: float = 120.0
+    #: A lease runs out this long after its hand-out or its last progress.
+    task_timeout_s: float = 120.0
     seed: int = 0
+    #: The shape of each metric state an evaluation report must carry; None: whatever the
+    #: first report of a round carries.
+    metric_shapes: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name, least in (
+            ("records_per_task", 1),
+            ("epochs", 1),
+            ("evaluation_steps", 0),
+            ("max_task_retries", 0),
+        ):
+            value = getattr(self, name)
+            if value < least:
+                raise ValueError(f"{name} is {value}; it must be at least {least}")
+        if not (math.isfinite(self.task_timeout_s) and self.task_timeout_s > 0):
+            raise ValueError(
+                f"task_timeout_s is {self.task_timeout_s}; it must be a positive number of seconds"
+            )
+        for split, shards in (
+            ("training", self.train_shards),
+            ("validation", self.validation_shards),
+        ):
+            for uri, records in shards:
+                if records < 0:
+                    raise ValueError(
+                        f"{split} shard {uri} has {records} records; a count must be at least 0"
+                    )
+        if not any(records for _, records in self.train_shards):
+            raise ValueError(
+                f"the training split has no records ({len(self.train_shards)} shards, all "
+                "empty): there is nothing to train"
+            )
+        if self.metric_shapes is not None:
+            shapes = tuple(tuple(int(d) for d in shape) for shape in self.metric_shapes)
+            if any(d < 0 for shape in shapes for d in shape):
+                raise ValueError(f"metric_shapes is {shapes}; dimensions must be at least 0")
+            object.__setattr__(self, "metric_shapes", shapes)
 
 
 class TaskManager:
-    def __init__(self, settings: TaskSettings, clock: Callable[[], float] = time.monotonic):
+    """The tasks of one job: what to hand out next, who holds what, what is done."""
+
+    def __init__(
+        self,
+        settings: TaskSettings,
+        *,
+        lease_base: int,
+        clock: Callable[[], float] = time.monotonic,
+        journal: Callable[[dict], None] | None = None,
+    ):
+        """``lease_base``: the first lease id; above every id an earlier master handed out.
+        ``journal``: called with each record of a change, after it is applied."""
+        if lease_base < 0:
+            raise ValueError(f"lease_base is {lease_base}; it must be at least 0")
         self.settings = settings
         self._clock = clock
-        self._train_todo: deque[Task] = deque()
-        self._eval_todo: deque[Task] = deque()
-        self._doing: dict[int, _Lease] = {}
-        self._done: set[int] = set()
-        self._next_id = 0
+        self._journal = journal
+        self._train = _Split(settings.train_shards, settings.records_per_task)
+        self._validation = _Split(settings.validation_shards, settings.records_per_task)
+        #: Evaluation task ids start here.
+        self._eval_base = settings.epochs * self._train.count
         #: The last epoch whose tasks were created (1-based; 0 before the first).
         self.epochs_created = 0
-        self._records_trained: dict[int, int] = {}
-        self._rounds: dict[int, EvaluationRound] = {}
+        #: Created epochs with tasks not done, by epoch.
+        self._epochs: dict[int, _Epoch] = {}
+        #: Started evaluation rounds with tasks not done, by round id.
+        self._rounds: dict[int, _Round] = {}
+        self._train_todo = _Queue()
+        self._eval_todo = _Queue()
+        #: Leases by task id, oldest deadline first.
+        self._leases: OrderedDict[int, _Lease] = OrderedDict()
+        self._lease_tasks: dict[int, int] = {}
+        #: Task ids each worker holds, in hand-out order.
+        self._held: dict[str, dict[int, None]] = {}
+        #: Failure causes of tasks not done, by task id.
+        self._failures: dict[int, list[str]] = {}
+        self._next_lease = lease_base
         self._next_round = 0
         self._next_eval_version = settings.evaluation_steps
-        #: Finished evaluation rounds, oldest first; the master turns them into metrics.
+        #: Finished evaluation rounds, oldest first; see take_completed_rounds.
         self.completed_rounds: list[EvaluationRound] = []
         #: Set when a task failed past its retry limit: the job fails with this message.
         self.failure: str | None = None
@@ -170,23 +269,45 @@ class TaskManager:
     # -- handing out --
 
     def get_task(self, worker: str) -> Task | None:
-        """The next task for ``worker`` under a fresh lease; None when there is none now."""
+        """The next task for ``worker`` under a new lease; None when there is none now."""
         if self.failure is not None:
             return None
-        if not self._train_todo and self.epochs_created < self.settings.epochs:
-            self._create_epoch()
-        queue = self._eval_todo or self._train_todo
-        if not queue:
+        if (
+            self._train_todo.peek(self._is_todo) is None
+            and self.epochs_created < self.settings.epochs
+        ):
+            self._commit({"op": "epoch", "epoch": self.epochs_created + 1})
+        task_id = self._eval_todo.pop(self._is_todo)
+        if task_id is None:
+            task_id = self._train_todo.pop(self._is_todo)
+        if task_id is None:
             return None
-        task = queue.popleft()
-        self._doing[task.id] = _Lease(task, worker, self._clock() + self.settings.lease_s)
-        return task
+        self._commit({"op": "lease", "task": task_id, "worker": worker, "lease": self._next_lease})
+        return self._build(task_id)
 
-    def renew_leases(self, worker: str) -> None:
-        deadline = self._clock() + self.settings.lease_s
-        for lease in self._doing.values():
-            if lease.worker == worker:
-                lease.deadline = deadline
+    def note_progress(self, worker: str, lease_id: int, batches_done: int) -> bool:
+        """Renews a lease (now + task_timeout_s) when its batch count went up; says whether."""
+        task_id = self._lease_tasks.get(lease_id)
+        if task_id is None:
+            return False
+        lease = self._leases[task_id]
+        if lease.worker != worker or batches_done <= lease.batches:
+            return False
+        self._commit({"op": "progress", "task": task_id, "batches": int(batches_done)})
+        return True
+
+    def expire_leases(self) -> list[tuple[Task, str]]:
+        """Takes back the tasks whose lease ran out (not a failure); returns them with their
+        worker."""
+        now = self._clock()
+        expired = []
+        while self._leases:
+            task_id, lease = next(iter(self._leases.items()))
+            if lease.deadline >= now:
+                break
+            expired.append((self._build(task_id), lease.worker))
+            self._commit({"op": "release", "task": task_id})
+        return expired
 
     # -- outcomes --
 
@@ -194,86 +315,90 @@ class TaskManager:
         self,
         task_id: int,
         *,
+        worker: str,
+        lease_id: int,
         model_version: int = 0,
         evaluation: EvaluationResult | None = None,
     ) -> Task | None:
-        """Marks a task done; returns it, or None for a task already done or unknown."""
-        lease = self._doing.pop(task_id, None)
-        if lease is None or task_id in self._done:
+        """Marks a task done and returns it; None, changing nothing, when ``worker`` does not
+        hold ``lease_id`` for it (stale). Raises InvalidReportError for a malformed report,
+        after taking the task back to the front of its queue."""
+        if not self._holds(task_id, worker, lease_id):
             return None
-        task = lease.task
-        self._done.add(task_id)
-        self.model_version = max(self.model_version, model_version)
-        if task.kind is TaskKind.TRAIN:
-            self._records_trained[task.epoch] = (
-                self._records_trained.get(task.epoch, 0) + task.records
-            )
-            if self._records_trained[task.epoch] == self.records_per_epoch:
-                self._start_round("epoch-end", task.epoch)
-        else:
-            self._finish_eval_task(task, evaluation)
-        # After the epoch-end round, so a version crossing a step boundary adds no second round.
-        self.observe_model_version(model_version)
+        task = self._build(task_id)
+        try:
+            states = self._check_report(task, evaluation)
+        except InvalidReportError:
+            self._commit({"op": "release", "task": task_id})
+            raise
+        record: dict = {"op": "done", "task": task_id, "version": int(model_version)}
+        if evaluation is not None:
+            record["eval"] = {
+                "loss_sum": float(evaluation.loss_sum),
+                "example_count": int(evaluation.example_count),
+                "metric_states": _encode_states(states),
+            }
+        self._commit(record)
         return task
 
-    def report_failure(self, task_id: int, error: str, worker: str) -> Task | None:
-        """Records a user-code failure: the task is retried, or the job fails past the limit.
-
-        A report from a worker that no longer holds the task (its lease ran out and the task
-        went to another) is ignored: it must not take the other worker's lease.
-        """
-        lease = self._doing.get(task_id)
-        if lease is None or lease.worker != worker:
+    def report_failure(
+        self, task_id: int, *, worker: str, lease_id: int, error: str
+    ) -> Task | None:
+        """Records an error in user code: the task is retried, or the job fails past the
+        limit. Returns the task with its failures; None, changing nothing, when stale."""
+        if not self._holds(task_id, worker, lease_id):
             return None
-        del self._doing[task_id]
-        task = lease.task
-        task.failures += 1
-        if task.failures > self.settings.max_task_retries:
-            self.failure = (
-                f"{task.describe()} failed {task.failures} times, more than "
-                f"--max-task-retries={self.settings.max_task_retries}; last error: {error}"
-            )
-        else:
-            self._queue_of(task).append(task)
-        return task
+        self._commit({"op": "fail", "task": task_id, "cause": _cause(f"{worker}: {error}")})
+        return self._build(task_id, lease_id)
 
-    def recover_tasks(self, worker: str) -> list[Task]:
-        """Puts the tasks of a lost worker back at the front of todo; not a failure."""
-        lost = [lease.task for lease in self._doing.values() if lease.worker == worker]
-        for task in lost:
-            del self._doing[task.id]
-            self._queue_of(task).appendleft(task)
+    def recover_tasks(self, worker: str, death: str | None = None) -> list[Task]:
+        """Takes back the tasks ``worker`` holds, to the front of their queues. With ``death``
+        (how the worker died) that is a failure of each task; without, it is not."""
+        lost = []
+        for task_id in list(self._held.get(worker, ())):
+            lease_id = self._leases[task_id].lease_id
+            if death is None:
+                self._commit({"op": "release", "task": task_id})
+            else:
+                self._commit({"op": "fail", "task": task_id, "cause": _cause(death), "front": True})
+            lost.append(self._build(task_id, lease_id))
         return lost
-
-    def expire_leases(self) -> list[tuple[Task, str]]:
-        """Recovers the tasks whose lease ran out; returns them with their worker."""
-        now = self._clock()
-        expired = [
-            (lease.task, lease.worker) for lease in self._doing.values() if lease.deadline < now
-        ]
-        for task, _ in expired:
-            del self._doing[task.id]
-            self._queue_of(task).appendleft(task)
-        return expired
 
     def observe_model_version(self, version: int) -> None:
         """Notes the model version; starts an evaluation round every ``evaluation_steps``."""
-        self.model_version = max(self.model_version, version)
-        steps = self.settings.evaluation_steps
-        if steps <= 0 or self.model_version < self._next_eval_version:
-            return
-        self._next_eval_version = (self.model_version // steps + 1) * steps
-        if not self.training_done and not self._rounds:
-            self._start_round("steps", self.epochs_created)
+        if version > self.model_version:
+            self._commit({"op": "version", "version": int(version)})
 
-    # -- progress --
+    def take_completed_rounds(self) -> list[EvaluationRound]:
+        """Removes and returns the finished evaluation rounds, oldest first (journaled, so a
+        restored manager does not return them again)."""
+        rounds = list(self.completed_rounds)
+        if rounds:
+            self._commit({"op": "taken", "count": len(rounds)})
+        return rounds
+
+    # -- queries --
+
+    def task(self, task_id: int) -> Task | None:
+        """The task with this id, with its lease and failures; None for an id that names no
+        task, or a task of a finished evaluation round."""
+        if 0 <= task_id < self._eval_base:
+            return self._build(task_id)
+        if task_id >= self._eval_base and self._validation.count:
+            round_id = (task_id - self._eval_base) // self._validation.count
+            if round_id in self._rounds:
+                return self._build(task_id)
+        return None
 
     @property
     def records_per_epoch(self) -> int:
-        return sum(records for _, records in self.settings.train_shards)
+        return self._train.records
 
     def records_trained(self, epoch: int) -> int:
-        return self._records_trained.get(epoch, 0)
+        if not 1 <= epoch <= self.epochs_created:
+            return 0
+        state = self._epochs.get(epoch)
+        return self.records_per_epoch if state is None else state.records_trained
 
     @property
     def current_epoch(self) -> int:
@@ -285,21 +410,18 @@ class TaskManager:
 
     @property
     def training_done(self) -> bool:
-        return all(
-            self.records_trained(e) == self.records_per_epoch
-            for e in range(1, self.settings.epochs + 1)
-        )
+        return self.epochs_created == self.settings.epochs and not self._epochs
 
     @property
     def finished(self) -> bool:
         """All epochs trained and every evaluation round finished."""
-        return self.training_done and not self._rounds and not self._eval_todo
+        return self.training_done and not self._rounds
 
     def doing_count(self) -> int:
-        return len(self._doing)
+        return len(self._leases)
 
     def tasks_of(self, worker: str) -> list[Task]:
-        return [lease.task for lease in self._doing.values() if lease.worker == worker]
+        return [self._build(task_id) for task_id in self._held.get(worker, ())]
 
     def epoch_accounting(self) -> list[dict]:
         return [
@@ -313,98 +435,430 @@ class TaskManager:
 
     # -- persistence --
 
-    def to_state(self) -> dict:
-        """A JSON-ready snapshot. Tasks in doing keep their worker, for adoption on resume."""
+    def snapshot(self) -> dict:
+        """The durable state, compact and JSON-ready: epochs fully done are one number, the
+        others a bit per task; per task only failures and leases."""
         return {
-            "train_todo": [t.to_json() for t in self._train_todo],
-            "eval_todo": [t.to_json() for t in self._eval_todo],
-            "doing": [
-                {"task": lease.task.to_json(), "worker": lease.worker}
-                for lease in self._doing.values()
-            ],
-            "done": sorted(self._done),
-            "next_id": self._next_id,
+            "format": SNAPSHOT_FORMAT,
+            "split": [self._train.count, self._validation.count],
             "epochs_created": self.epochs_created,
-            "records_trained": {str(k): v for k, v in self._records_trained.items()},
-            "rounds": [r.to_json() for r in self._rounds.values()],
+            "epochs": [
+                {"epoch": e, "records_trained": s.records_trained, "done": _pack(s.done)}
+                for e, s in sorted(self._epochs.items())
+            ],
+            "rounds": [
+                {**r.round.to_json(), "done": _pack(r.done)}
+                for _, r in sorted(self._rounds.items())
+            ],
+            "failures": [[t, list(causes)] for t, causes in sorted(self._failures.items())],
+            "leases": [
+                [t, lease.worker, lease.lease_id, lease.batches]
+                for t, lease in sorted(self._leases.items())
+            ],
+            "next_lease_id": self._next_lease,
             "next_round": self._next_round,
-            "next_eval_version": self._next_eval_version,
+            "next_evaluation_version": self._next_eval_version,
             "completed_rounds": [r.to_json() for r in self.completed_rounds],
-            "failure": self.failure,
             "model_version": self.model_version,
+            "failure": self.failure,
         }
 
     @classmethod
-    def from_state(
-        cls, settings: TaskSettings, state: dict, clock: Callable[[], float] = time.monotonic
+    def restore(
+        cls,
+        settings: TaskSettings,
+        snapshot: dict | None,
+        records: Iterable[dict],
+        *,
+        lease_base: int,
+        clock: Callable[[], float] = time.monotonic,
+        journal: Callable[[dict], None] | None = None,
     ) -> TaskManager:
-        """Rebuilds a manager; tasks that were in doing get fresh leases for the same worker."""
-        manager = cls(settings, clock)
-        manager._train_todo = deque(Task.from_json(t) for t in state["train_todo"])
-        manager._eval_todo = deque(Task.from_json(t) for t in state["eval_todo"])
-        deadline = clock() + settings.lease_s
-        for entry in state["doing"]:
-            task = Task.from_json(entry["task"])
-            manager._doing[task.id] = _Lease(task, entry["worker"], deadline)
-        manager._done = set(state["done"])
-        manager._next_id = state["next_id"]
-        manager.epochs_created = state["epochs_created"]
-        manager._records_trained = {int(k): v for k, v in state["records_trained"].items()}
-        manager._rounds = {r["id"]: EvaluationRound.from_json(r) for r in state["rounds"]}
-        manager._next_round = state["next_round"]
-        manager._next_eval_version = state["next_eval_version"]
-        manager.completed_rounds = [EvaluationRound.from_json(r) for r in state["completed_rounds"]]
-        manager.failure = state["failure"]
-        manager.model_version = state["model_version"]
+        """Rebuilds a manager from ``snapshot`` (None: an empty job) and the records journaled
+        after it, in order. Leases keep their worker and get a fresh deadline; new lease ids
+        start at the larger of ``lease_base`` and the next id the old manager would have used.
+        """
+        manager = cls(settings, lease_base=lease_base, clock=clock)
+        if snapshot is not None:
+            manager._load(snapshot)
+        for record in records:
+            manager._apply(record)
+        manager._next_lease = max(manager._next_lease, lease_base)
+        deadline = clock() + settings.task_timeout_s
+        for lease in manager._leases.values():
+            lease.deadline = deadline
+        manager._journal = journal
         return manager
+
+    def _load(self, snapshot: dict) -> None:
+        if snapshot.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(
+                f"task snapshot format is {snapshot.get('format')!r}; this version reads "
+                f"{SNAPSHOT_FORMAT}"
+            )
+        split = [self._train.count, self._validation.count]
+        if snapshot["split"] != split:
+            raise ValueError(
+                f"the task snapshot has {snapshot['split'][0]} training and "
+                f"{snapshot['split'][1]} evaluation tasks a round, the data now {split[0]} and "
+                f"{split[1]}: its task ids mean other records"
+            )
+        self.epochs_created = snapshot["epochs_created"]
+        for entry in snapshot["epochs"]:
+            state = self._new_epoch(entry["epoch"])
+            state.load_done(_unpack(entry["done"]))
+            state.records_trained = entry["records_trained"]
+        for entry in snapshot["rounds"]:
+            state = self._new_round(EvaluationRound.from_json(entry))
+            state.load_done(_unpack(entry["done"]))
+        self._failures = {t: list(causes) for t, causes in snapshot["failures"]}
+        for task_id, worker, lease_id, batches in snapshot["leases"]:
+            self._add_lease(task_id, worker, lease_id, batches)
+        self._next_lease = max(self._next_lease, snapshot["next_lease_id"])
+        self._next_round = snapshot["next_round"]
+        self._next_eval_version = snapshot["next_evaluation_version"]
+        self.completed_rounds = [EvaluationRound.from_json(r) for r in snapshot["completed_rounds"]]
+        self.model_version = snapshot["model_version"]
+        self.failure = snapshot["failure"]
+
+    # -- transitions: every change of durable state, live or replayed --
+
+    def _commit(self, record: dict) -> None:
+        self._apply(record)
+        if self._journal is not None:
+            self._journal(record)
+
+    def _apply(self, record: dict) -> None:
+        task_id = record.get("task")
+        match record["op"]:
+            case "epoch":
+                self._create_epoch(record["epoch"])
+            case "lease":
+                self._add_lease(task_id, record["worker"], record["lease"], 0)
+            case "progress":
+                lease = self._leases[task_id]
+                lease.batches = record["batches"]
+                lease.deadline = self._clock() + self.settings.task_timeout_s
+                self._leases.move_to_end(task_id)
+            case "release":
+                self._drop_lease(task_id)
+                self._queue_of(task_id).requeued.appendleft(task_id)
+            case "fail":
+                self._fail(task_id, record["cause"], record.get("front", False))
+            case "done":
+                self._done(task_id, record["version"], record.get("eval"))
+            case "version":
+                self._observe(record["version"])
+            case "taken":
+                del self.completed_rounds[: record["count"]]
+            case op:
+                raise ValueError(f"unknown task record kind {op!r} in {record}")
+
+    def _create_epoch(self, epoch: int) -> None:
+        if epoch != self.epochs_created + 1:
+            raise ValueError(f"record creates epoch {epoch}, but {self.epochs_created} exist")
+        self.epochs_created = epoch
+        self._new_epoch(epoch)
+
+    def _new_epoch(self, epoch: int) -> _Epoch:
+        count = self._train.count
+        order = list(range(count))
+        random.Random(self.settings.seed * 1_000_003 + epoch).shuffle(order)
+        state = _Epoch((epoch - 1) * count, count, array("l", order))
+        self._epochs[epoch] = state
+        self._train_todo.groups.append(state)
+        return state
+
+    def _add_lease(self, task_id: int, worker: str, lease_id: int, batches: int) -> None:
+        deadline = self._clock() + self.settings.task_timeout_s
+        self._leases[task_id] = _Lease(worker, lease_id, batches, deadline)
+        self._lease_tasks[lease_id] = task_id
+        self._held.setdefault(worker, {})[task_id] = None
+        self._next_lease = max(self._next_lease, lease_id + 1)
+
+    def _drop_lease(self, task_id: int) -> _Lease:
+        lease = self._leases.pop(task_id)
+        del self._lease_tasks[lease.lease_id]
+        held = self._held[lease.worker]
+        del held[task_id]
+        if not held:
+            del self._held[lease.worker]
+        return lease
+
+    def _fail(self, task_id: int, cause: str, front: bool) -> None:
+        self._drop_lease(task_id)
+        causes = self._failures.setdefault(task_id, [])
+        causes.append(cause)
+        limit = self.settings.max_task_retries
+        if len(causes) > limit:
+            if self.failure is None:
+                self.failure = (
+                    f"{self._build(task_id).describe()} failed {len(causes)} times, more than "
+                    f"--max-task-retries={limit}: {'; '.join(causes)}"
+                )
+        elif front:
+            self._queue_of(task_id).requeued.appendleft(task_id)
+        else:
+            self._queue_of(task_id).requeued.append(task_id)
+
+    def _done(self, task_id: int, version: int, evaluation: dict | None) -> None:
+        self._drop_lease(task_id)
+        self._failures.pop(task_id, None)
+        self.model_version = max(self.model_version, version)
+        if task_id < self._eval_base:
+            epoch, position = divmod(task_id, self._train.count)
+            epoch += 1
+            state = self._epochs[epoch]
+            state.mark_done(position)
+            state.records_trained += self._train.records_of(position)
+            if state.all_done:
+                del self._epochs[epoch]
+                self._start_round("epoch-end", epoch)
+        else:
+            round_id, position = divmod(task_id - self._eval_base, self._validation.count)
+            state = self._rounds[round_id]
+            state.mark_done(position)
+            state.round.add(
+                evaluation["loss_sum"],
+                evaluation["example_count"],
+                _decode_states(evaluation["metric_states"]),
+                version,
+            )
+            if state.all_done:
+                del self._rounds[round_id]
+                self.completed_rounds.append(state.round)
+        # After the epoch-end round, so a version crossing a step boundary adds no second round.
+        self._observe(version)
+
+    def _observe(self, version: int) -> None:
+        self.model_version = max(self.model_version, version)
+        steps = self.settings.evaluation_steps
+        if steps <= 0 or self.model_version < self._next_eval_version:
+            return
+        self._next_eval_version = (self.model_version // steps + 1) * steps
+        if not self.training_done and not self._rounds:
+            self._start_round("steps", self.epochs_created)
+
+    def _start_round(self, trigger: str, epoch: int) -> None:
+        if not self._validation.count:  # nothing to evaluate: no round to wait for
+            return
+        self._new_round(EvaluationRound(self._next_round, trigger, epoch))
+        self._next_round += 1
+
+    def _new_round(self, round_: EvaluationRound) -> _Round:
+        count = self._validation.count
+        state = _Round(self._eval_base + round_.id * count, count, round_)
+        self._rounds[round_.id] = state
+        self._eval_todo.groups.append(state)
+        return state
 
     # -- internals --
 
-    def _queue_of(self, task: Task) -> deque[Task]:
-        return self._train_todo if task.kind is TaskKind.TRAIN else self._eval_todo
+    def _holds(self, task_id: int, worker: str, lease_id: int) -> bool:
+        lease = self._leases.get(task_id)
+        return lease is not None and lease.worker == worker and lease.lease_id == lease_id
 
-    def _split(self, shards: Sequence[tuple[str, int]], kind: TaskKind, epoch: int, round_id=None):
-        step = self.settings.records_per_task
-        tasks = []
-        for shard, records in shards:
-            for start in range(0, records, step):
-                tasks.append(
-                    Task(
-                        self._next_id,
-                        kind,
-                        shard,
-                        start,
-                        min(start + step, records),
-                        epoch,
-                        round_id,
-                    )
-                )
-                self._next_id += 1
-        return tasks
+    def _is_todo(self, task_id: int) -> bool:
+        """Neither held nor done: a queue entry failing this is stale and skipped."""
+        if task_id in self._leases:
+            return False
+        if task_id < self._eval_base:
+            epoch, position = divmod(task_id, self._train.count)
+            state: _Group | None = self._epochs.get(epoch + 1)
+        else:
+            round_id, position = divmod(task_id - self._eval_base, self._validation.count)
+            state = self._rounds.get(round_id)
+        return state is not None and not state.is_done(position)
 
-    def _create_epoch(self) -> None:
-        self.epochs_created += 1
-        tasks = self._split(self.settings.train_shards, TaskKind.TRAIN, self.epochs_created)
-        random.Random(self.settings.seed * 1_000_003 + self.epochs_created).shuffle(tasks)
-        self._train_todo.extend(tasks)
+    def _queue_of(self, task_id: int) -> _Queue:
+        return self._train_todo if task_id < self._eval_base else self._eval_todo
 
-    def _start_round(self, trigger: str, epoch: int) -> None:
-        if not self.settings.validation_shards:
-            return
-        round_ = EvaluationRound(self._next_round, self.model_version, trigger, epoch)
-        self._next_round += 1
-        tasks = self._split(self.settings.validation_shards, TaskKind.EVALUATE, epoch, round_.id)
-        round_.pending = {t.id for t in tasks}
-        self._rounds[round_.id] = round_
-        self._eval_todo.extend(tasks)
+    def _build(self, task_id: int, lease_id: int | None = None) -> Task:
+        if lease_id is None and task_id in self._leases:
+            lease_id = self._leases[task_id].lease_id
+        failures = tuple(self._failures.get(task_id, ()))
+        if task_id < self._eval_base:
+            epoch, position = divmod(task_id, self._train.count)
+            shard, start, end = self._train.range_of(position)
+            return Task(
+                task_id, TaskKind.TRAIN, shard, start, end, epoch + 1, None, lease_id, failures
+            )
+        round_id, position = divmod(task_id - self._eval_base, self._validation.count)
+        shard, start, end = self._validation.range_of(position)
+        epoch = self._rounds[round_id].round.epoch
+        return Task(
+            task_id, TaskKind.EVALUATE, shard, start, end, epoch, round_id, lease_id, failures
+        )
 
-    def _finish_eval_task(self, task: Task, result: EvaluationResult | None) -> None:
-        round_ = self._rounds.get(task.round)
-        if round_ is None:
-            return
-        if result is not None:
-            round_.add(result)
-        round_.pending.discard(task.id)
-        if not round_.pending:
-            del self._rounds[round_.id]
-            self.completed_rounds.append(round_)
+    def _check_report(self, task: Task, evaluation: EvaluationResult | None) -> list[np.ndarray]:
+        """The report's metric states as float64 arrays; raises InvalidReportError."""
+
+        def invalid(problem: str) -> InvalidReportError:
+            return InvalidReportError(f"invalid report for {task.describe()}: {problem}")
+
+        if task.kind is TaskKind.TRAIN:
+            if evaluation is not None:
+                raise invalid("a training task was reported with an evaluation result")
+            return []
+        if evaluation is None:
+            raise invalid("an evaluation task was reported without an evaluation result")
+        if evaluation.example_count < 0:
+            raise invalid(f"example_count is {evaluation.example_count}; it must be at least 0")
+        if not math.isfinite(evaluation.loss_sum):
+            raise invalid(f"loss_sum is {evaluation.loss_sum}; it must be finite")
+        try:
+            states = [np.array(s, dtype=np.float64) for s in evaluation.metric_states]
+        except (TypeError, ValueError) as e:
+            raise invalid(f"metric states are not numeric arrays ({e})") from None
+        expected = self.settings.metric_shapes
+        held = self._rounds[task.round].round.metric_states
+        if expected is None and held is not None:
+            expected = tuple(s.shape for s in held)
+        if expected is not None:
+            got = tuple(s.shape for s in states)
+            if len(got) != len(expected):
+                raise invalid(f"{len(got)} metric states; the round has {len(expected)}")
+            for i, (shape, want) in enumerate(zip(got, expected, strict=True)):
+                if shape != want:
+                    raise invalid(f"metric state {i} has shape {shape}; the round has {want}")
+        return states
+
+
+# -- helpers --
+
+
+class _Split:
+    """Shards cut into ranges of ``per_task`` records; the range of a task by its position."""
+
+    def __init__(self, shards: Sequence[tuple[str, int]], per_task: int):
+        self._per_task = per_task
+        self._shards = [(uri, records) for uri, records in shards if records > 0]
+        #: The position of each shard's first task.
+        self._first: list[int] = []
+        count = 0
+        for _, records in self._shards:
+            self._first.append(count)
+            count += -(-records // per_task)
+        self.count = count
+        self.records = sum(records for _, records in self._shards)
+
+    def range_of(self, position: int) -> tuple[str, int, int]:
+        index = bisect.bisect_right(self._first, position) - 1
+        uri, records = self._shards[index]
+        start = (position - self._first[index]) * self._per_task
+        return uri, start, min(start + self._per_task, records)
+
+    def records_of(self, position: int) -> int:
+        _, start, end = self.range_of(position)
+        return end - start
+
+
+class _Group:
+    """The tasks of one epoch or one evaluation round: done bits and a hand-out pointer."""
+
+    def __init__(self, base: int, size: int, order: array | None):
+        #: The id of the task at position 0.
+        self.base = base
+        self.size = size
+        #: Hand-out order of positions; None for position order.
+        self.order = order
+        #: Positions before this one were handed out (or skipped as done or held).
+        self.pointer = 0
+        self.done = bytearray((size + 7) // 8)
+        self.done_count = 0
+
+    def id_at(self, index: int) -> int:
+        return self.base + (index if self.order is None else self.order[index])
+
+    def is_done(self, position: int) -> bool:
+        return bool(self.done[position >> 3] >> (position & 7) & 1)
+
+    def mark_done(self, position: int) -> None:
+        self.done[position >> 3] |= 1 << (position & 7)
+        self.done_count += 1
+
+    def load_done(self, done: bytes) -> None:
+        self.done[:] = done
+        self.done_count = int.from_bytes(done, "little").bit_count()
+
+    @property
+    def all_done(self) -> bool:
+        return self.done_count == self.size
+
+
+class _Epoch(_Group):
+    def __init__(self, base: int, size: int, order: array):
+        super().__init__(base, size, order)
+        self.records_trained = 0
+
+
+class _Round(_Group):
+    def __init__(self, base: int, size: int, round_: EvaluationRound):
+        super().__init__(base, size, None)
+        self.round = round_
+
+
+class _Queue:
+    """Task ids to hand out: those taken back first, then each group from its pointer on.
+
+    Entries are not removed when a task is done or held elsewhere; ``todo`` skips them, and
+    each entry is skipped once, so handing out is O(1) amortized."""
+
+    def __init__(self) -> None:
+        self.requeued: deque[int] = deque()
+        #: Groups whose pointer may not be at the end, oldest first.
+        self.groups: deque[_Group] = deque()
+
+    def peek(self, todo: Callable[[int], bool]) -> int | None:
+        while self.requeued:
+            if todo(self.requeued[0]):
+                return self.requeued[0]
+            self.requeued.popleft()
+        while self.groups:
+            group = self.groups[0]
+            while group.pointer < group.size:
+                task_id = group.id_at(group.pointer)
+                if todo(task_id):
+                    return task_id
+                group.pointer += 1
+            self.groups.popleft()
+        return None
+
+    def pop(self, todo: Callable[[int], bool]) -> int | None:
+        task_id = self.peek(todo)
+        if task_id is not None:
+            if self.requeued:
+                self.requeued.popleft()
+            else:
+                self.groups[0].pointer += 1
+        return task_id
+
+
+@dataclass
+class _Lease:
+    worker: str
+    lease_id: int
+    #: The highest batch count the worker reported under this lease.
+    batches: int
+    deadline: float
+
+
+def _cause(text: str) -> str:
+    return text if len(text) <= MAX_CAUSE_CHARS else "..." + text[-(MAX_CAUSE_CHARS - 3) :]
+
+
+def _pack(bits: bytearray) -> str:
+    return base64.b64encode(bits).decode("ascii")
+
+
+def _unpack(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def _encode_states(states: Sequence[np.ndarray]) -> list[dict]:
+    # Shape kept apart from the values: tolist() loses it for shapes with a 0 in them.
+    return [{"shape": list(s.shape), "values": s.ravel().tolist()} for s in states]
+
+
+def _decode_states(encoded: list[dict]) -> list[np.ndarray]:
+    return [np.array(s["values"], dtype=np.float64).reshape(s["shape"]) for s in encoded]
