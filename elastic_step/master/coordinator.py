@@ -13,21 +13,29 @@ import logging
 import math
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from elastic_step.backends.api import InstanceEvent, Role
-from elastic_step.master.instance_manager import Instance, InstanceManager
+from elastic_step.backends.api import Backend, InstanceEvent, Role
+from elastic_step.master.instance_manager import (
+    Instance,
+    InstanceManager,
+    MembershipSettings,
+    SpecFactory,
+)
 from elastic_step.master.job_record import JobRecord
-from elastic_step.master.persistence import Journal
+from elastic_step.master.persistence import Journal, Replay
 from elastic_step.master.phase import Phase
 from elastic_step.master.process_state import ProcessState
+from elastic_step.master.state_store import StateStore
 from elastic_step.master.task_manager import (
     EvaluationResult,
     EvaluationRound,
     InvalidReportError,
     TaskKind,
     TaskManager,
+    TaskSettings,
 )
-from elastic_step.rpc import master_pb2
+from elastic_step.rpc import auth, master_pb2
 from elastic_step.rpc.tensors import from_proto
 
 log = logging.getLogger("elastic_step.master")
@@ -37,6 +45,74 @@ _TASK_KINDS = {TaskKind.TRAIN: master_pb2.Task.TRAIN, TaskKind.EVALUATE: master_
 
 class CallerError(Exception):
     """A call from a process that is not the instance it claims, or not of this job."""
+
+
+@dataclass(frozen=True)
+class CoordinatorParams:
+    """What a job's coordinator is built from, besides its store and backend."""
+
+    tasks: TaskSettings
+    membership: MembershipSettings
+    #: What every worker and PS is told at Register.
+    job_settings: master_pb2.JobSettings
+    #: The settings a resumed job must share (see :meth:`JobRecord.differing_settings`).
+    fixed_settings: dict
+    #: An evaluation round's metric values from its summed states.
+    evaluate_round: Callable[[EvaluationRound], dict]
+
+
+def open_coordinator(
+    params: CoordinatorParams,
+    *,
+    store: StateStore,
+    replay: Replay,
+    record: JobRecord | None,
+    token: int,
+    backend: Backend,
+    spec_for: SpecFactory,
+    clock: Callable[[], float] | None = None,
+) -> Coordinator:
+    """A new job's coordinator (``record`` None) or a saved one's, replayed from ``replay``.
+
+    ``token`` is the store's fencing token: lease ids start above every earlier master's.
+    A snapshot is taken at once: a restart always finds one, and the replayed journal is
+    compacted. ``clock`` replaces both the monotonic and the wall clock, for tests.
+    """
+    journal = Journal(store)
+    lease_base = token << 32
+    task_clock = {"clock": clock} if clock else {}
+    if record is None:
+        record = JobRecord(params.fixed_settings, auth.new_secret(), params.membership.num_ps)
+        tasks = TaskManager(
+            params.tasks, journal=journal.writer("tasks"), lease_base=lease_base, **task_clock
+        )
+    else:
+        tasks = TaskManager.restore(
+            params.tasks,
+            replay.part("tasks"),
+            replay.records["tasks"],
+            lease_base=lease_base,
+            journal=journal.writer("tasks"),
+            **task_clock,
+        )
+    record.attach(journal.writer("job"))
+    instances = InstanceManager(
+        backend, params.membership, spec_for, journal=journal.writer("instances"), **task_clock
+    )
+    if replay.snapshot is not None:
+        instances.restore(replay.part("instances"))
+        for entry in replay.records["instances"]:
+            instances.apply(entry)
+    coordinator = Coordinator(
+        record=record,
+        tasks=tasks,
+        instances=instances,
+        journal=journal,
+        settings=params.job_settings,
+        evaluate_round=params.evaluate_round,
+    )
+    coordinator.snapshot()
+    return coordinator
 
 
 class Coordinator:
@@ -147,7 +223,7 @@ class Coordinator:
                         "%s failed on %s (failure %d): %s",
                         request.worker,
                         task.describe(),
-                        task.failures,
+                        len(task.failures),
                         request.error,
                     )
                 return
@@ -308,8 +384,9 @@ class Coordinator:
             self._train_window[2] += records
 
     def _collect_evaluations(self) -> None:
-        while self.tasks.completed_rounds:
-            round_ = self.tasks.completed_rounds.pop(0)
+        # Recorded before they are taken from the task manager: after a crash in between, a
+        # round is recorded twice (the job record keeps one), never lost.
+        for round_ in list(self.tasks.completed_rounds):
             values = self._evaluate_round(round_)
             entry = {
                 "round": round_.id,
@@ -328,6 +405,7 @@ class Coordinator:
                 round_.epoch,
                 shown or "no metrics",
             )
+        self.tasks.take_completed_rounds()
 
 
 def _evaluation_of(request: master_pb2.ReportTaskRequest) -> EvaluationResult | None:

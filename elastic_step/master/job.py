@@ -26,11 +26,11 @@ from elastic_step.data.schema import Schema
 from elastic_step.errors import InputError, JobFailedError
 from elastic_step.master import reports
 from elastic_step.master.config import TrainConfig
-from elastic_step.master.coordinator import Coordinator
+from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open_coordinator
 from elastic_step.master.evaluation import metric_values
-from elastic_step.master.instance_manager import InstanceManager, MembershipSettings
+from elastic_step.master.instance_manager import MembershipSettings
 from elastic_step.master.job_record import JobRecord
-from elastic_step.master.persistence import Journal, Replay
+from elastic_step.master.persistence import Replay
 from elastic_step.master.phase import Phase
 from elastic_step.master.servicer import MasterServicer
 from elastic_step.master.state_store import (
@@ -39,7 +39,7 @@ from elastic_step.master.state_store import (
     StateStoreLockedError,
     create_state_store,
 )
-from elastic_step.master.task_manager import TaskManager, TaskSettings
+from elastic_step.master.task_manager import TaskSettings
 from elastic_step.model_def import ModelDefinition
 from elastic_step.output_layout import OutputLayout
 from elastic_step.rpc import auth, master_pb2, master_pb2_grpc
@@ -203,50 +203,30 @@ class Job:
         return record
 
     def _build(self, replay: Replay, record: JobRecord | None, token: int) -> None:
-        journal = Journal(self.store)
-        lease_base = token << 32
-        if record is None:
-            record = JobRecord(self.fixed_settings(), auth.new_secret(), self.config.ps)
-            tasks = TaskManager(
-                self._task_settings(), journal=journal.writer("tasks"), lease_base=lease_base
-            )
-        else:
-            tasks = TaskManager.restore(
-                self._task_settings(),
-                replay.part("tasks"),
-                replay.records["tasks"],
-                lease_base=lease_base,
-                journal=journal.writer("tasks"),
-            )
-        record.attach(journal.writer("job"))
-        instances = InstanceManager(
-            self.backend,
-            self._membership_settings(),
-            self._launch_spec,
-            journal=journal.writer("instances"),
-        )
-        if replay.snapshot is not None:
-            instances.restore(replay.part("instances"))
-            for entry in replay.records["instances"]:
-                instances.apply(entry)
-        self.coordinator = Coordinator(
+        self.coordinator = open_coordinator(
+            CoordinatorParams(
+                tasks=self._task_settings(),
+                membership=self._membership_settings(),
+                job_settings=self.job_settings(),
+                fixed_settings=self.fixed_settings(),
+                evaluate_round=lambda round_: metric_values(self._metrics, round_),
+            ),
+            store=self.store,
+            replay=replay,
             record=record,
-            tasks=tasks,
-            instances=instances,
-            journal=journal,
-            settings=self.job_settings(),
-            evaluate_round=lambda round_: metric_values(self._metrics, round_),
+            token=token,
+            backend=self.backend,
+            spec_for=self._launch_spec,
         )
-        if replay.snapshot is None:
+        if record is None:
             storage.write_text_atomic(self.paths.model_def, self.definition.source)
-            self.coordinator.snapshot()
             self.store.flush(FLUSH_TIMEOUT_S)
 
     def _start_server(self) -> grpc.Server:
         record = self.coordinator.record
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=16),
-            interceptors=[auth.ServerAuthInterceptor(record.secret)],
+            interceptors=[auth.AuthInterceptor(record.secret)],
         )
         master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self.coordinator), server)
         # Listen only where instances reach the master: loopback for local processes.
@@ -397,7 +377,7 @@ class Job:
         try:
             if not all(addresses):
                 raise PSUnavailableError(addresses.index(""), "is being relaunched")
-            credentials = auth.Credentials.for_instance(coordinator.record.secret, auth.MASTER)
+            credentials = auth.Credentials.for_instance(coordinator.record.secret, auth.MASTER_NAME)
             save_final_model(self.definition, addresses, credentials, self.output, self.config.seed)
             return True
         except PSUnavailableError as e:

@@ -73,6 +73,8 @@ class JobRecord:
         elif op == "ps_address":
             self.ps_addresses[record["shard"]] = record["address"]
         elif op == "evaluation":
+            if any(e["round"] == record["entry"]["round"] for e in self.evaluations):
+                return
             self.evaluations.append(record["entry"])
             # Rounds finish out of order (a later round's tasks can finish first): the
             # list is kept in the order the rounds were started, which is epoch order.

@@ -1,0 +1,324 @@
+"""The coordinator behind the master's real gRPC server and authentication, with a fake
+backend and clock: who may call, fencing, malformed reports, progress timeouts, poisoned
+tasks, and a master restart from the journal. No TensorFlow."""
+
+from __future__ import annotations
+
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from fake_backend import FakeBackend, FakeClock
+
+from elastic_step.backends.api import ExitReason, LaunchSpec, Role
+from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open_coordinator
+from elastic_step.master.instance_manager import MembershipSettings
+from elastic_step.master.job_record import JobRecord
+from elastic_step.master.persistence import Replay
+from elastic_step.master.phase import Phase
+from elastic_step.master.servicer import MasterServicer
+from elastic_step.master.state_store import FileStateStore
+from elastic_step.master.task_manager import TaskSettings
+from elastic_step.rpc import auth, master_pb2, master_pb2_grpc
+from elastic_step.rpc.tensors import to_proto
+
+TIMEOUT_S = 10
+TASK_TIMEOUT_S = 30.0
+
+
+def params(**tasks) -> CoordinatorParams:
+    return CoordinatorParams(
+        tasks=TaskSettings(
+            train_shards=[("/d/train/part-0", 40), ("/d/train/part-1", 40)],
+            validation_shards=[("/d/validation/part-0", 20)],
+            records_per_task=10,
+            epochs=2,
+            max_task_retries=2,
+            task_timeout_s=TASK_TIMEOUT_S,
+            metric_shapes=((), ()),
+            **tasks,
+        ),
+        membership=MembershipSettings(
+            workers=2, min_workers=1, max_workers=2, num_ps=1, max_restarts=10, backoff_s=0.0
+        ),
+        job_settings=master_pb2.JobSettings(batch_size=8, num_ps=1),
+        fixed_settings={"--epochs": 2},
+        evaluate_round=lambda r: {"loss": r.loss_sum / r.example_count},
+    )
+
+
+def spec_for(role: Role, slot: int, name: str) -> LaunchSpec:
+    return LaunchSpec(name, role, slot, ["true"])
+
+
+class Master:
+    """A coordinator served over gRPC with authentication, as the master runs it."""
+
+    def __init__(self, tmp_path: Path, clock: FakeClock, backend: FakeBackend | None = None):
+        self.store = FileStateStore(str(tmp_path / "state"))
+        token = self.store.acquire("test-master", timeout_s=TIMEOUT_S)
+        replay = Replay.of(self.store.load())
+        record = None
+        if replay.snapshot is not None:
+            record = JobRecord.restore(replay.part("job"), replay.records["job"])
+        self.backend = backend or FakeBackend()
+        self.coordinator: Coordinator = open_coordinator(
+            params(),
+            store=self.store,
+            replay=replay,
+            record=record,
+            token=token,
+            backend=self.backend,
+            spec_for=spec_for,
+            clock=clock,
+        )
+        self.secret = self.coordinator.record.secret
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=4),
+            interceptors=[auth.AuthInterceptor(self.secret)],
+        )
+        master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self.coordinator), self.server)
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+        self.channels: list[grpc.Channel] = []
+
+    def start_instances(self) -> None:
+        self.coordinator.set_phase(Phase.RUNNING)
+        self.coordinator.tick()  # launches ps-0, worker-0, worker-1
+        self.pump()
+
+    def pump(self) -> None:
+        self.coordinator.apply_events(self.backend.next_events(0))
+
+    def stub(self, name: str, secret: str | None = None) -> master_pb2_grpc.MasterStub:
+        credentials = auth.Credentials.for_instance(secret or self.secret, name)
+        channel = auth.authenticated_channel(self.address, credentials)
+        self.channels.append(channel)
+        return master_pb2_grpc.MasterStub(channel)
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+        self.server.stop(grace=None)
+        self.store.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1000.0)
+
+
+@pytest.fixture
+def master(tmp_path, clock):
+    master = Master(tmp_path, clock)
+    master.start_instances()
+    yield master
+    master.close()
+
+
+def code_of(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as raised:
+        call()
+    return raised.value.code()
+
+
+def get_task(stub, worker: str) -> master_pb2.Task:
+    return stub.GetTask(master_pb2.GetTaskRequest(worker=worker), timeout=TIMEOUT_S)
+
+
+def report(stub, worker: str, task: master_pb2.Task, **fields) -> None:
+    request = master_pb2.ReportTaskRequest(
+        worker=worker, task_id=task.id, lease_id=task.lease_id, ok=True, **fields
+    )
+    stub.ReportTask(request, timeout=TIMEOUT_S)
+
+
+def evaluation_fields(metric_states: int = 2) -> dict:
+    """An evaluation result: the job's metrics have two scalar states."""
+    tensors = [to_proto(f"m/{i}", np.float64(1.0)) for i in range(metric_states)]
+    return {"loss_sum": 2.0, "example_count": 10, "metric_states": tensors}
+
+
+# -- who may call --
+
+
+def test_calls_without_the_jobs_credentials_are_unauthenticated(master) -> None:
+    strangers = [
+        master_pb2_grpc.MasterStub(grpc.insecure_channel(master.address)),
+        master.stub("worker-0", secret="not-the-job-secret"),
+    ]
+    calls = {
+        "Register": master_pb2.RegisterRequest(name="worker-0"),
+        "GetPSAddresses": master_pb2.GetPSAddressesRequest(),
+        "GetTask": master_pb2.GetTaskRequest(worker="worker-0"),
+        "ReportTask": master_pb2.ReportTaskRequest(worker="worker-0"),
+        "Heartbeat": master_pb2.HeartbeatRequest(name="worker-0"),
+    }
+    for stub in strangers:
+        codes = [
+            code_of(lambda m=method, r=request, s=stub: getattr(s, m)(r, timeout=TIMEOUT_S))
+            for method, request in calls.items()
+        ]
+        assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 5
+    assert master.coordinator.tasks.doing_count() == 0  # nothing reached the coordinator
+    assert get_task(master.stub("worker-0"), "worker-0").kind == master_pb2.Task.TRAIN
+
+
+def test_register_must_match_the_slot_the_instance_was_launched_for(master) -> None:
+    worker = master.stub("worker-0")
+    as_ps = master_pb2.RegisterRequest(role=master_pb2.PS, name="worker-0", shard=0, address="x")
+    assert code_of(lambda: worker.Register(as_ps, timeout=TIMEOUT_S)) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    ps = master.stub("ps-0")
+    wrong_shard = master_pb2.RegisterRequest(role=master_pb2.PS, name="ps-0", shard=1, address="x")
+    assert code_of(lambda: ps.Register(wrong_shard, timeout=TIMEOUT_S)) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+    # One instance cannot act for another, nor can a name the job never launched.
+    assert code_of(lambda: get_task(worker, "worker-1")) == grpc.StatusCode.PERMISSION_DENIED
+    assert code_of(lambda: get_task(master.stub("worker-9"), "worker-9")) == (
+        grpc.StatusCode.PERMISSION_DENIED
+    )
+
+    right = master_pb2.RegisterRequest(role=master_pb2.PS, name="ps-0", shard=0, address="a:1")
+    reply = ps.Register(right, timeout=TIMEOUT_S)
+    assert reply.settings.batch_size == 8
+    assert master.coordinator.ps_addresses() == ["a:1"]
+
+
+# -- fencing, malformed reports, progress --
+
+
+def test_a_stale_report_is_ignored(master, clock) -> None:
+    first, second = master.stub("worker-0"), master.stub("worker-1")
+    task = get_task(first, "worker-0")
+    clock.now += TASK_TIMEOUT_S + 1
+    master.coordinator.tick()  # no progress: the lease is taken back
+    again = get_task(second, "worker-1")
+    assert (again.id, again.lease_id != task.lease_id) == (task.id, True)
+
+    report(first, "worker-0", task)  # too late: ignored, and no error for the worker
+    assert master.coordinator.tasks.records_trained(1) == 0
+    report(second, "worker-1", again)
+    assert master.coordinator.tasks.records_trained(1) == 10
+
+
+def test_progress_keeps_a_lease_and_heartbeats_alone_do_not(master, clock) -> None:
+    stub = master.stub("worker-0")
+    task = get_task(stub, "worker-0")
+    for batches in (1, 2, 3):
+        clock.now += TASK_TIMEOUT_S - 1
+        beat = master_pb2.HeartbeatRequest(
+            name="worker-0", lease_id=task.lease_id, batches_done=batches
+        )
+        stub.Heartbeat(beat, timeout=TIMEOUT_S)
+        master.coordinator.tick()
+    assert master.coordinator.tasks.doing_count() == 1
+
+    for _ in range(2):  # a stuck worker: heartbeats go on, the batch count does not move
+        clock.now += TASK_TIMEOUT_S / 2 + 1
+        stub.Heartbeat(beat, timeout=TIMEOUT_S)
+        master.coordinator.tick()
+    assert master.coordinator.tasks.doing_count() == 0
+    assert get_task(master.stub("worker-1"), "worker-1").id == task.id
+
+
+def test_a_malformed_report_is_invalid_argument_and_its_task_is_requeued(master) -> None:
+    stub = master.stub("worker-0")
+    for _ in range(8):  # the whole first epoch
+        report(stub, "worker-0", get_task(stub, "worker-0"))
+    task = get_task(stub, "worker-0")
+    assert task.kind == master_pb2.Task.EVALUATE
+
+    bad = [
+        {},  # an evaluation task without a result
+        evaluation_fields(metric_states=1),  # one metric state where the job has two
+        {**evaluation_fields(), "loss_sum": float("nan")},
+    ]
+    for fields in bad:
+        assert code_of(lambda f=fields, t=task: report(stub, "worker-0", t, **f)) == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+        again = get_task(stub, "worker-0")
+        assert again.id == task.id and again.lease_id != task.lease_id
+        task = again
+
+    report(stub, "worker-0", task, **evaluation_fields())
+    assert master.coordinator.tasks.doing_count() == 0
+
+
+# -- poisoned tasks --
+
+
+def test_workers_that_die_holding_a_task_fail_it_then_the_job(master) -> None:
+    coordinator, backend = master.coordinator, master.backend
+    task_id = None
+    for _ in range(3):
+        worker = next(i.name for i in coordinator.instances.live(Role.WORKER))
+        task = get_task(master.stub(worker), worker)
+        task_id = task_id if task_id is not None else task.id
+        assert task.id == task_id  # a task taken back by a death is next in line
+        backend.end(worker, ExitReason.CRASHED, -9, "killed by SIGKILL")
+        master.pump()
+        coordinator.tick()
+        master.pump()
+
+    error = coordinator.record.error
+    assert error is not None
+    assert f"task {task_id}" in error and "failed 3 times, more than --max-task-retries=2" in error
+    assert error.count("killed by SIGKILL") == 3
+
+
+def test_a_deleted_or_preempted_worker_does_not_fail_its_task(master) -> None:
+    coordinator, backend = master.coordinator, master.backend
+    for reason in [ExitReason.PREEMPTED, ExitReason.DELETED, ExitReason.EVICTED] * 2:
+        worker = next(i.name for i in coordinator.instances.live(Role.WORKER))
+        get_task(master.stub(worker), worker)
+        backend.end(worker, reason, None, reason.value)
+        master.pump()
+        coordinator.tick()
+        master.pump()
+    assert coordinator.record.error is None
+    assert coordinator.instances.restarts_by_reason == {
+        "preempted": 2,
+        "deleted": 2,
+        "evicted": 2,
+    }
+
+
+# -- a master restart --
+
+
+def test_a_restarted_master_resumes_from_the_journal(tmp_path, clock) -> None:
+    first = Master(tmp_path, clock)
+    first.start_instances()
+    stub = first.stub("worker-0")
+    for _ in range(5):
+        report(stub, "worker-0", get_task(stub, "worker-0"))
+    held = get_task(stub, "worker-0")  # worker-0 is adopted with this task in hand
+    other = get_task(first.stub("worker-1"), "worker-1")
+    before = first.coordinator.tasks.snapshot()
+    first.store.flush(TIMEOUT_S)
+    first.server.stop(grace=None)
+    first.store.close()  # the first master is gone; the live instances stay
+
+    backend = first.backend
+    backend.live.pop("worker-1")  # died while no master watched, its task in hand
+    second = Master(tmp_path, clock, backend)
+    try:
+        coordinator = second.coordinator
+        assert coordinator.record.secret == first.secret
+        assert coordinator.tasks.records_trained(1) == 50
+        assert coordinator.tasks.snapshot()["leases"] == before["leases"]
+        coordinator.adopt(backend.list_instances())
+        # worker-1 was not adopted: its task is back in the queue at once.
+        assert [t.id for t in coordinator.tasks.tasks_of("worker-1")] == []
+        assert [t.id for t in coordinator.tasks.tasks_of("worker-0")] == [held.id]
+        report(second.stub("worker-0"), "worker-0", held)  # the adopted worker's report counts
+        assert coordinator.tasks.records_trained(1) == 60
+        assert get_task(second.stub("worker-0"), "worker-0").id == other.id
+    finally:
+        second.close()
