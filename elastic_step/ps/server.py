@@ -1,7 +1,8 @@
 """The PS process: serves one shard over gRPC, checkpoints it, and restores it when relaunched.
 
-A relaunched PS restores its shard from the newest checkpoint; without one it waits for the
-first worker to send the parameters it holds. Training goes on either way.
+Where a (re)started shard gets its parameters is :class:`RestorePolicy`. SIGTERM or SIGINT
+stops serving, writes a final checkpoint of the shard, and exits with 128 + the signal.
+Every call must carry the job's credentials (see :mod:`elastic_step.rpc.auth`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import threading
 from concurrent import futures
 
@@ -16,29 +18,84 @@ import grpc
 
 from elastic_step.ps import checkpoint
 from elastic_step.ps.shard import ParameterShard, ShardNotInitializedError, TableShape
-from elastic_step.rpc import master_pb2, ps_pb2, ps_pb2_grpc
-from elastic_step.rpc.master_client import MasterClient, MasterUnreachableError
+from elastic_step.rpc import auth, master_pb2, ps_pb2, ps_pb2_grpc
+from elastic_step.rpc.master_client import (
+    MasterClient,
+    MasterRejectedError,
+    MasterUnreachableError,
+)
 from elastic_step.rpc.ps_client import CHANNEL_OPTIONS
 from elastic_step.rpc.tensors import from_proto, rows_from_proto, rows_to_proto, to_proto
 
 log = logging.getLogger("elastic_step.ps")
 
 HEARTBEAT_S = 2.0
+# On SIGTERM, calls in flight get this long to finish before the final checkpoint. The
+# master's SIGKILL follows SIGTERM after 3 s: the rest is for the checkpoint.
+STOP_GRACE_S = 0.5
+
+
+class RestorePolicy:
+    """Where a (re)started PS shard gets its parameters. These rules live here only.
+
+    (a) A checkpoint exists: the shard restores the newest readable one when it starts
+        (:meth:`restore`), and then refuses every Initialize as already filled.
+    (b) No checkpoint, and the job is past version 0 (``job_model_version``, which the master
+        answers at Register): the shard takes Initialize only from a worker that has pulled a
+        version (request ``model_version`` > 0). A fresh worker's values are its initial
+        ones: taking them would throw away all training so far.
+    (c) No checkpoint, and the job is at version 0 (it is starting): the first Initialize wins.
+    """
+
+    def __init__(self, job_model_version: int = 0) -> None:
+        self.job_model_version = job_model_version
+
+    def restore(self, shard: ParameterShard, directory: str) -> int | None:
+        """Rule (a): fills ``shard`` from the newest readable checkpoint; its version, or None."""
+        saved = checkpoint.load_latest(directory)
+        if saved is None:
+            return None
+        shard.restore(*saved)
+        return saved[0]
+
+    def accepts(self, offered_version: int) -> bool:
+        """Rules (b) and (c): may an empty shard take values a worker offers at this version?"""
+        return self.job_model_version == 0 or offered_version > 0
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
-    def __init__(self) -> None:
+    def __init__(self, policy: RestorePolicy | None = None) -> None:
         self.shard: ParameterShard | None = None
         self.settings: master_pb2.JobSettings | None = None
+        self.policy = policy or RestorePolicy()
         self._checkpoint_lock = threading.Lock()
+        #: The version of the newest checkpoint this shard wrote or restored.
+        self.saved_version: int | None = None
+        self._refusal_logged = False
 
     def _ready(self, context) -> ParameterShard:
         if self.shard is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "PS is starting")
         return self.shard
 
+    @staticmethod
+    def _empty(context, e: ShardNotInitializedError):
+        # UNAVAILABLE, as for a shard that is down: the caller reconnects and offers its values.
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+
     def Initialize(self, request, context):
         shard = self._ready(context)
+        if not shard.initialized and not self.policy.accepts(request.model_version):
+            # Fresh workers retry every second or so until a pulled worker fills the shard.
+            if not self._refusal_logged:
+                self._refusal_logged = True
+                log.warning(
+                    "shard %d refuses a fresh worker's initial values: the job is at version "
+                    "%d; waiting for a worker that has pulled one",
+                    shard.shard,
+                    self.policy.job_model_version,
+                )
+            return ps_pb2.InitializeResponse(accepted=False, model_version=shard.version)
         tables = {t.name: TableShape(t.rows, t.dim, t.dtype) for t in request.tables}
         rows = {r.name: rows_from_proto(r) for r in request.embeddings}
         dense = {t.name: from_proto(t) for t in request.dense}
@@ -65,7 +122,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 ids, _ = rows_from_proto(table)
                 tables.append(rows_to_proto(table.name, ids, shard.pull_rows(table.name, ids)))
         except ShardNotInitializedError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            self._empty(context, e)
         return ps_pb2.PullEmbeddingRowsResponse(tables=tables)
 
     def PushGradients(self, request, context):
@@ -78,7 +135,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 dense, rows, request.model_version, request.return_parameters, state
             )
         except ShardNotInitializedError as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+            self._empty(context, e)
         steps = self.settings.checkpoint_steps
         if steps > 0 and version % steps == 0:
             self.save_checkpoint()
@@ -88,32 +145,90 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             embeddings=[rows_to_proto(n, rows[n][0], v) for n, v in new_rows.items()],
         )
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self) -> str | None:
+        """Checkpoints the shard; the path, or None when this version is already saved."""
         with self._checkpoint_lock:
             shard, settings = self.shard, self.settings
             version, arrays = shard.state_arrays()
+            if version == self.saved_version:
+                return None
             directory = checkpoint.checkpoint_dir(settings.output_dir, shard.shard, shard.num_ps)
             path = checkpoint.save(directory, version, arrays, settings.keep_checkpoints)
+            self.saved_version = version
             log.info("checkpoint saved: %s", path)
+            return path
+
+    def final_checkpoint(self) -> str | None:
+        """The checkpoint before exiting: None when the shard holds nothing (or it is saved)."""
+        if self.shard is None or self.settings is None or not self.shard.initialized:
+            return None
+        return self.save_checkpoint()
 
 
-def serve(master_address: str, shard_index: int, name: str, host: str) -> int:
+class _Stopped(BaseException):
+    """SIGTERM or SIGINT arrived: unwinds the main thread wherever it waits, as Ctrl-C does."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _on_stop_signal(signum, frame) -> None:
+    # A second signal ends the process at once, final checkpoint or not.
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    raise _Stopped(signum)
+
+
+def shut_down(
+    server: grpc.Server, servicer: ParameterServerServicer, name: str, signum: int
+) -> int:
+    """Stops serving, lets calls in flight finish, writes the final checkpoint; the exit code.
+
+    Serving stops first, so that no push lands after the checkpoint and is lost.
+    """
+    log.info("%s: %s received; stopping", name, signal.Signals(signum).name)
+    server.stop(grace=STOP_GRACE_S).wait()
+    try:
+        path = servicer.final_checkpoint()
+    except Exception as e:  # the exit code must still say which signal ended the PS
+        log.error("%s: final checkpoint failed: %s: %s", name, type(e).__name__, e)
+    else:
+        if path is None:
+            log.info("%s: no final checkpoint (the shard holds nothing new)", name)
+    return 128 + signum
+
+
+def serve(master_address: str, shard_index: int, name: str, host: str, secret: str) -> int:
+    """Runs the PS until the job is finished (0), the master is gone or rejects it (1), or a
+    stop signal (128 + signal)."""
     from elastic_step.model_def import load_model_definition
 
     servicer = ParameterServerServicer()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=8),
+        options=CHANNEL_OPTIONS,
+        interceptors=[auth.AuthInterceptor(secret)],
+    )
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
     port = server.add_insecure_port(f"{host}:0")
-    server.start()
     address = f"{host}:{port}"
-    master = MasterClient(master_address)
+    master = MasterClient(master_address, auth.Credentials.for_instance(secret, name))
+    # Signal handlers can only be set in the main thread (a PS process runs serve() there).
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, _on_stop_signal) for sig in _STOP_SIGNALS if in_main}
     try:
-        settings = master.call(
+        server.start()
+        reply = master.call(
             "Register",
             master_pb2.RegisterRequest(
                 role=master_pb2.PS, name=name, shard=shard_index, address=address, pid=os.getpid()
             ),
-        ).settings
+        )
+        settings = reply.settings
         master.timeout_s = settings.master_timeout_s
         definition = load_model_definition(settings.model_def)
         shard = ParameterShard(
@@ -122,14 +237,20 @@ def serve(master_address: str, shard_index: int, name: str, host: str) -> int:
             definition.build_optimizer(),
             settings.staleness_modulation,
         )
-        saved = checkpoint.load_latest(
-            checkpoint.checkpoint_dir(settings.output_dir, shard_index, settings.num_ps)
-        )
-        if saved is not None:
-            shard.restore(*saved)
-            log.info("%s restored shard %d from checkpoint version %d", name, shard_index, saved[0])
+        servicer.policy = RestorePolicy(reply.model_version)
+        directory = checkpoint.checkpoint_dir(settings.output_dir, shard_index, settings.num_ps)
+        version = servicer.policy.restore(shard, directory)
+        if version is not None:
+            servicer.saved_version = version
+            log.info("%s restored shard %d from checkpoint version %d", name, shard_index, version)
         else:
-            log.info("%s serves shard %d on %s; waiting for parameters", name, shard_index, address)
+            log.info(
+                "%s serves shard %d on %s; waiting for parameters (job at version %d)",
+                name,
+                shard_index,
+                address,
+                reply.model_version,
+            )
         servicer.settings = settings
         servicer.shard = shard
         while True:
@@ -140,11 +261,16 @@ def serve(master_address: str, shard_index: int, name: str, host: str) -> int:
                 log.info("%s: the job is finished; exiting", name)
                 return 0
             threading.Event().wait(HEARTBEAT_S)
-    except MasterUnreachableError as e:
+    except _Stopped as e:
+        return shut_down(server, servicer, name, e.signum)
+    except (MasterUnreachableError, MasterRejectedError) as e:
         log.error("%s: %s; exiting", name, e)
         return 1
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         server.stop(grace=1)
+        master.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,5 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        secret = auth.secret_from_env()
+    except auth.MissingSecretError as e:
+        log.error("%s: %s; exiting", args.name, e)
+        return 1
     host = os.environ.get("ELASTIC_STEP_HOST", "127.0.0.1")
-    return serve(args.master, args.shard, args.name, host)
+    return serve(args.master, args.shard, args.name, host, secret)

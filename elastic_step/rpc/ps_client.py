@@ -1,8 +1,13 @@
 """The client side of the PS shards, used by workers and by the master at the end of a job.
 
 It splits a model's parameters and gradients by placement, talks to all shards in parallel,
-and joins the answers. A shard that is down or empty raises :class:`PSUnavailableError`; the
-caller asks the master for the shards' new addresses and reconnects.
+and joins the answers. Errors come in two kinds:
+
+- :class:`PSUnavailableError`: a shard is down or slow (``UNAVAILABLE``,
+  ``DEADLINE_EXCEEDED``) or holds no parameters (it was relaunched). The caller asks the
+  master for the shards' new addresses and reconnects.
+- :class:`PSError`: a shard answered with any other status (a bad request, refused
+  credentials, a bug in the PS). Reconnecting would get the same answer: the caller stops.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import grpc
 import numpy as np
 
 from elastic_step.rpc import placement, ps_pb2, ps_pb2_grpc
+from elastic_step.rpc.auth import Credentials, authenticated_channel
 from elastic_step.rpc.tensors import from_proto, rows_from_proto, rows_to_proto, to_proto
 
 _MAX_MESSAGE = 512 * 1024 * 1024
@@ -22,12 +28,28 @@ CHANNEL_OPTIONS = [
 ]
 
 
+# The statuses of a shard that is away or starting; a relaunched shard without parameters
+# answers UNAVAILABLE too (see ps/server.py).
+_UNAVAILABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
 class PSUnavailableError(Exception):
-    """A PS shard cannot be reached, or holds no parameters (it was relaunched)."""
+    """A PS shard cannot be reached, or holds no parameters (it was relaunched): reconnect."""
 
     def __init__(self, shard: int, detail: str) -> None:
         super().__init__(f"PS shard {shard}: {detail}")
         self.shard = shard
+
+
+class PSError(Exception):
+    """A PS shard answered with an error that reconnecting would not cure."""
+
+    def __init__(self, shard: int, method: str, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"PS shard {shard} rejected {method}: {code.name}: {details}")
+        self.shard = shard
+        self.method = method
+        self.code = code
+        self.details = details
 
 
 @dataclass(frozen=True)
@@ -40,11 +62,15 @@ class TableSpec:
 
 
 class PSClient:
-    def __init__(self, addresses: list[str], timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, addresses: list[str], credentials: Credentials, timeout_s: float = 30.0
+    ) -> None:
         self.addresses = list(addresses)
         self.num_ps = len(addresses)
         self._timeout = timeout_s
-        self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for a in addresses]
+        self._channels = [
+            authenticated_channel(a, credentials, options=CHANNEL_OPTIONS) for a in addresses
+        ]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         #: Each shard's model version as last seen.
         self.versions = [0] * self.num_ps
@@ -70,8 +96,10 @@ class PSClient:
         set-up that dominated a one-shard push.
         """
 
-        def failed(shard: int, e: grpc.RpcError) -> PSUnavailableError:
-            return PSUnavailableError(shard, f"{e.code().name}: {e.details()}")
+        def failed(shard: int, e: grpc.RpcError) -> Exception:
+            if e.code() in _UNAVAILABLE:
+                return PSUnavailableError(shard, f"{e.code().name}: {e.details()}")
+            return PSError(shard, method, e.code(), e.details() or "")
 
         calls = [getattr(stub, method) for stub in self._stubs]
         futures = [

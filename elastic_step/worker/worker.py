@@ -6,6 +6,7 @@ parameters. An evaluation task reports the loss and the metrics' states, not pre
 
 An error in the user's code fails the task (the master retries it elsewhere, up to its
 limit); a PS that goes away is waited for and reconnected, and the batch is pushed again.
+A master or PS that answers with an error that retrying cannot cure ends the worker (exit 1).
 """
 
 from __future__ import annotations
@@ -20,13 +21,21 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from elastic_step.rpc import master_pb2
-from elastic_step.rpc.master_client import MasterClient, MasterUnreachableError
-from elastic_step.rpc.ps_client import PSClient, PSUnavailableError
+from elastic_step.rpc.auth import Credentials, MissingSecretError
+from elastic_step.rpc.master_client import (
+    MasterClient,
+    MasterRejectedError,
+    MasterUnreachableError,
+)
+from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError
 from elastic_step.rpc.tensors import to_proto
 
 log = logging.getLogger("elastic_step.worker")
 
 HEARTBEAT_S = 2.0
+# Waiting for the PS to come back: the first retry is quick, later ones back off to the cap.
+PS_RETRY_FIRST_S = 0.25
+PS_RETRY_MAX_S = 2.0
 
 
 class UserCodeError(Exception):
@@ -34,9 +43,10 @@ class UserCodeError(Exception):
 
 
 class Worker:
-    def __init__(self, master: MasterClient, name: str) -> None:
+    def __init__(self, master: MasterClient, name: str, credentials: Credentials) -> None:
         self.master = master
         self.name = name
+        self.credentials = credentials
         self.finished = threading.Event()
         self.ps: PSClient | None = None
         self._streams: dict = {}
@@ -90,13 +100,19 @@ class Worker:
         self.connect_ps()
 
     def connect_ps(self) -> None:
-        """Waits for every PS shard, offers them this worker's parameters, and pulls theirs."""
+        """Waits for every PS shard, offers them this worker's parameters, and pulls theirs.
+
+        Retries with capped exponential backoff while a shard is away or empty, and raises
+        :class:`PSUnavailableError` after the master timeout. A :class:`PSError` is raised at
+        once: a shard that rejects the calls would reject them again.
+        """
         deadline = time.monotonic() + self.settings.master_timeout_s
         previous = self.ps.addresses if self.ps else None
+        delay = PS_RETRY_FIRST_S
         while True:
             reply = self.master.call("GetPSAddresses", master_pb2.GetPSAddressesRequest())
             if reply.ready:
-                ps = PSClient(list(reply.addresses))
+                ps = PSClient(list(reply.addresses), self.credentials)
                 try:
                     version = self.ps.model_version if self.ps else 0
                     accepted = ps.initialize(
@@ -112,6 +128,9 @@ class Worker:
                     if time.monotonic() > deadline:
                         raise
                     log.info("%s: waiting for the PS (%s)", self.name, e)
+                except Exception:
+                    ps.close()
+                    raise
                 else:
                     if self.ps:
                         self.ps.close()
@@ -121,9 +140,11 @@ class Worker:
                     if previous != ps.addresses:
                         log.info("%s: connected to PS %s", self.name, ", ".join(ps.addresses))
                     return
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise PSUnavailableError(-1, "the PS did not come back in time")
-            time.sleep(0.5)
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, PS_RETRY_MAX_S)
 
     # -- the loop --
 
@@ -176,6 +197,10 @@ class Worker:
                     ),
                 )
             except MasterUnreachableError:
+                return
+            except MasterRejectedError as e:
+                # The main thread's next call to the master ends the worker.
+                log.error("%s: heartbeats stopped: %s", self.name, e)
                 return
             if reply.finished:
                 self.finished.set()
@@ -278,12 +303,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    worker = Worker(MasterClient(args.master), args.name)
     try:
-        return worker.run()
-    except MasterUnreachableError as e:
+        credentials = Credentials.from_env(args.name)
+    except MissingSecretError as e:
         log.error("%s: %s; exiting", args.name, e)
         return 1
-    except PSUnavailableError as e:
+    worker = Worker(MasterClient(args.master, credentials), args.name, credentials)
+    try:
+        return worker.run()
+    except (MasterUnreachableError, MasterRejectedError, PSUnavailableError, PSError) as e:
         log.error("%s: %s; exiting", args.name, e)
         return 1

@@ -1,8 +1,15 @@
-"""Parameter servers: placement, the client over real gRPC shards, checkpoints, staleness."""
+"""Parameter servers: placement, the client over real gRPC shards, error classes, restore
+rules, checkpoints (and the final one on SIGTERM), staleness."""
 
 from __future__ import annotations
 
+import logging
 import os
+import queue
+import signal
+import subprocess
+import sys
+import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -16,15 +23,19 @@ import numpy as np
 import pytest
 
 from elastic_step.ps import checkpoint
-from elastic_step.ps.server import ParameterServerServicer
+from elastic_step.ps.server import ParameterServerServicer, RestorePolicy, shut_down
+from elastic_step.ps.server import main as ps_main
 from elastic_step.ps.shard import ParameterShard, TableShape
-from elastic_step.rpc import master_pb2, placement, ps_pb2_grpc
-from elastic_step.rpc.ps_client import PSClient, PSUnavailableError, TableSpec
+from elastic_step.rpc import auth, master_pb2, master_pb2_grpc, placement, ps_pb2_grpc
+from elastic_step.rpc.auth import AuthInterceptor, Credentials
+from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, TableSpec
 
 LR = 0.1
 # With 2 shards, crc32 puts "dense/kernel" on shard 1 and "dense_1/bias" on shard 0.
 KERNEL, BIAS, TABLE = "dense/kernel", "dense_1/bias", "emb/embeddings"
 TABLE_ROWS, TABLE_DIM = 7, 3
+SECRET = auth.new_secret()
+WORKER = Credentials.for_instance(SECRET, "worker-0")
 
 
 def _params() -> tuple[dict[str, np.ndarray], dict[str, TableSpec], dict[str, np.ndarray]]:
@@ -46,8 +57,8 @@ class Cluster:
     addresses: list[str]
     clients: list[PSClient] = field(default_factory=list)
 
-    def client(self, timeout_s: float = 10.0) -> PSClient:
-        client = PSClient(self.addresses, timeout_s=timeout_s)
+    def client(self, timeout_s: float = 10.0, credentials: Credentials = WORKER) -> PSClient:
+        client = PSClient(self.addresses, credentials, timeout_s=timeout_s)
         self.clients.append(client)
         return client
 
@@ -71,11 +82,13 @@ def start_cluster(tmp_path: Path) -> Iterator[StartCluster]:
         checkpoint_steps: int = 0,
         keep_checkpoints: int = 3,
         staleness_modulation: bool = False,
+        job_model_version: int = 0,
+        servicer_class: type[ParameterServerServicer] = ParameterServerServicer,
     ) -> Cluster:
         cluster = Cluster([], [], [])
         clusters.append(cluster)
         for i in range(num_ps):
-            servicer = ParameterServerServicer()
+            servicer = servicer_class(RestorePolicy(job_model_version))
             servicer.settings = master_pb2.JobSettings(
                 output_dir=str(tmp_path),
                 checkpoint_steps=checkpoint_steps,
@@ -83,7 +96,9 @@ def start_cluster(tmp_path: Path) -> Iterator[StartCluster]:
                 num_ps=num_ps,
             )
             servicer.shard = ParameterShard(i, num_ps, optimizer(), staleness_modulation)
-            server = grpc.server(futures.ThreadPoolExecutor(4))
+            server = grpc.server(
+                futures.ThreadPoolExecutor(4), interceptors=[AuthInterceptor(SECRET)]
+            )
             ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
             port = server.add_insecure_port("127.0.0.1:0")
             server.start()
@@ -264,9 +279,9 @@ def test_uninitialized_shard_is_unavailable(cluster: Cluster) -> None:
     with pytest.raises(PSUnavailableError, match="holds no parameters") as e:
         client.pull_dense()
     assert e.value.shard == 0
-    with pytest.raises(PSUnavailableError, match="FAILED_PRECONDITION"):
+    with pytest.raises(PSUnavailableError, match="UNAVAILABLE: PS shard 0 holds no parameters"):
         client.push({BIAS: np.ones(2, np.float32)}, {})
-    with pytest.raises(PSUnavailableError, match="FAILED_PRECONDITION"):
+    with pytest.raises(PSUnavailableError, match="UNAVAILABLE: PS shard 0 holds no parameters"):
         client.pull_rows(TABLE, np.array([0, 1]))
     # Only shard 0 filled (as after shard 1 was relaunched without a checkpoint).
     shard0_dense = {n: v for n, v in dense.items() if placement.shard_of_variable(n, 2) == 0}
@@ -275,7 +290,7 @@ def test_uninitialized_shard_is_unavailable(cluster: Cluster) -> None:
     with pytest.raises(PSUnavailableError, match="holds no parameters") as e:
         client.pull_dense()
     assert e.value.shard == 1
-    with pytest.raises(PSUnavailableError, match="FAILED_PRECONDITION") as e:
+    with pytest.raises(PSUnavailableError, match="holds no parameters") as e:
         client.push({BIAS: np.ones(2, np.float32)}, {})
     assert e.value.shard == 1
 
@@ -295,6 +310,114 @@ def test_stopped_server_is_unavailable(ps: PSClient, cluster: Cluster) -> None:
     with pytest.raises(PSUnavailableError) as e:
         ps.push({KERNEL: np.ones((3, 2), np.float32)}, {})
     assert e.value.shard == 0
+
+
+class _RejectingServicer(ParameterServerServicer):
+    """A shard that turns pushes down as a PS with a bug, or a bad request, would."""
+
+    def PushGradients(self, request, context):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "gradient for unknown variable 'x'")
+
+
+class _SlowServicer(ParameterServerServicer):
+    def PullDense(self, request, context):
+        time.sleep(1.0)
+        return super().PullDense(request, context)
+
+
+def test_other_statuses_are_ps_errors_not_unavailable(start_cluster: StartCluster) -> None:
+    client = start_cluster(servicer_class=_RejectingServicer).client()
+    client.initialize(*_params(), model_version=0)
+    with pytest.raises(PSError) as e:
+        client.push({BIAS: np.ones(2, np.float32)}, {})
+    assert not isinstance(e.value, PSUnavailableError)
+    assert str(e.value) == (
+        "PS shard 0 rejected PushGradients: INVALID_ARGUMENT: gradient for unknown variable 'x'"
+    )
+    assert (e.value.shard, e.value.code) == (0, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def test_refused_credentials_are_ps_errors(cluster: Cluster) -> None:
+    stranger = Credentials.for_instance(auth.new_secret(), "worker-0")
+    with pytest.raises(PSError, match=r"^PS shard 0 rejected PullDense: UNAUTHENTICATED"):
+        cluster.client(credentials=stranger).pull_dense()
+
+
+def test_deadline_exceeded_is_unavailable(start_cluster: StartCluster) -> None:
+    cluster = start_cluster(servicer_class=_SlowServicer)
+    cluster.client().initialize(*_params(), model_version=0)
+    with pytest.raises(PSUnavailableError, match="DEADLINE_EXCEEDED"):
+        cluster.client(timeout_s=0.2).pull_dense()
+
+
+# -- where a (re)started shard gets its parameters --
+
+
+def _offset_params(offset: float) -> tuple:
+    dense, tables, table_values = _params()
+    return (
+        {n: v + offset for n, v in dense.items()},
+        tables,
+        {n: v + offset for n, v in table_values.items()},
+    )
+
+
+def test_job_start_takes_the_first_initialize(start_cluster: StartCluster) -> None:
+    cluster = start_cluster(job_model_version=0)
+    first, second = cluster.client(), cluster.client()
+    assert first.initialize(*_params(), model_version=0) == [True, True]
+    assert second.initialize(*_offset_params(100), model_version=0) == [False, False]
+    np.testing.assert_array_equal(second.pull_dense()[BIAS], _params()[0][BIAS])
+
+
+def test_mid_job_a_fresh_workers_values_are_refused(
+    start_cluster: StartCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster = start_cluster(job_model_version=42)
+    fresh = cluster.client()
+    pulled = cluster.client(credentials=Credentials.for_instance(SECRET, "worker-1"))
+    caplog.set_level(logging.WARNING, logger="elastic_step.ps")
+    for _ in range(3):  # fresh workers keep offering while they wait
+        assert fresh.initialize(*_params(), model_version=0) == [False, False]
+    assert not cluster.shard(0).initialized and not cluster.shard(1).initialized
+    refusals = [r for r in caplog.records if "refuses a fresh worker" in r.getMessage()]
+    assert len(refusals) == 2  # once per shard, not once per offer
+    with pytest.raises(PSUnavailableError, match="holds no parameters"):
+        fresh.pull_dense()
+
+    # A worker that has pulled version 40 fills the shards, at its version.
+    assert pulled.initialize(*_offset_params(100), model_version=40) == [True, True]
+    assert [cluster.shard(i).version for i in range(2)] == [40, 40]
+    values = fresh.pull_dense()
+    np.testing.assert_array_equal(values[BIAS], _params()[0][BIAS] + 100)
+    assert fresh.versions == [40, 40]
+
+
+def test_a_checkpoint_comes_before_any_worker(start_cluster: StartCluster) -> None:
+    cluster = start_cluster(num_ps=1, job_model_version=42)
+    directory = _ckpt_dir(cluster, 0)
+    policy = cluster.servicers[0].policy
+    assert policy.restore(ParameterShard(0, 1, keras.optimizers.SGD(LR)), directory) is None
+
+    trained = ParameterShard(0, 1, keras.optimizers.SGD(LR))
+    dense, tables, table_values = _params()
+    rows = {TABLE: (np.arange(TABLE_ROWS), table_values[TABLE])}
+    shapes = {n: TableShape(t.rows, t.dim, t.dtype) for n, t in tables.items()}
+    assert trained.initialize(dense, shapes, rows, 30)
+    trained.push({BIAS: np.ones(2, np.float32)}, {}, 30, return_parameters=False)
+    checkpoint.save(directory, *trained.state_arrays(), keep=2)
+
+    assert policy.restore(cluster.shard(0), directory) == 31
+    client = cluster.client()
+    assert client.initialize(*_offset_params(100), model_version=40) == [False]
+    np.testing.assert_allclose(client.pull_dense()[BIAS], dense[BIAS] - LR, rtol=1e-6)
+    assert client.versions == [31]
+
+
+def test_restore_policy_rules() -> None:
+    assert RestorePolicy(0).accepts(0) and RestorePolicy(0).accepts(5)
+    assert not RestorePolicy(7).accepts(0)
+    assert RestorePolicy(7).accepts(1) and RestorePolicy(7).accepts(9)
 
 
 # -- checkpoints --
@@ -430,6 +553,166 @@ def test_truncated_or_empty_newest_checkpoint_is_skipped(tmp_path: Path, damage:
     newest.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
     saved = checkpoint.load_latest(directory)
     assert saved is not None and saved[0] == 2
+
+
+# -- stopping: the final checkpoint --
+
+
+def test_shut_down_serves_no_more_and_writes_a_final_checkpoint(
+    start_cluster: StartCluster, tmp_path: Path
+) -> None:
+    cluster = start_cluster(num_ps=1, checkpoint_steps=0)
+    client = cluster.client()
+    client.initialize(*_params(), model_version=0)
+    for _ in range(3):
+        client.push({BIAS: np.ones(2, np.float32)}, {})
+    assert shut_down(cluster.servers[0], cluster.servicers[0], "ps-0", signal.SIGTERM) == 143
+    saved = checkpoint.load_latest(_ckpt_dir(cluster, 0))
+    assert saved is not None and saved[0] == 3
+    np.testing.assert_allclose(saved[1][f"dense/{BIAS}"], _params()[0][BIAS] - 3 * LR, rtol=1e-6)
+    with pytest.raises(PSUnavailableError, match="UNAVAILABLE"):
+        client.pull_dense()
+
+
+def test_shut_down_without_parameters_writes_nothing(
+    start_cluster: StartCluster, tmp_path: Path
+) -> None:
+    cluster = start_cluster(num_ps=1)
+    assert shut_down(cluster.servers[0], cluster.servicers[0], "ps-0", signal.SIGINT) == 130
+    assert not (tmp_path / "checkpoints").exists()
+
+
+MODEL_DEF = """
+import keras
+
+def model():
+    return keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+
+def loss(labels, outputs):
+    return keras.losses.mean_squared_error(labels, outputs)
+
+def optimizer():
+    return keras.optimizers.SGD(0.1)
+"""
+
+
+class _JobMaster(master_pb2_grpc.MasterServicer):
+    """Just enough of a master for one PS process: settings at Register, heartbeats."""
+
+    def __init__(self, settings: master_pb2.JobSettings, reject: str = "") -> None:
+        self.settings = settings
+        self.reject = reject
+        self.registered: queue.Queue[tuple[str, master_pb2.RegisterRequest]] = queue.Queue()
+
+    def Register(self, request, context):
+        if self.reject:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, self.reject)
+        self.registered.put((auth.caller_name(context), request))
+        return master_pb2.RegisterResponse(settings=self.settings)
+
+    def Heartbeat(self, request, context):
+        return master_pb2.HeartbeatResponse(finished=False)
+
+
+@pytest.fixture
+def job_master(tmp_path: Path) -> Iterator[tuple[_JobMaster, str]]:
+    model_def = tmp_path / "model_def.py"
+    model_def.write_text(MODEL_DEF)
+    settings = master_pb2.JobSettings(
+        model_def=str(model_def),
+        output_dir=str(tmp_path),
+        num_ps=1,
+        checkpoint_steps=0,
+        keep_checkpoints=2,
+        master_timeout_s=30,
+    )
+    servicer = _JobMaster(settings)
+    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[AuthInterceptor(SECRET)])
+    master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, f"127.0.0.1:{port}"
+    server.stop(None).wait()
+
+
+def test_sigterm_to_a_ps_process_writes_a_final_checkpoint(
+    job_master: tuple[_JobMaster, str], tmp_path: Path
+) -> None:
+    master, address = job_master
+    import elastic_step
+
+    env = {
+        **os.environ,
+        auth.SECRET_ENV: SECRET,
+        "PYTHONPATH": str(Path(elastic_step.__file__).parents[1]),
+        "ELASTIC_STEP_HOST": "127.0.0.1",
+    }
+    argv = ["ps", "--master", address, "--shard", "0", "--name", "ps-0"]
+    log_path = tmp_path / "ps.log"
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "elastic_step", *argv],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        caller, request = master.registered.get(timeout=120)
+        assert caller == request.name == "ps-0"
+        client = PSClient([request.address], WORKER, timeout_s=10)
+        deadline = time.monotonic() + 60
+        while True:  # UNAVAILABLE until the PS has its settings and optimizer
+            try:
+                client.initialize({"dense/kernel": np.ones((2, 1), np.float32)}, {}, {}, 0)
+                break
+            except PSUnavailableError:
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.2)
+        for _ in range(2):
+            client.push({"dense/kernel": np.ones((2, 1), np.float32)}, {})
+        client.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 128 + signal.SIGTERM, log_path.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    saved = checkpoint.load_latest(checkpoint.checkpoint_dir(str(tmp_path), 0, 1))
+    assert saved is not None and saved[0] == 2, log_path.read_text()
+    np.testing.assert_allclose(saved[1]["dense/dense/kernel"], [[0.8], [0.8]], rtol=1e-6)
+    output = log_path.read_text()
+    assert "SIGTERM received" in output
+    assert SECRET not in output and auth.token_for(SECRET, "ps-0") not in output
+    assert SECRET not in " ".join(argv)
+
+
+def test_ps_exits_1_when_the_master_rejects_it(
+    job_master: tuple[_JobMaster, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    master, address = job_master
+    master.reject = "ps-9 is not an instance of this job"
+    monkeypatch.setenv(auth.SECRET_ENV, SECRET)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    assert ps_main(["--master", address, "--shard", "0", "--name", "ps-9"]) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        "ps-9: master rejected Register: INVALID_ARGUMENT: ps-9 is not an instance of this job; "
+        "exiting"
+    ]
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+
+
+def test_ps_without_the_secret_exits_1(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv(auth.SECRET_ENV, raising=False)
+    assert ps_main(["--master", "127.0.0.1:1", "--shard", "0", "--name", "ps-0"]) == 1
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        f"ps-0: {auth.SECRET_ENV} is not set: the master gives the job's secret to every "
+        "instance it launches; workers and PS cannot run without it; exiting"
+    ]
 
 
 # -- staleness modulation --

@@ -15,12 +15,15 @@ import tensorflow as tf
 from elastic_step.ps.server import ParameterServerServicer
 from elastic_step.ps.shard import ParameterShard
 from elastic_step.rpc import master_pb2, ps_pb2_grpc
+from elastic_step.rpc.auth import Credentials
 from elastic_step.rpc.ps_client import PSClient, TableSpec
 from elastic_step.worker.parameters import ModelParameters
 
 LR = 0.1
 TABLE, KERNEL, BIAS = "embedding/embeddings", "dense/kernel", "dense/bias"
 SEQ = 3
+# The shards here run without AuthInterceptor: the credentials travel but nobody checks them.
+CREDENTIALS = Credentials.for_instance("test-secret", "worker-0")
 
 
 def build_model(seed: int = 7) -> keras.Model:
@@ -59,7 +62,7 @@ def ps(tmp_path) -> Iterator[PSClient]:
         addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
         server.start()
         servers.append(server)
-    client = PSClient(addresses, timeout_s=10)
+    client = PSClient(addresses, CREDENTIALS, timeout_s=10)
     yield client
     client.close()
     for server in servers:
@@ -212,7 +215,7 @@ def test_round_trip_through_the_ps(ps: PSClient) -> None:
     b = ModelParameters(model_b)
     assert [v.path for v in b.variables] == [v.path for v in a.variables]
     assert not np.allclose(b.table_values()[TABLE], trained[TABLE])
-    client_b = PSClient(ps.addresses, timeout_s=10)
+    client_b = PSClient(ps.addresses, CREDENTIALS, timeout_s=10)
     try:
         accepted = client_b.initialize(b.dense_values(), b.table_specs(), b.table_values(), 0)
         assert accepted == [False, False]
