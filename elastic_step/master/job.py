@@ -312,13 +312,9 @@ class Job:
 
     def _write_status(self) -> None:
         coordinator = self.coordinator
+        address = f"{self.backend.master_host()}:{coordinator.record.port}"
         with coordinator.lock:
-            document = reports.status(
-                coordinator.phase,
-                coordinator.tasks,
-                coordinator.instances,
-                coordinator.record.error,
-            )
+            document = reports.status(coordinator, address)
         reports.write_json(self.paths.status, document)
 
     def _wait_until_gone(self, wait_s: float) -> None:
