@@ -95,8 +95,9 @@ def test_a_record_that_kills_every_worker_reading_it_fails_the_job(tmp_path: Pat
     assert error.count("killed by SIGKILL") == 3, error
     summary = json.loads((output / "summary.json").read_text())
     assert summary["phase"] == "failed"
-    # Three poisoned hand-outs, each killing one worker: no endless relaunching.
-    assert summary["restarts_by_reason"].get("crashed", 0) <= 3
+    # No endless relaunching: the record is in one task per epoch (or per evaluation round,
+    # and two can be open at once), and each such task kills at most 3 workers.
+    assert summary["restarts_by_reason"].get("crashed", 0) <= 2 * 3
     assert elapsed < 200
     status = json.loads((output / "status.json").read_text())
     assert all(not pid_alive(m["pid"]) for m in status["workers"] + status["ps"] if m["pid"])
@@ -164,9 +165,11 @@ def test_resumed_job_requeues_lost_tasks_at_once_and_reports_the_final_model(
         "--metrics-output", str(metrics_file),
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr
-    metrics = json.loads(metrics_file.read_text())["metrics"]
-    assert metrics["accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
-    assert metrics["loss"] == pytest.approx(summary["metrics"]["loss"], rel=1e-4)
+    evaluation = json.loads(metrics_file.read_text())
+    assert evaluation["metrics"]["accuracy"] == pytest.approx(
+        summary["metrics"]["accuracy"], abs=1e-6
+    )
+    assert evaluation["loss"] == pytest.approx(summary["metrics"]["loss"], rel=1e-4)
 
     # A finished job run again with other settings is refused, naming what differs.
     other = TrainRun(digits_data, resumed.output, "--epochs", "5")
@@ -213,7 +216,7 @@ print(" ".join(codes))
 
 def test_chaos_random_worker_kills_and_a_ps_kill_keep_accounting_exact(train_run):
     run = train_run(
-        "--epochs", "3", "--checkpoint-steps", "10",
+        "--epochs", "8", "--batch-size", "4", "--checkpoint-steps", "50",
         "--max-restarts", "100", "--max-task-retries", "20",
     ).start()  # fmt: skip
     status = run.wait_for("training mid-epoch", mid_epoch)
@@ -232,7 +235,7 @@ def test_chaos_random_worker_kills_and_a_ps_kill_keep_accounting_exact(train_run
     rng = random.Random(3)
     kills = ps_killed = 0
     next_kill = time.monotonic() + 3
-    while run.proc.poll() is None and kills < 12:
+    while run.proc.poll() is None and kills < 10:
         time.sleep(0.2)
         if time.monotonic() < next_kill:
             continue
