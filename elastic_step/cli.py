@@ -167,6 +167,13 @@ def _add_train(commands) -> None:
     p.add_argument(
         "--port", type=_int, metavar="N", default=0, help="master port (default: any free)"
     )
+    p.add_argument(
+        "--job-name",
+        metavar="NAME",
+        default=None,
+        help="names the job's pods, Services and state on a cluster; the same name resumes "
+        "the same job (a DNS-1123 label; default: derived from --output)",
+    )
 
 
 def _add_evaluate(commands) -> None:
@@ -248,6 +255,7 @@ def _run(args: argparse.Namespace) -> int:
             master_timeout_s=args.master_timeout,
             staleness_modulation=args.staleness_modulation,
             port=args.port,
+            job_name=args.job_name,
         )
         return train(config)
     if args.command == "evaluate":

@@ -1,5 +1,6 @@
-"""Shared test settings: quiet TensorFlow in every process the tests start."""
+"""Shared by every test directory: the contracts that more than one implementation passes."""
 
-import os
+import sys
+from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, str(Path(__file__).resolve().parent / "contracts"))

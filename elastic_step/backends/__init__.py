@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from elastic_step.backends.api import (
     Backend,
@@ -43,16 +44,18 @@ __all__ = [
 class BackendParams:
     """What every backend is built from."""
 
-    #: A name unique to the job, used to label its instances.
-    job_id: str
+    #: The job's name (a DNS-1123 label): it names and labels the job's instances.
+    job_name: str
     #: A local directory where the backend may keep its own records and the instances' logs.
     work_dir: str
+    #: The backend's own typed options (for example ``KubernetesOptions``); None for defaults.
+    options: Any = None
 
 
 def _local(params: BackendParams) -> Backend:
     from elastic_step.backends.local import LocalBackend
 
-    return LocalBackend(params.job_id, params.work_dir)
+    return LocalBackend(params.job_name, params.work_dir)
 
 
 _REGISTRY: dict[str, Callable[[BackendParams], Backend]] = {"local": _local}

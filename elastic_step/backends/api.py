@@ -28,6 +28,9 @@ class Role(enum.StrEnum):
 
 
 class EventKind(enum.StrEnum):
+    #: The instance exists but does not run yet (a pod waiting for a node or an image);
+    #: ``message`` says why. It uses no restart and blocks nothing.
+    PENDING = "pending"
     #: The instance runs (a process exists, a pod is Running).
     STARTED = "started"
     #: The instance is gone; ``reason`` says how it ended.
@@ -75,11 +78,16 @@ class LaunchSpec:
 
     name: str
     role: Role
-    #: Worker id, or PS shard index.
+    #: Worker slot, or PS shard index.
     index: int
     #: The argv of the process; ``command[0]`` is resolved on the instance's PATH.
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    #: Environment variables whose values are secret (the job's credentials). A backend
+    #: never writes them where others can read them: the local backend puts them in the
+    #: process's environment only; a cluster backend keeps them in a Secret that the
+    #: instance's environment refers to, never in its spec.
+    secret_env: dict[str, str] = field(default_factory=dict)
     resources: Resources = field(default_factory=Resources)
 
 
@@ -116,6 +124,9 @@ class Backend(ABC):
     def launch(self, spec: LaunchSpec) -> None:
         """Starts an instance. Its STARTED event follows once it runs, then EXITED when it ends.
 
+        Idempotent: launching a name that is live starts nothing. Must not block on slow
+        platform calls for long: the master calls it under its lock.
+
         Raises :class:`LaunchRejectedError` when the platform refuses it for now and
         :class:`BackendError` for anything else.
         """
@@ -139,8 +150,18 @@ class Backend(ABC):
         """Events since the last call, waiting up to ``timeout_s`` for the first one."""
 
     @abstractmethod
-    def master_host(self) -> str:
-        """The host name or address at which instances reach the master."""
+    def listen_host(self) -> str:
+        """The address the master's server binds: only where its instances reach it
+        (loopback for local processes, the pod's own IP on Kubernetes)."""
+
+    @abstractmethod
+    def advertise_master(self, port: int) -> str:
+        """The ``host:port`` that instances are given to reach the master on ``port``.
+
+        It stays valid when the master is restarted elsewhere (on Kubernetes: a headless
+        Service that selects the current master pod, created or updated here), so that
+        instances that outlive a master find the next one. Idempotent.
+        """
 
     @abstractmethod
     def close(self) -> None:

@@ -60,8 +60,8 @@ class _Instance:
 
 
 class LocalBackend(Backend):
-    def __init__(self, job_id: str, work_dir: str) -> None:
-        self._job_id = job_id
+    def __init__(self, job_name: str, work_dir: str) -> None:
+        self._job_name = job_name
         self._work_dir = work_dir
         self._registry_path = os.path.join(work_dir, "instances.json")
         self._log_dir = os.path.join(work_dir, "logs")
@@ -77,7 +77,10 @@ class LocalBackend(Backend):
         return os.path.join(self._log_dir, f"{name}.log")
 
     def launch(self, spec: LaunchSpec) -> None:
-        env = {**os.environ, **spec.env, "ELASTIC_STEP_INSTANCE": spec.name}
+        with self._lock:
+            if spec.name in self._instances:
+                return  # already running: a launch is idempotent
+        env = {**os.environ, **spec.env, **spec.secret_env, "ELASTIC_STEP_INSTANCE": spec.name}
         try:
             with open(self.log_path(spec.name), "ab") as out:
                 popen = subprocess.Popen(
@@ -123,8 +126,11 @@ class LocalBackend(Backend):
             pass
         return events
 
-    def master_host(self) -> str:
+    def listen_host(self) -> str:
         return "127.0.0.1"
+
+    def advertise_master(self, port: int) -> str:
+        return f"127.0.0.1:{port}"
 
     def close(self) -> None:
         self._closed.set()
@@ -151,7 +157,7 @@ class LocalBackend(Backend):
 
     def _save_registry(self) -> None:
         record = {
-            "job_id": self._job_id,
+            "job_name": self._job_name,
             "instances": {
                 i.name: {
                     "pid": i.pid,

@@ -5,9 +5,15 @@ Each rule's error names the flag, the value and the rule it broke.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 
 from elastic_step.errors import InputError
+
+#: Pod names add up to 23 characters to the job name, within Kubernetes' 63.
+MAX_JOB_NAME = 40
+JOB_NAME = re.compile(rf"[a-z]([-a-z0-9]{{0,{MAX_JOB_NAME - 2}}}[a-z0-9])?")
 
 #: The settings that define what a job computes, by field and flag.
 FIXED_SETTINGS = {
@@ -46,6 +52,8 @@ class TrainConfig:
     master_timeout_s: float = 300.0
     staleness_modulation: bool = False
     port: int = 0
+    #: Names the job's objects and state on a cluster; None: derived from ``output``.
+    job_name: str | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -70,6 +78,12 @@ class TrainConfig:
         for flag, value in non_negative.items():
             if value < 0:
                 raise InputError(f"{flag} must be >= 0, got {value}")
+        if self.job_name is not None and not JOB_NAME.fullmatch(self.job_name):
+            raise InputError(
+                f"--job-name must be a DNS-1123 label of at most {MAX_JOB_NAME} characters "
+                "(lower-case letters, digits and '-', starting with a letter and ending with a "
+                f"letter or digit), got '{self.job_name}'"
+            )
         if self.min_workers > self.workers:
             raise InputError(
                 f"--min-workers ({self.min_workers}) must be <= --workers ({self.workers})"
@@ -85,6 +99,14 @@ class TrainConfig:
         ):
             if seconds <= 0:
                 raise InputError(f"{flag} must be > 0 seconds, got {seconds}")
+
+    @property
+    def resolved_job_name(self) -> str:
+        """``job_name``, or one derived from the output path: the same output, the same job."""
+        if self.job_name is not None:
+            return self.job_name
+        digest = hashlib.sha256(self.output.rstrip("/").encode()).hexdigest()[:10]
+        return f"es-{digest}"
 
     @property
     def worker_limit(self) -> int:

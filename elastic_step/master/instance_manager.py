@@ -185,7 +185,14 @@ class InstanceManager:
             return None
         instance.state = new_state
         instance.pid = event.pid or instance.pid
+        if transition is Transition.WAITING:
+            if instance.message != event.message:
+                instance.message = event.message
+                log.info("%s is pending: %s", instance.name, event.message or "no reason given")
+                self._record(instance)
+            return None
         if not new_state.ended:
+            instance.message = ""
             self._note_membership_change()
             self._record(instance)
             return None

@@ -62,8 +62,11 @@ class Job:
         schema: Schema,
         definition: ModelDefinition,
         store: StateStore | None = None,
+        backend_options: object = None,
     ) -> None:
         self.config = config
+        #: The chosen backend's own options (see ``BackendParams.options``).
+        self.backend_options = backend_options
         self.schema = schema
         self.definition = definition
         self.output = config.output
@@ -74,6 +77,7 @@ class Job:
         self._next_save_log = 0.0
         self.backend: Backend | None = None
         self.coordinator: Coordinator | None = None
+        self._master_address = ""
 
     # -- settings --
 
@@ -128,7 +132,7 @@ class Job:
 
     def _launch_spec(self, role: Role, slot: int, name: str) -> LaunchSpec:
         record = self.coordinator.record
-        address = f"{self.backend.master_host()}:{record.port}"
+        address = self._master_address
         if role is Role.PS:
             args = ["ps", "--master", address, "--shard", str(slot), "--name", name]
         else:
@@ -138,7 +142,7 @@ class Job:
             role,
             slot,
             [sys.executable, "-m", "elastic_step", *args],
-            env={auth.SECRET_ENV: record.secret},
+            secret_env={auth.SECRET_ENV: record.secret},
         )
 
     # -- the run --
@@ -172,7 +176,10 @@ class Job:
         keras.utils.set_random_seed(self.config.seed)
         self._metrics = self.definition.build_metrics()
         work_dir = storage.local_path(self.paths.backend_dir)
-        self.backend = create_backend(self.config.backend, BackendParams(self.output, work_dir))
+        self.backend = create_backend(
+            self.config.backend,
+            BackendParams(self.config.resolved_job_name, work_dir, self.backend_options),
+        )
         try:
             self._build(replay, record, token)
             server = self._start_server()
@@ -230,7 +237,7 @@ class Job:
         )
         master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self.coordinator), server)
         # Listen only where instances reach the master: loopback for local processes.
-        host = self.backend.master_host()
+        host = self.backend.listen_host()
         try:
             port = server.add_insecure_port(f"{host}:{record.port or self.config.port}")
         except RuntimeError as e:
@@ -238,6 +245,7 @@ class Job:
         server.start()
         with self.coordinator.lock:
             record.set_port(port)
+        self._master_address = self.backend.advertise_master(port)
         return server
 
     def _supervise(self, resumed: bool) -> int:
@@ -312,9 +320,8 @@ class Job:
 
     def _write_status(self) -> None:
         coordinator = self.coordinator
-        address = f"{self.backend.master_host()}:{coordinator.record.port}"
         with coordinator.lock:
-            document = reports.status(coordinator, address)
+            document = reports.status(coordinator, self._master_address)
         reports.write_json(self.paths.status, document)
 
     def _wait_until_gone(self, wait_s: float) -> None:

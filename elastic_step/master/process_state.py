@@ -23,6 +23,7 @@ _ENDED = {ProcessState.SUCCEEDED, ProcessState.FAILED, ProcessState.KILLED}
 
 
 class Transition(enum.StrEnum):
+    WAITING = "waiting"  # still pending, for a reason the platform gives
     STARTED = "started"
     COMPLETED = "completed"
     FAILED = "failed"
@@ -30,6 +31,7 @@ class Transition(enum.StrEnum):
 
 
 TRANSITIONS: dict[tuple[ProcessState, Transition], ProcessState] = {
+    (ProcessState.PENDING, Transition.WAITING): ProcessState.PENDING,
     (ProcessState.PENDING, Transition.STARTED): ProcessState.RUNNING,
     (ProcessState.PENDING, Transition.COMPLETED): ProcessState.SUCCEEDED,
     (ProcessState.PENDING, Transition.FAILED): ProcessState.FAILED,
@@ -42,6 +44,8 @@ TRANSITIONS: dict[tuple[ProcessState, Transition], ProcessState] = {
 
 
 def transition_of(event: InstanceEvent) -> Transition:
+    if event.kind is EventKind.PENDING:
+        return Transition.WAITING
     if event.kind is EventKind.STARTED:
         return Transition.STARTED
     reason = event.reason or ExitReason.LOST

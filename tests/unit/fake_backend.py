@@ -60,8 +60,11 @@ class FakeBackend(Backend):
         events, self.events = self.events, []
         return events
 
-    def master_host(self) -> str:
+    def listen_host(self) -> str:
         return "127.0.0.1"
+
+    def advertise_master(self, port: int) -> str:
+        return f"127.0.0.1:{port}"
 
     def close(self) -> None:
         pass

@@ -134,3 +134,23 @@ def test_fixed_settings_ignore_elasticity_settings(elastic: dict) -> None:
 def test_fixed_settings_name_what_a_resume_must_share(fixed: dict, flag: str) -> None:
     changed, base = config(**fixed).fixed_settings(), config().fixed_settings()
     assert [k for k in base if base[k] != changed[k]] == [flag]
+
+
+# -- the job name --
+
+
+@pytest.mark.parametrize("name", ["a", "job-1", "x" * 40, "train-2024-q3"])
+def test_valid_job_names(name: str) -> None:
+    assert config(job_name=name).resolved_job_name == name
+
+
+@pytest.mark.parametrize("name", ["", "Job", "1job", "job-", "job_1", "x" * 41, "a.b"])
+def test_a_job_name_that_is_not_a_short_dns_label_is_refused(name: str) -> None:
+    with pytest.raises(InputError, match=r"--job-name must be a DNS-1123 label of at most 40"):
+        config(job_name=name)
+
+
+def test_the_default_job_name_follows_the_output() -> None:
+    assert config(output="runs/a").resolved_job_name == config(output="runs/a/").resolved_job_name
+    assert config(output="runs/a").resolved_job_name != config(output="runs/b").resolved_job_name
+    assert config(output="runs/a").resolved_job_name.startswith("es-")

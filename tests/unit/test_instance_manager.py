@@ -605,3 +605,24 @@ def test_journal_replay_rebuilds_the_same_membership() -> None:
         replayed.apply(record)
     assert replayed.snapshot() == round_trip(first.snapshot())
     assert all(len(json.dumps(r)) < 1000 for r in records if r["op"] == "instance")
+
+
+def test_a_pending_instance_waits_without_using_restarts_and_joins_when_it_starts() -> None:
+    backend = FakeBackend()
+    manager = make(backend)
+    manager.reconcile()
+    backend.events.clear()
+    reason = "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu"
+    for _ in range(3):
+        assert manager.handle(InstanceEvent("worker-1", EventKind.PENDING, message=reason)) is None
+    pending = manager.instances["worker-1"]
+    assert (pending.state, pending.message) == (ProcessState.PENDING, reason)
+    assert manager.restarts == {"worker": 0, "ps": 0}
+    manager.reconcile()
+    assert backend.names() == ["ps-0", "worker-0", "worker-1"]  # not relaunched
+
+    manager.handle(InstanceEvent("worker-1", EventKind.STARTED, pid=7))
+    assert (pending.state, pending.message) == (ProcessState.RUNNING, "")
+    # A late PENDING after the start is stale.
+    assert manager.handle(InstanceEvent("worker-1", EventKind.PENDING, message="x")) is None
+    assert pending.state is ProcessState.RUNNING
