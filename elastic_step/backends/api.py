@@ -163,6 +163,18 @@ class Backend(ABC):
         instances that outlive a master find the next one. Idempotent.
         """
 
+    def disruption(self) -> str | None:
+        """Why the platform is stopping the master itself (evicted, preempted), or None.
+
+        Asked when the master gets SIGTERM: a disrupted master leaves its instances running
+        for the next master to adopt; otherwise the run was stopped, and it removes them.
+        """
+        return None
+
+    def remove_job_objects(self) -> None:  # noqa: B027 - most backends make nothing else
+        """Removes what the backend made for the job besides its instances (Services, the
+        Secret, an owner object). Called once the job is over or stopped for good."""
+
     @abstractmethod
     def close(self) -> None:
         """Stops watching. Instances keep running; delete them first to end them."""

@@ -343,11 +343,23 @@ class Job:
 
     def _interrupt(self) -> int:
         name = signal.Signals(self._stop_signal).name
+        disruption = self.backend.disruption()
+        if disruption is not None:
+            # The platform moves the master: the retried step's master adopts the instances.
+            log.warning(
+                "%s received (%s): leaving workers and PS running for the next master",
+                name,
+                disruption,
+            )
+            self.store.flush(FLUSH_TIMEOUT_S)
+            self._write_status()
+            return 128 + self._stop_signal
         log.warning(
             "%s received: stopping all workers and PS; run the same command to resume", name
         )
         self.coordinator.set_phase(Phase.INTERRUPTED)
         self._stop_all(wait_s=STOP_GRACE_S + 4)
+        self.backend.remove_job_objects()
         self.store.flush(FLUSH_TIMEOUT_S)
         self._write_status()
         return 128 + self._stop_signal
@@ -357,6 +369,7 @@ class Job:
         log.error("the job failed: %s", error)
         self.coordinator.set_phase(Phase.FAILED)
         self._stop_all(wait_s=STOP_GRACE_S + 4)
+        self.backend.remove_job_objects()
         self.store.flush(FLUSH_TIMEOUT_S)
         self._write_status()
         self._write_summary()
@@ -403,6 +416,7 @@ class Job:
         # Workers and PS see the job is over at their next call and exit by themselves.
         self._wait_until_gone(10)
         self._stop_all(wait_s=STOP_GRACE_S + 2)
+        self.backend.remove_job_objects()
         self._write_status()
         log.info("done: model.keras, saved_model/ and summary.json are in %s", self.output)
         return 0
