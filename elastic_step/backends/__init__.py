@@ -58,7 +58,20 @@ def _local(params: BackendParams) -> Backend:
     return LocalBackend(params.job_name, params.work_dir)
 
 
-_REGISTRY: dict[str, Callable[[BackendParams], Backend]] = {"local": _local}
+def _kubernetes(params: BackendParams) -> Backend:
+    from elastic_step.backends.kubernetes import KubernetesBackend
+    from elastic_step.backends.kubernetes_options import KubernetesOptions
+
+    options = params.options
+    if options is not None and not isinstance(options, KubernetesOptions):
+        raise TypeError(f"the kubernetes backend takes KubernetesOptions, not {type(options)}")
+    return KubernetesBackend(params.job_name, options)
+
+
+_REGISTRY: dict[str, Callable[[BackendParams], Backend]] = {
+    "local": _local,
+    "kubernetes": _kubernetes,
+}
 
 
 def backend_names() -> list[str]:
