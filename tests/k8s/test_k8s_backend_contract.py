@@ -13,7 +13,7 @@ from test_k8s_backend_support import (
     clean_namespace,
     make_backend,
     new_job_name,
-    restricted,  # noqa: F401 - a fixture
+    restricted_fixture,  # noqa: F401 - the fixture restricted
     start_master_pod,
 )
 
@@ -46,7 +46,7 @@ class KubernetesHarness(BackendHarness):
 
 
 @pytest.fixture
-def harness(cluster, restricted):  # noqa: F811
+def harness(cluster, restricted):
     with cluster.admin() as api:
         master = start_master_pod(client.CoreV1Api(api), restricted.name)
     harness = KubernetesHarness(restricted.master_kubeconfig, restricted.name, master)

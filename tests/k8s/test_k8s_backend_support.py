@@ -56,8 +56,9 @@ def _kubeconfig(path: Path, admin_kubeconfig: Path, namespace: str, user: str, t
     return path
 
 
-@pytest.fixture(scope="session")
-def restricted(cluster) -> Restricted:
+@pytest.fixture(scope="session", name="restricted")
+def restricted_fixture(cluster) -> Restricted:
+    """Import this into a test module (its name is ``restricted``)."""
     ns = RESTRICTED_NAMESPACE
     with cluster.admin() as api:
         core = client.CoreV1Api(api)

@@ -1,0 +1,527 @@
+"""The Kubernetes backend against the test control plane, beyond the Backend contract: how a
+pod ended (deleted by someone else, preempted, evicted, stuck Terminating), pending pods,
+quota, a watch that loses its place (410 Gone), refusals, the job's Secret and Service.
+
+The backend acts as the elastic-step-master ServiceAccount, in a namespace where Pod Security
+admission enforces the ``restricted`` standard; the admin stands in for the rest of the
+cluster (a user deleting a pod, a drain, a higher-priority job).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+
+import pytest
+from backend_contract import SLEEP
+from k8s_helpers import wait_for as poll
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from test_k8s_backend_support import (
+    PY,
+    clean_namespace,
+    make_backend,
+    new_job_name,
+    restricted_fixture,  # noqa: F401 - the fixture restricted
+    restricted_pod,
+    start_master_pod,
+)
+
+from elastic_step.backends import kubernetes_pods as pods
+from elastic_step.backends.api import EventKind, ExitReason, InstanceEvent, LaunchSpec, Role
+from elastic_step.backends.kubernetes import KubernetesBackend
+from elastic_step.backends.kubernetes_client import KubeCallError
+from elastic_step.backends.kubernetes_options import RoleResources
+
+START_S = 30.0
+END_S = 60.0
+
+
+@pytest.fixture
+def admin(cluster, restricted):
+    with cluster.admin() as api:
+        yield client.CoreV1Api(api)
+    clean_namespace(cluster, restricted.name)
+
+
+@pytest.fixture
+def master_pod(admin, restricted) -> str:
+    return start_master_pod(admin, restricted.name)
+
+
+@pytest.fixture
+def backends():
+    made: list[KubernetesBackend] = []
+    yield made
+    for backend in made:
+        backend.close()
+
+
+@pytest.fixture
+def new_backend(restricted, master_pod, backends):
+    """``new_backend(job=None, master_pod=<the stand-in master>, backend_kw=None, **options)``"""
+
+    def make(job=None, master=master_pod, backend_kw=None, **options) -> KubernetesBackend:
+        backend = make_backend(
+            restricted.master_kubeconfig,
+            restricted.name,
+            job or new_job_name(),
+            master,
+            backend_kw=backend_kw,
+            **options,
+        )
+        backends.append(backend)
+        return backend
+
+    return make
+
+
+_buffered: dict[int, list[InstanceEvent]] = {}
+
+
+def wait_for(backend, name: str, kind: EventKind, timeout_s: float) -> InstanceEvent:
+    """The first ``kind`` event of ``name``; other events stay for later calls."""
+    pending = _buffered.setdefault(id(backend), [])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for event in pending:
+            if event.name == name and event.kind is kind:
+                pending.remove(event)
+                return event
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {kind.value} event for {name} in {timeout_s} s: {pending}")
+        pending += backend.next_events(0.2)
+
+
+def spec(name: str, code: str = SLEEP, role: Role = Role.WORKER, index: int = 0, **kw):
+    return LaunchSpec(name, role, index, [PY, "-c", code], **kw)
+
+
+def read_pod(admin, namespace: str, name: str) -> client.V1Pod | None:
+    try:
+        return admin.read_namespaced_pod(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def exists(method, *args) -> bool:
+    try:
+        method(*args)
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return True
+
+
+# -- how pods end --
+
+
+def test_a_pod_deleted_by_someone_else_is_deleted_not_a_fault(admin, restricted, new_backend):
+    backend = new_backend()
+    backend.launch(spec("worker-0"))
+    wait_for(backend, "worker-0", EventKind.STARTED, START_S)
+    admin.delete_namespaced_pod(f"{backend._job}-worker-0", restricted.name)
+    event = wait_for(backend, "worker-0", EventKind.EXITED, END_S)
+    assert event.reason is ExitReason.DELETED and not event.reason.is_fault
+    assert "not by the master" in event.message
+
+
+def test_a_preempted_pod_is_preempted(admin, restricted, new_backend):
+    backend = new_backend(worker=RoleResources(cpu="3"), worker_priority_class="elastic-step-low")
+    backend.launch(spec("worker-0"))
+    wait_for(backend, "worker-0", EventKind.STARTED, START_S)
+    # 3 of the node's 4 CPUs are taken: the high-priority pod fits only by preempting.
+    high = restricted_pod(
+        f"high-{uuid.uuid4().hex[:6]}",
+        [PY, "-c", SLEEP],
+        resources={"requests": {"cpu": "2"}, "limits": {"cpu": "2"}},
+    )
+    high["spec"]["priorityClassName"] = "elastic-step-high"
+    admin.create_namespaced_pod(restricted.name, high)
+    event = wait_for(backend, "worker-0", EventKind.EXITED, END_S)
+    assert event.reason is ExitReason.PREEMPTED, event
+    assert "PreemptionByScheduler" in event.message
+
+
+def test_an_evicted_pod_is_evicted(admin, restricted, new_backend):
+    backend = new_backend()
+    backend.launch(spec("ps-0", role=Role.PS))
+    wait_for(backend, "ps-0", EventKind.STARTED, START_S)
+    name = f"{backend._job}-ps-0"
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=restricted.name))
+    admin.create_namespaced_pod_eviction(name, restricted.name, eviction)
+    event = wait_for(backend, "ps-0", EventKind.EXITED, END_S)
+    assert event.reason is ExitReason.EVICTED, event
+    assert "EvictionByEvictionAPI" in event.message
+
+
+def test_a_pod_stuck_terminating_is_lost(admin, restricted, new_backend):
+    # Never scheduled (no node has the label), and held by a finalizer: like a pod on a lost
+    # node, it stays Terminating after its deletion.
+    backend = new_backend(
+        node_selector={"elastic-step-test/nowhere": "true"},
+        backend_kw={"terminating_timeout_s": 2.0},
+    )
+    backend.launch(spec("worker-0"))
+    pending = wait_for(backend, "worker-0", EventKind.PENDING, START_S)
+    assert "Unschedulable" in pending.message
+    name = f"{backend._job}-worker-0"
+    admin.patch_namespaced_pod(name, restricted.name, {"metadata": {"finalizers": ["test/hold"]}})
+    try:
+        backend.delete("worker-0", grace_period_s=1)
+        event = wait_for(backend, "worker-0", EventKind.EXITED, 30)
+        assert event.reason is ExitReason.LOST, event
+        assert "stuck Terminating" in event.message and "by the master" in event.message
+        assert read_pod(admin, restricted.name, name).metadata.deletion_timestamp
+    finally:
+        admin.patch_namespaced_pod(name, restricted.name, {"metadata": {"finalizers": None}})
+
+
+# -- pending pods and quota --
+
+
+def test_a_pod_that_does_not_fit_is_pending_then_starts_when_capacity_frees(
+    admin, restricted, new_backend
+):
+    backend = new_backend(worker=RoleResources(cpu="3"))
+    backend.launch(spec("worker-0"))
+    wait_for(backend, "worker-0", EventKind.STARTED, START_S)
+    backend.launch(spec("worker-1", index=1))
+    pending = wait_for(backend, "worker-1", EventKind.PENDING, START_S)
+    assert pending.message.startswith("Unschedulable: 0/1 nodes are available"), pending
+    assert "Insufficient cpu" in pending.message
+    backend.delete("worker-0", grace_period_s=1)
+    assert wait_for(backend, "worker-0", EventKind.EXITED, END_S).reason is ExitReason.DELETED
+    wait_for(backend, "worker-1", EventKind.STARTED, 90)
+
+
+def test_a_create_refused_for_quota_stays_pending_and_is_retried(admin, restricted, new_backend):
+    backend = new_backend()
+    ns = restricted.name
+    # The test cluster runs no quota controller: the quota's status is set here, and the
+    # admission plugin counts from it.
+    used = len(admin.list_namespaced_pod(ns).items)
+    admin.create_namespaced_resource_quota(
+        ns, {"metadata": {"name": "pods"}, "spec": {"hard": {"pods": str(used + 1)}}}
+    )
+    admin.patch_namespaced_resource_quota_status(
+        "pods", ns, {"status": {"hard": {"pods": str(used + 1)}, "used": {"pods": str(used)}}}
+    )
+    try:
+        backend.launch(spec("worker-0"))
+        wait_for(backend, "worker-0", EventKind.STARTED, START_S)
+        backend.launch(spec("worker-1", index=1))
+        pending = wait_for(backend, "worker-1", EventKind.PENDING, START_S)
+        assert "exceeded quota" in pending.message and "retrying in 5 s" in pending.message
+        assert "\n" not in pending.message
+    finally:
+        admin.delete_namespaced_resource_quota("pods", ns)
+    wait_for(backend, "worker-1", EventKind.STARTED, 30)
+
+
+def test_a_create_that_was_made_after_all_is_found_not_refused(admin, restricted, new_backend):
+    # An earlier attempt timed out on the client but was made: the create answers 409.
+    backend = new_backend()
+    body = pods.build_pod(
+        spec("worker-0"),
+        backend._options,
+        job_name=backend._job,
+        namespace=restricted.name,
+        image="local/process",
+        owner=None,
+    )
+    admin.create_namespaced_pod(restricted.name, body)
+    backend.launch(spec("worker-0"))
+    wait_for(backend, "worker-0", EventKind.STARTED, START_S)
+    assert (
+        len(
+            admin.list_namespaced_pod(
+                restricted.name, label_selector=f"{pods.LABEL_JOB}={backend._job}"
+            ).items
+        )
+        == 1
+    )
+
+
+def test_a_pod_name_taken_by_another_pod_fails_the_instance(admin, restricted, new_backend):
+    backend = new_backend()
+    other = restricted_pod(f"{backend._job}-worker-0", [PY, "-c", SLEEP])
+    admin.create_namespaced_pod(restricted.name, other)
+    backend.launch(spec("worker-0"))
+    event = wait_for(backend, "worker-0", EventKind.EXITED, START_S)
+    assert event.reason is ExitReason.CRASHED and "is not instance worker-0" in event.message
+
+
+# -- the watch --
+
+
+class _FakeStream:
+    def __init__(self, lines: list[str]) -> None:
+        self._lines = lines
+
+    def stream(self, amt=None, decode_content=False):
+        for line in self._lines:
+            yield (line + "\n").encode()
+
+    def release_conn(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class _GoneOnce:
+    """The core API, except that the next watch answers 410 Gone (as a status or as an ERROR
+    event in the stream): the apiserver's way of saying its resourceVersion is too old."""
+
+    def __init__(self, core: client.CoreV1Api, in_stream: bool) -> None:
+        self._core = core
+        self._in_stream = in_stream
+        self.armed = True
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+    def list_namespaced_pod(self, *args, **kwargs):
+        if kwargs.get("watch") and self.armed:
+            self.armed = False
+            if not self._in_stream:
+                raise ApiException(status=410, reason="Gone")
+            status = {
+                "kind": "Status",
+                "code": 410,
+                "reason": "Expired",
+                "message": "too old resource version: 1 (5)",
+            }
+            return _FakeStream([json.dumps({"type": "ERROR", "object": status})])
+        return self._core.list_namespaced_pod(*args, **kwargs)
+
+
+@pytest.mark.parametrize("in_stream", [False, True], ids=["410-status", "410-error-event"])
+def test_the_watch_lists_again_after_410_and_misses_no_end(
+    admin, restricted, new_backend, in_stream
+):
+    backend = new_backend()
+    backend.launch(spec("worker-0", "import time; time.sleep(3)"))
+    backend.launch(spec("worker-1", index=1))
+    backend.launch(spec("worker-2", index=2))
+    for name in ("worker-0", "worker-1", "worker-2"):
+        wait_for(backend, name, EventKind.STARTED, START_S)
+    backend._watch.stop()  # nobody watches while these happen:
+    job, ns = backend._job, restricted.name
+    admin.delete_namespaced_pod(f"{job}-worker-1", ns, grace_period_seconds=0)
+
+    def ended() -> bool:
+        pod = read_pod(admin, ns, f"{job}-worker-0")
+        return pod.status.phase == "Succeeded" and read_pod(admin, ns, f"{job}-worker-1") is None
+
+    poll("worker-0 to finish and worker-1 to be gone", ended, timeout=30)
+    lists = backend._watch.lists
+    backend._kube.core = _GoneOnce(backend._kube.core, in_stream)
+    backend._watch.start(resource_version="1")
+    first = wait_for(backend, "worker-0", EventKind.EXITED, 30)
+    assert (first.reason, first.exit_code) == (ExitReason.COMPLETED, 0)
+    second = wait_for(backend, "worker-1", EventKind.EXITED, 30)
+    assert second.reason is ExitReason.LOST and "relist" in second.message
+    assert backend._watch.lists == lists + 1 and not backend._kube.core.armed
+    # Still watching: worker-2 did not end, and its end is seen.
+    backend.delete("worker-2", grace_period_s=1)
+    assert wait_for(backend, "worker-2", EventKind.EXITED, END_S).reason is ExitReason.DELETED
+
+
+# -- refusals --
+
+
+def test_a_forbidden_call_is_one_line_naming_verb_resource_and_namespace(
+    restricted,
+    backends,
+):
+    backend = make_backend(restricted.nobody_kubeconfig, restricted.name, new_job_name(), None)
+    backends.append(backend)
+    with pytest.raises(KubeCallError) as refused:
+        backend.list_instances()
+    message = str(refused.value)
+    assert message.startswith(f'cannot list pods in namespace "{restricted.name}": forbidden: ')
+    assert "\n" not in message and "rbac.yaml" in message
+    backend.launch(spec("worker-0"))
+    event = wait_for(backend, "worker-0", EventKind.EXITED, START_S)
+    assert event.reason is ExitReason.CRASHED  # the job's own setup: bounded by --max-restarts
+    assert "\n" not in event.message
+    assert f'cannot create configmaps in namespace "{restricted.name}": forbidden' in event.message
+
+
+def test_a_pod_that_violates_pod_security_is_refused_in_one_line(restricted, new_backend):
+    template = {
+        "metadata": {},
+        "spec": {"securityContext": {"runAsNonRoot": None}, "hostNetwork": True},
+    }
+    backend = new_backend(pod_template=template)
+    backend.launch(spec("worker-0"))
+    event = wait_for(backend, "worker-0", EventKind.EXITED, START_S)
+    assert event.reason is ExitReason.CRASHED and "\n" not in event.message
+    assert "cannot create pods" in event.message and "PodSecurity" in event.message
+
+
+# -- the master's address, its disruption, the job's objects --
+
+
+def test_the_master_service_follows_the_master_pod(admin, restricted, new_backend, master_pod):
+    ns = restricted.name
+    job = new_job_name()
+    first = new_backend(job)
+    assert first.listen_host() == admin.read_namespaced_pod(master_pod, ns).status.pod_ip
+    assert first.advertise_master(5000) == f"{job}-master.{ns}.svc:5000"
+    service = admin.read_namespaced_service(f"{job}-master", ns)
+    assert service.spec.cluster_ip == "None"
+    assert service.spec.selector == {pods.LABEL_MASTER: job}
+    assert admin.read_namespaced_pod(master_pod, ns).metadata.labels[pods.LABEL_MASTER] == job
+
+    # A restarted master, in another pod and on another port: the Service follows it.
+    second_pod = start_master_pod(admin, ns)
+    second = new_backend(job, master=second_pod)
+    assert second.advertise_master(5001) == f"{job}-master.{ns}.svc:5001"
+    assert pods.LABEL_MASTER not in (
+        admin.read_namespaced_pod(master_pod, ns).metadata.labels or {}
+    )
+    assert admin.read_namespaced_pod(second_pod, ns).metadata.labels[pods.LABEL_MASTER] == job
+    ports = admin.read_namespaced_service(f"{job}-master", ns).spec.ports
+    assert [(p.port, p.target_port) for p in ports] == [(5001, 5001)]
+
+
+def test_disruption_reads_the_master_pods_disruption_target(
+    admin, restricted, new_backend, master_pod
+):
+    backend = new_backend()
+    assert backend.disruption() is None
+    condition = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "EvictionByEvictionAPI",
+        "message": "Eviction API: evicting",
+    }
+    admin.patch_namespaced_pod_status(
+        master_pod, restricted.name, {"status": {"conditions": [condition]}}
+    )
+    assert backend.disruption() == "EvictionByEvictionAPI: Eviction API: evicting"
+
+
+def test_secret_values_are_in_one_secret_and_never_in_a_pod_spec(admin, restricted, new_backend):
+    backend = new_backend()
+    secret_env = {"ELASTIC_STEP_JOB_SECRET": "s3cr3t-value"}
+    backend.launch(spec("ps-0", role=Role.PS, secret_env=secret_env))
+    backend.launch(spec("worker-0", secret_env=secret_env))
+    for name in ("ps-0", "worker-0"):
+        wait_for(backend, name, EventKind.STARTED, START_S)
+    ns, job = restricted.name, backend._job
+    for name in ("ps-0", "worker-0"):
+        pod = admin.read_namespaced_pod(f"{job}-{name}", ns)
+        assert "s3cr3t-value" not in json.dumps(client.ApiClient().sanitize_for_serialization(pod))
+    secret = admin.read_namespaced_secret(f"{job}-secret", ns)
+    assert base64.b64decode(secret.data["ELASTIC_STEP_JOB_SECRET"]).decode() == "s3cr3t-value"
+
+
+def _owners(obj) -> list[tuple[str, str]]:
+    return [(r.kind, r.name) for r in obj.metadata.owner_references or []]
+
+
+def test_with_no_pipeline_engine_a_configmap_owns_everything(
+    admin, restricted, new_backend, master_pod
+):
+    ns = restricted.name
+    backend = new_backend()
+    job = backend._job
+    backend.advertise_master(5000)
+    backend.launch(spec("worker-0", secret_env={"S": "v"}))
+    wait_for(backend, "worker-0", EventKind.STARTED, START_S)
+    owner = ("ConfigMap", f"{job}-owner")
+    objects = {
+        "pod": lambda: admin.read_namespaced_pod(f"{job}-worker-0", ns),
+        "service": lambda: admin.read_namespaced_service(f"{job}-master", ns),
+        "secret": lambda: admin.read_namespaced_secret(f"{job}-secret", ns),
+    }
+    for read in objects.values():
+        assert _owners(read()) == [owner]  # never the master's pod
+    assert not _owners(admin.read_namespaced_pod(master_pod, ns))
+
+    admin.delete_namespaced_config_map(f"{job}-owner", ns, propagation_policy="Background")
+
+    def collected() -> bool:
+        return not any(exists(read) for read in objects.values())
+
+    poll("the garbage collector to remove the job's objects", collected, timeout=90)
+    assert wait_for(backend, "worker-0", EventKind.EXITED, END_S).reason is ExitReason.DELETED
+
+
+def test_a_master_run_as_a_job_makes_the_job_the_owner(admin, restricted, new_backend, cluster):
+    ns = restricted.name
+    batch = client.BatchV1Api(admin.api_client)
+    master = restricted_pod("unused", [PY, "-c", SLEEP])
+    job_object = batch.create_namespaced_job(
+        ns,
+        {
+            "metadata": {"name": f"master-{uuid.uuid4().hex[:6]}"},
+            "spec": {"backoffLimit": 0, "template": {"metadata": {}, "spec": master["spec"]}},
+        },
+    )
+    selector = f"batch.kubernetes.io/job-name={job_object.metadata.name}"
+
+    def master_running() -> str | None:
+        items = admin.list_namespaced_pod(ns, label_selector=selector).items
+        running = [p for p in items if p.status.phase == "Running"]
+        return running[0].metadata.name if running else None
+
+    master_pod = poll("the Job's master pod Running", master_running, timeout=60)
+    backend = new_backend(master=master_pod)
+    job = backend._job
+    backend.advertise_master(5000)
+    backend.launch(spec("worker-0"))
+    wait_for(backend, "worker-0", EventKind.STARTED, START_S)
+    owner = ("Job", job_object.metadata.name)
+    assert _owners(admin.read_namespaced_pod(f"{job}-worker-0", ns)) == [owner]
+    assert _owners(admin.read_namespaced_service(f"{job}-master", ns)) == [owner]
+    assert not exists(admin.read_namespaced_config_map, f"{job}-owner", ns)
+
+    batch.delete_namespaced_job(job_object.metadata.name, ns, propagation_policy="Background")
+
+    def collected() -> bool:
+        return not exists(admin.read_namespaced_pod, f"{job}-worker-0", ns) and not exists(
+            admin.read_namespaced_service, f"{job}-master", ns
+        )
+
+    poll("the garbage collector to remove the job's objects", collected, timeout=90)
+
+
+def test_remove_job_objects_leaves_nothing_of_the_job_within_20_s(admin, restricted, new_backend):
+    ns = restricted.name
+    backend = new_backend()
+    job = backend._job
+    backend.advertise_master(5000)
+    secret_env = {"S": "v"}
+    backend.launch(spec("ps-0", role=Role.PS, secret_env=secret_env))
+    backend.launch(spec("worker-0", secret_env=secret_env))
+    backend.launch(spec("worker-1", "pass", index=1, secret_env=secret_env))
+    for name in ("ps-0", "worker-0"):
+        wait_for(backend, name, EventKind.STARTED, START_S)
+    wait_for(backend, "worker-1", EventKind.EXITED, END_S)  # its pod stays, Succeeded
+
+    started = time.monotonic()  # what the master does on SIGTERM with no disruption:
+    for name in ("ps-0", "worker-0"):
+        backend.delete(name, grace_period_s=3)
+    backend.remove_job_objects()
+    selector = pods.job_selector(job)
+
+    def nothing_left() -> bool:
+        return not (
+            admin.list_namespaced_pod(ns, label_selector=selector).items
+            or admin.list_namespaced_service(ns, label_selector=selector).items
+            or admin.list_namespaced_secret(ns, label_selector=selector).items
+            or admin.list_namespaced_config_map(ns, label_selector=selector).items
+        )
+
+    poll("no object of the job", nothing_left, timeout=20)
+    assert time.monotonic() - started < 20
