@@ -8,7 +8,12 @@ import logging
 import sys
 
 from elastic_step.backends import backend_names
-from elastic_step.errors import ElasticStepError
+from elastic_step.backends.kubernetes_options import (
+    add_kubernetes_flags,
+    kubernetes_flags_given,
+    options_from_args,
+)
+from elastic_step.errors import ElasticStepError, InputError
 from elastic_step.tf_runtime import import_tensorflow_quietly
 
 log = logging.getLogger("elastic_step")
@@ -174,6 +179,13 @@ def _add_train(commands) -> None:
         help="names the job's pods, Services and state on a cluster; the same name resumes "
         "the same job (a DNS-1123 label; default: derived from --output)",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --backend kubernetes: print, as YAML, every object the master would create "
+        "at the start, and exit without contacting a cluster",
+    )
+    add_kubernetes_flags(p)
 
 
 def _add_evaluate(commands) -> None:
@@ -210,6 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", default="demo-output", help="(default ./demo-output)")
     demo.add_argument("--epochs", type=_int, default=8, help="(default 8)")
     return parser
+
+
+def _backend_options(args: argparse.Namespace) -> object:
+    """The chosen backend's typed options; a Kubernetes flag with another backend is an error."""
+    if args.backend == "kubernetes":
+        return options_from_args(args)
+    given = kubernetes_flags_given(args)
+    if given:
+        raise InputError(f"{given[0]} applies to --backend kubernetes only")
+    return None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -257,7 +279,14 @@ def _run(args: argparse.Namespace) -> int:
             port=args.port,
             job_name=args.job_name,
         )
-        return train(config)
+        backend_options = _backend_options(args)
+        if args.dry_run:
+            from elastic_step.training import dry_run
+
+            if args.backend != "kubernetes":
+                raise InputError("--dry-run needs --backend kubernetes")
+            return dry_run(config, backend_options)
+        return train(config, backend_options)
     if args.command == "evaluate":
         from elastic_step.evaluate import evaluate
 

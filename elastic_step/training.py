@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import sys
+from typing import TextIO
+
+import yaml
 
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
@@ -16,8 +20,10 @@ log = logging.getLogger("elastic_step")
 SAMPLE_RECORDS = 4
 
 
-def train(config: TrainConfig) -> int:
-    """Runs one job; returns its exit status. Bad input raises InputError before any launch."""
+def train(config: TrainConfig, backend_options: object = None) -> int:
+    """Runs one job; returns its exit status. Bad input raises InputError before any launch.
+
+    ``backend_options``: the backend's own typed options (``KubernetesOptions``), or None."""
     schema = Schema.load(config.data)
     shards = schema.shard_paths(config.data, "train")
     if not shards or not any(records for _, records in shards):
@@ -26,4 +32,44 @@ def train(config: TrainConfig) -> int:
     shard, records = next((s, r) for s, r in shards if r)
     check_model_definition(definition, schema, read_records(shard, 0, min(SAMPLE_RECORDS, records)))
     log.info("model definition %s checked on %d sample records", config.model_def, SAMPLE_RECORDS)
-    return Job(config, schema, definition).run()
+    return Job(config, schema, definition, backend_options=backend_options).run()
+
+
+#: The master port --dry-run shows when --port is 0 (the master then takes a free port).
+DRY_RUN_PORT = 50051
+
+
+def dry_run(config: TrainConfig, options, out: TextIO | None = None) -> int:
+    """Prints, as multi-document YAML, every object the master would create when the job
+    starts on Kubernetes, built by the code that builds the real ones; contacts no cluster
+    and reads neither the data nor the model definition."""
+    from elastic_step.backends import kubernetes_pods
+    from elastic_step.backends.kubernetes_options import KubernetesOptions
+    from elastic_step.master.job import planned_specs
+
+    options = options or KubernetesOptions()
+    if options.image is None:
+        raise InputError(
+            "--dry-run needs --image (when the master runs in a pod, the default image is "
+            "the master pod's own, which --dry-run cannot read without a cluster)"
+        )
+    job = config.resolved_job_name
+    namespace = options.namespace or "default"
+    port = config.port or DRY_RUN_PORT
+    address = f"{kubernetes_pods.service_name(job)}.{namespace}.svc:{port}"
+    specs = planned_specs(config, address, kubernetes_pods.SECRET_PLACEHOLDER)
+    objects = kubernetes_pods.plan_job_objects(
+        job, options, specs, port, namespace=namespace, image=options.image
+    )
+    out = out or sys.stdout
+    out.write(
+        f"# elastic-step train --dry-run: what the master creates when job {job} starts\n"
+        f"# in namespace {namespace}. The owner ConfigMap is made only when no Argo Workflow\n"
+        "# or batch Job owns the master pod (then that object is the owner instead); owner\n"
+        "# uids are placeholders until the owner exists. The Secret's value is generated at\n"
+        "# start."
+        + ("" if config.port else f" --port 0: the master picks a free port; shown as {port}.")
+        + "\n"
+    )
+    yaml.safe_dump_all(objects, out, sort_keys=False)
+    return 0

@@ -752,6 +752,24 @@ class KubernetesBackend(Backend):
                 with self._lock:
                     self._observe(instance, answer)
 
+    def _delete_pod(self, pod_name: str, uid: str | None, grace_s: int) -> None:
+        """Deletes a pod whose instance has ended (best effort)."""
+        try:
+            self._kube.call(
+                "delete",
+                "pods",
+                self._kube.core.delete_namespaced_pod,
+                pod_name,
+                self._namespace,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=grace_s,
+                    preconditions=client.V1Preconditions(uid=uid) if uid else None,
+                ),
+            )
+        except KubeCallError as e:
+            if not (e.not_found or e.conflict):
+                log.warning("%s", e)
+
     # -- what the watch sees --
 
     def _on_watch_event(self, kind: str, pod: dict[str, Any]) -> None:
@@ -891,6 +909,11 @@ class KubernetesBackend(Backend):
                 self._events.put(InstanceEvent(instance.name, EventKind.STARTED))
         elif state.phase is Phase.ENDED:
             self._end(instance, state.reason, state.exit_code, state.message)
+            running = (pod.get("status") or {}).get("phase") in ("Pending", "Running")
+            if running and not gone and not metadata.get("deletionTimestamp"):
+                # Its container is done but a sidecar runs on: the pod goes too.
+                uid = metadata.get("uid")
+                self._pool.submit(lambda: self._delete_pod(instance.pod_name, uid, 1))
 
     def _pending(self, instance: _Instance, message: str) -> None:
         with self._lock:

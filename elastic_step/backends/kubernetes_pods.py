@@ -143,12 +143,19 @@ def _named(items: list) -> bool:
 # -- pods --
 
 
+def high_priority_slots(slots: int, fraction: float) -> int:
+    """How many of worker slots 0..slots-1 get the high PriorityClass: ``fraction`` of them,
+    rounded, and at least one when ``fraction`` > 0 (so preemption never takes them all)."""
+    if fraction <= 0 or slots <= 0:
+        return 0
+    return max(1, math.floor(slots * fraction + 0.5 + 1e-9))
+
+
 def high_priority_slot(slot: int, fraction: float) -> bool:
-    """Whether worker ``slot`` gets the high PriorityClass: slots 0, 1/F, 2/F... so that the
-    first n slots hold ceil(n*F) high ones, and slot 0 is always one when F > 0."""
-    if fraction <= 0:
-        return False
-    return math.ceil((slot + 1) * fraction - 1e-9) > math.ceil(slot * fraction - 1e-9)
+    """Whether worker ``slot`` gets the high class: the slots where
+    :func:`high_priority_slots` grows, so slot 0 always does when ``fraction`` > 0, and the
+    first n slots always hold that many high ones, however far the job grows."""
+    return high_priority_slots(slot + 1, fraction) > high_priority_slots(slot, fraction)
 
 
 def priority_class(options: KubernetesOptions, role: Role, slot: int) -> str | None:
@@ -275,9 +282,13 @@ def build_pod(
     pod = merge(_defaults(job_name, spec.role), options.pod_template or {})
     pod = merge(pod, _from_flags(spec, options, image))
     # What elastic-step needs, over everything else.
-    labels = {**(pod.get("metadata", {}).get("labels") or {})}
+    merged_metadata = pod.get("metadata") or {}
+    labels = {**(merged_metadata.get("labels") or {})}
     labels.update(instance_labels(job_name, spec.role, spec.index, spec.name))
-    metadata = {**pod.get("metadata", {}), **_metadata(name, namespace, labels, owner)}
+    metadata = _metadata(name, namespace, labels, None)
+    metadata.update({k: v for k, v in merged_metadata.items() if k not in metadata})
+    if owner is not None:
+        metadata["ownerReferences"] = [dict(owner)]
     pod_spec = pod["spec"]
     pod_spec["restartPolicy"] = "Never"
     main = next(c for c in pod_spec["containers"] if c["name"] == CONTAINER)
@@ -313,6 +324,11 @@ def build_pod(
     ]
     own_names = {e["name"] for e in own_env}
     main["env"] = own_env + [e for e in main.get("env") or [] if e["name"] not in own_names]
+    # The order a reader of --dry-run expects; the API does not care.
+    first = ("name", "image", "imagePullPolicy", "command", "env", "resources", "volumeMounts")
+    ordered = {k: main[k] for k in first if k in main}
+    main_index = pod_spec["containers"].index(main)
+    pod_spec["containers"][main_index] = {**ordered, **main}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 

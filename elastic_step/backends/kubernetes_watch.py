@@ -14,6 +14,9 @@ An end is read in this order, the first that applies:
    other status or a signal CRASHED;
 5. phase Failed with no container status (the node refused the pod): LOST.
 
+The instance ends when its pod does, or when its own container (``main``) has terminated
+while a sidecar keeps the pod Running.
+
 Only 4 is the program's own fault. :class:`PodWatch` lists the job's pods and watches them
 from the list's resourceVersion; on 410 Gone it lists again and the backend compares, so an
 end that happened while nobody watched is still reported.
@@ -140,7 +143,10 @@ def pod_state(
     seen on an earlier version of the pod."""
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
-    if phase not in ("Succeeded", "Failed") and not gone:
+    main = _main_status(pod) or {}
+    # A sidecar may keep the pod Running after the instance's own container has ended.
+    main_ended = bool((main.get("state") or {}).get("terminated"))
+    if phase not in ("Succeeded", "Failed") and not gone and not main_ended:
         if phase == "Running":
             return PodState(Phase.RUNNING)
         if phase == "Pending":

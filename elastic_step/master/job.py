@@ -55,6 +55,32 @@ ACQUIRE_TIMEOUT_S = 5.0
 FLUSH_TIMEOUT_S = 30.0
 
 
+def launch_spec(role: Role, slot: int, name: str, master_address: str, secret: str) -> LaunchSpec:
+    """What the backend is asked to start for instance ``name`` of ``role`` in ``slot``."""
+    if role is Role.PS:
+        args = ["ps", "--master", master_address, "--shard", str(slot), "--name", name]
+    else:
+        args = ["worker", "--master", master_address, "--name", name]
+    return LaunchSpec(
+        name,
+        role,
+        slot,
+        [sys.executable, "-m", "elastic_step", *args],
+        secret_env={auth.SECRET_ENV: secret},
+    )
+
+
+def planned_specs(config: TrainConfig, master_address: str, secret: str) -> list[LaunchSpec]:
+    """The instances a new job starts with: every PS shard, then the first ``--workers``
+    workers, under the names the instance manager gives them (for ``--dry-run``)."""
+    specs = [launch_spec(Role.PS, s, f"ps-{s}", master_address, secret) for s in range(config.ps)]
+    specs += [
+        launch_spec(Role.WORKER, s, f"worker-{s}", master_address, secret)
+        for s in range(config.workers)
+    ]
+    return specs
+
+
 class Job:
     def __init__(
         self,
@@ -131,19 +157,7 @@ class Job:
         )
 
     def _launch_spec(self, role: Role, slot: int, name: str) -> LaunchSpec:
-        record = self.coordinator.record
-        address = self._master_address
-        if role is Role.PS:
-            args = ["ps", "--master", address, "--shard", str(slot), "--name", name]
-        else:
-            args = ["worker", "--master", address, "--name", name]
-        return LaunchSpec(
-            name,
-            role,
-            slot,
-            [sys.executable, "-m", "elastic_step", *args],
-            secret_env={auth.SECRET_ENV: record.secret},
-        )
+        return launch_spec(role, slot, name, self._master_address, self.coordinator.record.secret)
 
     # -- the run --
 

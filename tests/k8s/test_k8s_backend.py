@@ -15,9 +15,10 @@ import time
 import uuid
 
 import pytest
+import yaml
 from backend_contract import SLEEP
 from k8s_helpers import wait_for as poll
-from kubernetes import client
+from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 from test_k8s_backend_support import (
     PY,
@@ -525,3 +526,50 @@ def test_remove_job_objects_leaves_nothing_of_the_job_within_20_s(admin, restric
 
     poll("no object of the job", nothing_left, timeout=20)
     assert time.monotonic() - started < 20
+
+
+# -- --dry-run --
+
+
+def test_the_dry_run_objects_pass_server_side_validation_and_pod_security(
+    cluster, restricted, capsys
+):
+    from elastic_step.cli import main
+
+    template = cluster.workdir / "pod-template.yaml"
+    template.write_text(
+        "metadata:\n  labels:\n    team: ml\nspec:\n  terminationGracePeriodSeconds: 45\n"
+    )
+    argv = [
+        "train", "--model-def", "model.py", "--data", "data/", "--output", "run/",
+        "--backend", "kubernetes", "--dry-run", "--job-name", "dry-run-job",
+        "--workers", "3", "--ps", "2", "--port", "7000",
+        "--namespace", restricted.name, "--image", "registry.example/elastic-step:1",
+        "--image-pull-policy", "IfNotPresent", "--image-pull-secret", "registry",
+        "--service-account", "default",
+        "--worker-cpu", "500m", "--worker-memory", "1Gi", "--ps-cpu", "1", "--ps-memory", "2Gi",
+        "--node-selector", "kubernetes.io/os=linux", "--toleration", "dedicated=ml:NoSchedule",
+        "--toleration", "spot:NoExecute",
+        "--worker-priority-class", "elastic-step-low",
+        "--high-priority-class", "elastic-step-high", "--high-priority-fraction", "0.34",
+        "--volume", "claim=shared,mount=/shared", "--volume", "claim=data,mount=/data,readonly",
+        "--env", "TF_CPP_MIN_LOG_LEVEL=2", "--pod-template", str(template),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["ConfigMap", "Secret", "Service"] + ["Pod"] * 5
+    priorities = [o["spec"].get("priorityClassName") for o in objects[3:]]
+    assert (
+        priorities == ["elastic-step-high"] * 2 + ["elastic-step-high"] + ["elastic-step-low"] * 2
+    )
+    with _master_api(restricted) as api:
+        for obj in objects:
+            created = utils.create_from_dict(api, obj, namespace=restricted.name, dry_run="All")
+            assert created, obj["metadata"]["name"]
+
+
+def _master_api(restricted):
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(restricted.master_kubeconfig))
