@@ -204,7 +204,7 @@ class KubernetesOptions:
                 raise _bad(
                     "--toleration",
                     _toleration_text(toleration),
-                    f"must be KEY[=VALUE]:EFFECT with EFFECT {_one_of(TAINT_EFFECTS)[3:]}",
+                    "must be KEY[=VALUE]:EFFECT with EFFECT " + ", ".join(TAINT_EFFECTS),
                 )
             if toleration.value is not None and not is_label_value(toleration.value):
                 raise _bad(

@@ -26,6 +26,7 @@ from elastic_step.rpc.master_client import (
 )
 from elastic_step.rpc.ps_client import CHANNEL_OPTIONS
 from elastic_step.rpc.tensors import from_proto, rows_from_proto, rows_to_proto, to_proto
+from elastic_step.tf_runtime import configure_threads
 
 log = logging.getLogger("elastic_step.ps")
 
@@ -280,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # Before TensorFlow runs anything: thread pools sized to the container's CPU limit.
+    configure_threads()
     try:
         secret = auth.secret_from_env()
     except auth.MissingSecretError as e:

@@ -29,6 +29,7 @@ from elastic_step.rpc.master_client import (
 )
 from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError
 from elastic_step.rpc.tensors import to_proto
+from elastic_step.tf_runtime import configure_threads
 
 log = logging.getLogger("elastic_step.worker")
 
@@ -303,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    # Before TensorFlow runs anything: thread pools sized to the container's CPU limit.
+    configure_threads()
     try:
         credentials = Credentials.from_env(args.name)
     except MissingSecretError as e:
