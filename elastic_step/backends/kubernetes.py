@@ -96,6 +96,7 @@ from elastic_step.backends.kubernetes_watch import (
     one_line,
     pod_state,
 )
+from elastic_step.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,11 @@ class KubernetesBackend(Backend):
         self._master_pod: str | None = (
             master_pod_from_env(in_cluster) if master_pod is _DETECT_FROM_ENV else master_pod
         )
+        if self._master_pod is None and self._options.image is None:
+            raise InputError(
+                "--image is required when the master does not run in a pod (in a pod, the "
+                "default is the master pod's own image)"
+            )
         self._terminating_timeout_s = terminating_timeout_s
         self._create_retry_s = create_retry_s
         self._lock = threading.RLock()
@@ -717,9 +723,12 @@ class KubernetesBackend(Backend):
     def _delete(self, instance: _Instance) -> None:
         with instance.op_lock:
             with self._lock:
-                if instance.ended or instance.uid is None:
-                    # Not made (yet): a queued create sees the request and ends it.
-                    instance.deleting = False
+                if instance.ended:
+                    return
+                if instance.uid is None:
+                    # Not made, and no create is under way (this holds its lock): a queued or
+                    # retried create finds the instance ended and makes nothing.
+                    self._end(instance, ExitReason.DELETED, None, "deleted before its pod was made")
                     return
                 uid = instance.uid
             grace = max(1, math.ceil(instance.delete_grace_s))

@@ -25,6 +25,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from elastic_step.backends.api import BackendError
+from elastic_step.errors import ElasticStepError, InputError
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,11 @@ REQUEST_TIMEOUT = (5.0, 20.0)
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
-class KubeCallError(BackendError):
-    """A refused or failed API call; ``str()`` is one line naming verb, resource, namespace."""
+class KubeCallError(BackendError, ElasticStepError):
+    """A refused or failed API call; ``str()`` is one line naming verb, resource, namespace.
+
+    Also an :class:`ElasticStepError`: one that ends the master (a Forbidden while it sets up
+    its Service, say) is printed as that one line, not as a traceback."""
 
     def __init__(
         self,
@@ -149,13 +153,13 @@ class Kube:
 def load_api_client(kubeconfig: str | None) -> tuple[client.ApiClient, str | None, bool]:
     """(client, default namespace or None, in a pod?): in-cluster configuration inside a pod
     (``KUBERNETES_SERVICE_HOST`` set) unless ``kubeconfig`` is given; a kubeconfig otherwise
-    (``kubeconfig``, or ``$KUBECONFIG``, or ``~/.kube/config``)."""
+    (``kubeconfig``, or ``$KUBECONFIG``, or ``~/.kube/config``). InputError if neither works."""
     configuration = client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         try:
             config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException as e:
-            raise BackendError(f"cannot use the in-cluster Kubernetes configuration: {e}") from e
+            raise InputError(f"cannot use the in-cluster Kubernetes configuration: {e}") from e
         try:
             with open(SERVICE_ACCOUNT_NAMESPACE) as f:
                 namespace = f.read().strip() or None
@@ -167,7 +171,7 @@ def load_api_client(kubeconfig: str | None) -> tuple[client.ApiClient, str | Non
         _, context = config.list_kube_config_contexts(config_file=kubeconfig)
     except (config.ConfigException, OSError, TypeError) as e:
         where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-        raise BackendError(f"cannot load the kubeconfig {where}: {e}") from e
+        raise InputError(f"cannot load the kubeconfig {where}: {e}") from e
     namespace = (context or {}).get("context", {}).get("namespace")
     return client.ApiClient(configuration), namespace, False
 

@@ -15,6 +15,7 @@ import time
 import uuid
 
 import pytest
+import urllib3
 import yaml
 from backend_contract import SLEEP
 from k8s_helpers import wait_for as poll
@@ -258,6 +259,46 @@ def test_a_pod_name_taken_by_another_pod_fails_the_instance(admin, restricted, n
     assert event.reason is ExitReason.CRASHED and "is not instance worker-0" in event.message
 
 
+class _FailingCreates:
+    """The core API, except that the next ``failures`` pod creates fail as an overloaded or
+    unreachable API server would (503, or no answer)."""
+
+    def __init__(self, core: client.CoreV1Api, failures: int, status: int | None) -> None:
+        self._core = core
+        self.failures = failures
+        self._status = status
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+    def create_namespaced_pod(self, *args, **kwargs):
+        if self.failures > 0:
+            self.failures -= 1
+            if self._status is None:
+                raise urllib3.exceptions.ReadTimeoutError(None, "/api/v1/pods", "timed out")
+            raise ApiException(status=self._status, reason="Service Unavailable")
+        return self._core.create_namespaced_pod(*args, **kwargs)
+
+
+@pytest.mark.parametrize("status", [503, None], ids=["503", "no-answer"])
+def test_a_create_that_fails_for_now_is_retried(restricted, new_backend, status):
+    backend = new_backend()
+    backend._kube.core = _FailingCreates(backend._kube.core, 2, status)
+    backend.launch(spec("worker-0"))
+    pending = wait_for(backend, "worker-0", EventKind.PENDING, START_S)
+    assert "not created yet" in pending.message and "retrying" in pending.message
+    wait_for(backend, "worker-0", EventKind.STARTED, START_S)
+    assert backend._kube.core.failures == 0
+
+
+def test_a_create_that_keeps_failing_is_lost_not_a_fault(restricted, new_backend):
+    backend = new_backend(backend_kw={"create_retry_s": 2.0})
+    backend._kube.core = _FailingCreates(backend._kube.core, 1000, 503)
+    backend.launch(spec("worker-0"))
+    event = wait_for(backend, "worker-0", EventKind.EXITED, 30)
+    assert event.reason is ExitReason.LOST and "HTTP 503" in event.message
+
+
 # -- the watch --
 
 
@@ -342,7 +383,9 @@ def test_a_forbidden_call_is_one_line_naming_verb_resource_and_namespace(
     restricted,
     backends,
 ):
-    backend = make_backend(restricted.nobody_kubeconfig, restricted.name, new_job_name(), None)
+    backend = make_backend(
+        restricted.nobody_kubeconfig, restricted.name, new_job_name(), None, image="local/process"
+    )
     backends.append(backend)
     with pytest.raises(KubeCallError) as refused:
         backend.list_instances()
@@ -573,3 +616,103 @@ def _master_api(restricted):
     from kubernetes import config
 
     return config.new_client_from_config(config_file=str(restricted.master_kubeconfig))
+
+
+WORKFLOW_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "workflows.argoproj.io"},
+    "spec": {
+        "group": "argoproj.io",
+        "names": {"kind": "Workflow", "plural": "workflows", "singular": "workflow"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def test_in_an_argo_step_the_workflow_owns_everything(admin, restricted, new_backend):
+    """An Argo step pod's one owner is its Workflow (controller=true): the job's objects are
+    owned by the Workflow, so deleting the run removes them, and a new step pod adopts them."""
+    extensions = client.ApiextensionsV1Api(admin.api_client)
+    try:
+        extensions.create_custom_resource_definition(WORKFLOW_CRD)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+
+    def established() -> bool:
+        crd = extensions.read_custom_resource_definition("workflows.argoproj.io")
+        return any(
+            c.type == "Established" and c.status == "True" for c in crd.status.conditions or []
+        )
+
+    poll("the Workflow CRD", established, timeout=30)
+    custom = client.CustomObjectsApi(admin.api_client)
+    ns = restricted.name
+    name = f"run-{uuid.uuid4().hex[:6]}"
+    workflow = poll(
+        "a Workflow",
+        lambda: custom.create_namespaced_custom_object(
+            "argoproj.io", "v1alpha1", ns, "workflows",
+            {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+             "metadata": {"name": name}, "spec": {}},
+        ),
+        timeout=30,
+    )  # fmt: skip
+    step = restricted_pod(f"{name}-train-123", [PY, "-c", SLEEP])
+    step["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "argoproj.io/v1alpha1",
+            "kind": "Workflow",
+            "name": name,
+            "uid": workflow["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    admin.create_namespaced_pod(ns, step)
+    poll(
+        "the step pod Running",
+        lambda: admin.read_namespaced_pod(step["metadata"]["name"], ns).status.phase == "Running",
+    )
+    backend = new_backend(master=step["metadata"]["name"])
+    job = backend._job
+    backend.advertise_master(5000)
+    backend.launch(spec("worker-0", secret_env={"S": "v"}))
+    wait_for(backend, "worker-0", EventKind.STARTED, START_S)
+    owner = ("Workflow", name)
+    assert _owners(admin.read_namespaced_pod(f"{job}-worker-0", ns)) == [owner]
+    assert _owners(admin.read_namespaced_service(f"{job}-master", ns)) == [owner]
+    assert _owners(admin.read_namespaced_secret(f"{job}-secret", ns)) == [owner]
+    assert not exists(admin.read_namespaced_config_map, f"{job}-owner", ns)
+    ref = admin.read_namespaced_pod(f"{job}-worker-0", ns).metadata.owner_references[0]
+    assert not ref.controller and not ref.block_owner_deletion  # Argo must not take it as its own
+
+    custom.delete_namespaced_custom_object(
+        "argoproj.io", "v1alpha1", ns, "workflows", name, propagation_policy="Background"
+    )
+
+    def collected() -> bool:
+        return not any(
+            exists(read, f"{job}-{suffix}", ns)
+            for read, suffix in (
+                (admin.read_namespaced_pod, "worker-0"),
+                (admin.read_namespaced_service, "master"),
+                (admin.read_namespaced_secret, "secret"),
+            )
+        )
+
+    poll("the garbage collector to remove the job's objects", collected, timeout=120)
