@@ -173,7 +173,7 @@ def pod_state(
     if deleted_by_master:
         return PodState(Phase.ENDED, f"deleted by the master{after}", ExitReason.DELETED, code)
     if deleted:
-        message = f"deleted, not by the master (by a user or a controller){after}"
+        message = f"deleted by a user or a controller, not by the master{after}"
         return PodState(Phase.ENDED, message, ExitReason.DELETED, code)
     if terminated is not None:
         if terminated.get("reason") == "OOMKilled":
