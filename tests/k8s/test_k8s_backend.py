@@ -80,12 +80,10 @@ def new_backend(restricted, master_pod, backends):
     return make
 
 
-_buffered: dict[int, list[InstanceEvent]] = {}
-
-
 def wait_for(backend, name: str, kind: EventKind, timeout_s: float) -> InstanceEvent:
-    """The first ``kind`` event of ``name``; other events stay for later calls."""
-    pending = _buffered.setdefault(id(backend), [])
+    """The first ``kind`` event of ``name``; other events stay (on the backend) for later
+    calls."""
+    pending: list[InstanceEvent] = backend.__dict__.setdefault("_test_events", [])
     deadline = time.monotonic() + timeout_s
     while True:
         for event in pending:
