@@ -34,7 +34,8 @@ failures (no answer, 5xx, 429) are retried with a capped backoff for
 create refused for good (Forbidden by RBAC or Pod Security admission, Invalid, a name taken
 by another pod) ends the instance as CRASHED with the API's one-line message: the job's own
 configuration is at fault, so ``--max-restarts`` bounds the attempts and the job fails with
-that message rather than retrying forever.
+that message rather than retrying forever. A delete that comes before the pod exists ends
+the instance at once (DELETED), and nothing is made.
 
 **Watch.** One thread lists the job's pods and watches them from the list's
 resourceVersion; on 410 Gone it lists again, and a pod that vanished in between is reported
@@ -104,8 +105,9 @@ log = logging.getLogger(__name__)
 QUOTA_RETRY_S = (5.0, 10.0, 20.0, 30.0)
 #: How long a delete is retried while the API does not answer.
 DELETE_RETRY_S = 120.0
-#: Seconds for the calls of :meth:`remove_job_objects`, all of them.
-REMOVE_DEADLINE_S = 15.0
+#: Seconds for the calls of :meth:`remove_job_objects`, all of them (the master's whole stop,
+#: its waiting for instances included, must fit in 20 s).
+REMOVE_DEADLINE_S = 10.0
 _DETECT_FROM_ENV = object()
 
 
@@ -275,7 +277,7 @@ class KubernetesBackend(Backend):
                 first_attempt=time.monotonic(),
             )
             self._instances[spec.name] = instance
-        self._pool.submit(lambda: self._create(instance))
+        self._pool.submit(lambda: self._guarded(instance, self._create))
 
     def delete(self, name: str, grace_period_s: float = 5.0) -> None:
         with self._lock:
@@ -285,7 +287,7 @@ class KubernetesBackend(Backend):
             instance.delete_requested = instance.deleting = True
             instance.delete_grace_s = grace_period_s
             instance.delete_since = time.monotonic()
-        self._pool.submit(lambda: self._delete(instance))
+        self._pool.submit(lambda: self._guarded(instance, self._delete))
 
     def list_instances(self) -> list[InstanceInfo]:
         data = self._kube.call(
@@ -619,6 +621,17 @@ class KubernetesBackend(Backend):
 
     # -- create and delete, in the pool's threads --
 
+    def _guarded(self, instance: _Instance, operation: Callable[[_Instance], None]) -> None:
+        """Runs ``operation``; an unexpected error ends the instance rather than leaving it
+        pending for ever."""
+        try:
+            operation(instance)
+        except Exception as e:
+            log.exception("kubernetes backend: %s of %s failed", operation.__name__, instance.name)
+            self._end(
+                instance, ExitReason.LOST, None, f"{operation.__name__.strip('_')} failed: {e}"
+            )
+
     def _create(self, instance: _Instance) -> None:
         with instance.op_lock:
             if instance.ended:
@@ -697,7 +710,7 @@ class KubernetesBackend(Backend):
             instance.quota_refusals += 1
             delay = QUOTA_RETRY_S[min(instance.quota_refusals, len(QUOTA_RETRY_S)) - 1]
             self._pending(instance, f"not created yet: {error}; retrying in {delay:.0f} s")
-            self._pool.submit(lambda: self._create(instance), delay)
+            self._pool.submit(lambda: self._guarded(instance, self._create), delay)
             return
         if error.transient:
             waited = time.monotonic() - instance.first_attempt
@@ -712,7 +725,7 @@ class KubernetesBackend(Backend):
             delay = backoff_s(instance.create_attempts, first_s=1.0, cap_s=30.0)
             if instance.create_attempts >= 2:
                 self._pending(instance, f"not created yet: {error}; retrying")
-            self._pool.submit(lambda: self._create(instance), delay)
+            self._pool.submit(lambda: self._guarded(instance, self._create), delay)
             return
         self._fail_create(instance, str(error))
 
@@ -751,7 +764,8 @@ class KubernetesBackend(Backend):
                         self._end(instance, ExitReason.DELETED, None, "deleted by the master")
                     return
                 if e.transient and time.monotonic() - instance.delete_since < DELETE_RETRY_S:
-                    self._pool.submit(lambda: self._delete(instance), backoff_s(2, cap_s=10))
+                    retry = lambda: self._guarded(instance, self._delete)  # noqa: E731
+                    self._pool.submit(retry, backoff_s(2, cap_s=10))
                     return
                 log.error("%s", e)
                 with self._lock:
