@@ -160,10 +160,17 @@ class Job:
             token = self.store.acquire(owner, timeout_s=ACQUIRE_TIMEOUT_S)
         except StateStoreLockedError as e:
             raise InputError(f"another master is running the job in {self.output}: {e}") from e
+        # From here to the end a signal is only noted: the loop acts on it, and one that
+        # comes while the job closes down cannot cut that short.
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
         try:
             return self._run(token)
         finally:
             self.store.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _run(self, token: int) -> int:
         import keras
@@ -250,9 +257,6 @@ class Job:
 
     def _supervise(self, resumed: bool) -> int:
         coordinator = self.coordinator
-        previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-        }
         try:
             with coordinator.lock:
                 if resumed:
@@ -273,9 +277,6 @@ class Job:
             # Another master owns the job now: it adopts the instances; touch nothing.
             log.error("%s; this master stops and leaves the job to the new one", e)
             return 1
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _log_resume(self) -> None:
         coordinator = self.coordinator
