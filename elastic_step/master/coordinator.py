@@ -10,7 +10,6 @@ the ``evaluate_round`` function it is given.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from elastic_step.master.state_store import StateStore
 from elastic_step.master.task_manager import (
     EvaluationResult,
     EvaluationRound,
-    InvalidReportError,
     TaskKind,
     TaskManager,
     TaskSettings,
@@ -180,6 +178,7 @@ class Coordinator:
         with self.lock:
             instance = self._instance_of(caller, worker, ended_ok=True)
             if self.phase.dismisses_instances or instance.state.ended:
+                self.instances.dismiss(worker)
                 return master_pb2.Task(kind=master_pb2.Task.FINISHED)
             if self.phase.over:
                 return master_pb2.Task(kind=master_pb2.Task.WAIT)
@@ -204,11 +203,14 @@ class Coordinator:
         with self.lock:
             self._instance_of(caller, request.worker, ended_ok=True)
             try:
-                evaluation = _evaluation_of(request)
-            except InvalidReportError:
-                # The worker runs one task at a time: this takes back the one it reports on.
-                self.tasks.recover_tasks(request.worker)
-                raise
+                evaluation = self._evaluation_of(request)
+            except (TypeError, ValueError) as e:
+                raise self.tasks.reject_report(
+                    request.task_id,
+                    worker=request.worker,
+                    lease_id=request.lease_id,
+                    problem=f"task {request.task_id}: unreadable metric states ({e})",
+                ) from e
             if not request.ok:
                 task = self.tasks.report_failure(
                     request.task_id,
@@ -252,8 +254,10 @@ class Coordinator:
                 self.tasks.observe_model_version(request.model_version)
             else:
                 self._note_ps_version(instance, request.model_version)
-            self._collect_evaluations()
-            return self.phase.dismisses_instances or instance.state.ended
+            finished = self.phase.dismisses_instances or instance.state.ended
+            if finished:
+                self.instances.dismiss(request.name)
+            return finished
 
     # -- calls from the run loop --
 
@@ -323,6 +327,16 @@ class Coordinator:
 
     # -- internals --
 
+    def _evaluation_of(self, request: master_pb2.ReportTaskRequest) -> EvaluationResult | None:
+        """The evaluation result of a report on an evaluation task (or one a training task
+        should not carry); the task manager judges whether it is well formed."""
+        task = self.tasks.task(request.task_id)
+        is_evaluation = task is not None and task.kind is TaskKind.EVALUATE
+        if not (is_evaluation or request.metric_states):
+            return None
+        states = [from_proto(t).astype("float64") for t in request.metric_states]
+        return EvaluationResult(request.loss_sum, request.example_count, states)
+
     def _instance_of(self, caller: str, name: str, ended_ok: bool = False) -> Instance:
         if caller != name:
             raise CallerError(f"{caller} called on behalf of {name}")
@@ -387,7 +401,11 @@ class Coordinator:
         # Recorded before they are taken from the task manager: after a crash in between, a
         # round is recorded twice (the job record keeps one), never lost.
         for round_ in list(self.tasks.completed_rounds):
-            values = self._evaluate_round(round_)
+            try:
+                values = self._evaluate_round(round_)
+            except Exception as e:  # the user's metric code: a round must not stop the job
+                log.exception("cannot compute the metrics of evaluation round %d", round_.id)
+                values = {"error": f"{type(e).__name__}: {e}"}
             entry = {
                 "round": round_.id,
                 "epoch": round_.epoch,
@@ -406,16 +424,3 @@ class Coordinator:
                 shown or "no metrics",
             )
         self.tasks.take_completed_rounds()
-
-
-def _evaluation_of(request: master_pb2.ReportTaskRequest) -> EvaluationResult | None:
-    """The evaluation result a report carries, or None; malformed tensors are rejected."""
-    if not (request.metric_states or request.example_count or request.loss_sum):
-        return None
-    if not math.isfinite(request.loss_sum):
-        raise InvalidReportError(f"task {request.task_id}: loss_sum is {request.loss_sum}")
-    try:
-        states = [from_proto(t).astype("float64") for t in request.metric_states]
-    except (ValueError, TypeError) as e:
-        raise InvalidReportError(f"task {request.task_id}: unreadable metric state: {e}") from e
-    return EvaluationResult(request.loss_sum, request.example_count, states)

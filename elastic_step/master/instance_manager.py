@@ -8,8 +8,10 @@ most one live instance; when it ends, the relaunch policy decides:
   then the slot is given up. A given-up PS shard fails the job; so does having fewer than
   ``min_workers`` worker slots left. A slot whose instances keep failing before they finish
   a task is relaunched after an exponential backoff, never in a tight loop;
-- exited with status 0: not replaced (workers exit 0 only when the job is over). While the
-  job is stopping nothing is retired: a stop must leave every slot to be relaunched on resume.
+- exited with status 0 after the master dismissed it (:meth:`dismiss`): its work is over,
+  the slot is retired. Exit 0 before that is a crash (user code that calls ``sys.exit(0)``
+  must not end the job's workers one by one). While the job is stopping nothing is
+  retired: a stop must leave every slot to be relaunched on resume.
 
 The job starts with ``workers`` worker slots and grows by one, up to ``max_workers``, each time
 every wanted worker has been running for ``grow_after_s`` seconds: a cluster that grants the
@@ -122,6 +124,9 @@ class InstanceManager:
         self._last_change = clock()
         self._retry_launch_at = 0.0
         self._launch_errors = 0
+        #: Instances told that the job is over (not journaled: once the job is over, a
+        #: restarted master tells them again at their next call).
+        self._dismissed: set[str] = set()
         self.stopping = False
         #: Set when the membership can no longer run the job.
         self.failure: str | None = None
@@ -176,10 +181,15 @@ class InstanceManager:
         if instance is None:
             return None
         transition = transition_of(event)
-        if self.stopping and transition is Transition.COMPLETED:
+        reason = event.reason or ExitReason.LOST
+        message = event.message
+        if transition is Transition.COMPLETED and self.stopping:
             # Whatever made it exit 0 during a stop, its work is not over: on resume the
             # slot must be relaunched, so it is not recorded as succeeded.
             transition = Transition.KILLED
+        elif transition is Transition.COMPLETED and event.name not in self._dismissed:
+            transition, reason = Transition.FAILED, ExitReason.CRASHED
+            message = f"{message}, before the master dismissed it"
         new_state = next_state(instance.state, transition)
         if new_state is None:
             return None
@@ -197,8 +207,8 @@ class InstanceManager:
             self._record(instance)
             return None
         instance.exit_code = event.exit_code
-        instance.reason = (event.reason or ExitReason.LOST).value
-        instance.message = event.message
+        instance.reason = reason.value
+        instance.message = message
         self._note_membership_change()
         self._apply_relaunch_policy(instance)
         self._record(instance)
@@ -250,6 +260,10 @@ class InstanceManager:
         for instance in self.instances.values():
             self._record(instance)
         return lost
+
+    def dismiss(self, name: str) -> None:
+        """The master told ``name`` that the job is over: its exit 0 will be a success."""
+        self._dismissed.add(name)
 
     def note_task_done(self, name: str) -> None:
         """A worker finished a task: its slot is healthy, so its failure backoff resets."""

@@ -431,7 +431,7 @@ class Job:
                 "phase": record.phase.value,
                 "error": record.error,
                 "epochs": tasks.epoch_accounting(),
-                "metrics": record.final_metrics(self.config.epochs),
+                "metrics": record.final_metrics(),
                 "evaluations": record.evaluations,
                 "restarts": {**instances.restarts, "master": record.master_restarts},
                 "restarts_by_reason": instances.restarts_by_reason,

@@ -88,12 +88,15 @@ class JobRecord:
         else:
             raise ValueError(f"unknown job record op {op!r}")
 
-    def final_metrics(self, epochs: int) -> dict:
-        """The metrics of the final model: the last epoch's end-of-epoch evaluation."""
-        for entry in reversed(self.evaluations):
-            if entry["trigger"] == "epoch-end" and entry["epoch"] == epochs:
-                return entry["metrics"]
-        return {}
+    def final_metrics(self) -> dict:
+        """The metrics of the final model: those of the end-of-epoch round started last.
+
+        Epoch-end rounds start as epochs complete, which is not always in epoch order (a
+        straggling task can finish epoch E-1 after epoch E): the round started last began
+        when the last training task was done, so it measured the final model.
+        """
+        ends = [e for e in self.evaluations if e["trigger"] == "epoch-end"]
+        return max(ends, key=lambda e: e["round"])["metrics"] if ends else {}
 
     # -- persistence --
 

@@ -226,7 +226,7 @@ def test_progress_keeps_a_lease_and_heartbeats_alone_do_not(master, clock) -> No
     assert get_task(master.stub("worker-1"), "worker-1").id == task.id
 
 
-def test_a_malformed_report_is_invalid_argument_and_its_task_is_requeued(master) -> None:
+def test_a_malformed_report_is_invalid_argument_its_task_requeued_and_counted(master) -> None:
     stub = master.stub("worker-0")
     for _ in range(8):  # the whole first epoch
         report(stub, "worker-0", get_task(stub, "worker-0"))
@@ -236,7 +236,6 @@ def test_a_malformed_report_is_invalid_argument_and_its_task_is_requeued(master)
     bad = [
         {},  # an evaluation task without a result
         evaluation_fields(metric_states=1),  # one metric state where the job has two
-        {**evaluation_fields(), "loss_sum": float("nan")},
     ]
     for fields in bad:
         assert code_of(lambda f=fields, t=task: report(stub, "worker-0", t, **f)) == (
@@ -245,9 +244,20 @@ def test_a_malformed_report_is_invalid_argument_and_its_task_is_requeued(master)
         again = get_task(stub, "worker-0")
         assert again.id == task.id and again.lease_id != task.lease_id
         task = again
-
     report(stub, "worker-0", task, **evaluation_fields())
     assert master.coordinator.tasks.doing_count() == 0
+    assert master.coordinator.tasks.failure is None
+
+    # Each malformed report is a failure of its task: past --max-task-retries=2 (these
+    # settings) a worker that only sends broken reports ends the job instead of looping.
+    task = get_task(stub, "worker-0")
+    for _ in range(3):
+        fields = {**evaluation_fields(), "example_count": -10}
+        assert code_of(lambda f=fields, t=task: report(stub, "worker-0", t, **f)) == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+        task = get_task(stub, "worker-0") if master.coordinator.tasks.failure is None else task
+    assert "failed 3 times, more than --max-task-retries=2" in master.coordinator.tasks.failure
 
 
 # -- poisoned tasks --

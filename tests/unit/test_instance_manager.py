@@ -225,9 +225,10 @@ def test_nothing_is_relaunched_after_delete_all() -> None:
     assert manager.failure is None
 
 
-def test_a_worker_that_exited_with_status_0_is_not_replaced() -> None:
+def test_a_dismissed_worker_that_exited_with_status_0_is_not_replaced() -> None:
     backend = FakeBackend()
     manager = started(make(backend))
+    manager.dismiss("worker-0")
     backend.end("worker-0", ExitReason.COMPLETED, 0, "exit status 0")
     [ended] = pump(manager)
     assert ended.state is ProcessState.SUCCEEDED
@@ -514,6 +515,18 @@ def test_transition_of_events() -> None:
 
 
 # -- stops, backoff, launch errors, the journal --
+
+
+def test_an_exit_0_before_the_master_dismissed_the_worker_is_a_crash() -> None:
+    backend = FakeBackend()
+    manager = started(make(backend))
+    backend.end("worker-1", ExitReason.COMPLETED, 0, "exit status 0")
+    [ended] = pump(manager)
+    assert (ended.state, ended.reason) == (ProcessState.FAILED, "crashed")
+    assert "before the master dismissed it" in ended.message
+    assert manager.retired == set()
+    manager.reconcile()
+    assert backend.names()[-1] == "worker-2"  # the slot is refilled, not retired
 
 
 def test_an_exit_0_during_a_stop_is_not_taken_for_success() -> None:
