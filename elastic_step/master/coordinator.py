@@ -25,7 +25,7 @@ from elastic_step.master.job_record import JobRecord
 from elastic_step.master.persistence import Journal, Replay
 from elastic_step.master.phase import Phase
 from elastic_step.master.process_state import ProcessState
-from elastic_step.master.state_store import StateStore
+from elastic_step.master.state_store import StateStore, StateStoreError
 from elastic_step.master.task_manager import (
     EvaluationResult,
     EvaluationRound,
@@ -136,6 +136,8 @@ class Coordinator:
         #: replacement reports the version it came back with.
         self._ps_lost_at: dict[int, int] = {}
         self._train_window: list[float] | None = None  # [first done, last done, records since]
+        #: The first state-store error a gRPC handler met; the run loop stops on it.
+        self.store_failure: StateStoreError | None = None
         self._clock = instances._clock
 
     @property

@@ -35,6 +35,7 @@ from elastic_step.master.phase import Phase
 from elastic_step.master.servicer import MasterServicer
 from elastic_step.master.state_store import (
     StateStore,
+    StateStoreError,
     StateStoreFencedError,
     StateStoreLockedError,
     create_state_store,
@@ -166,11 +167,23 @@ class Job:
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
         }
         try:
-            return self._run(token)
+            status = self._run(token)
+        except BaseException:
+            self._close_store(quietly=True)  # the first error is the one to report
+            raise
         finally:
-            self.store.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        self._close_store(quietly=False)
+        return status
+
+    def _close_store(self, quietly: bool) -> None:
+        try:
+            self.store.close()
+        except StateStoreError as e:
+            if not quietly:
+                raise
+            log.error("closing the state store also failed: %s", e)
 
     def _run(self, token: int) -> int:
         import keras
@@ -189,6 +202,10 @@ class Job:
         )
         try:
             self._build(replay, record, token)
+            if record is not None:
+                # Before serving: a call from an instance that is not adopted yet would be
+                # refused, and the refusal would end it.
+                self._adopt()
             server = self._start_server()
             try:
                 return self._supervise(resumed=record is not None)
@@ -217,6 +234,15 @@ class Job:
         return record
 
     def _build(self, replay: Replay, record: JobRecord | None, token: int) -> None:
+        try:
+            self._open_coordinator(replay, record, token)
+        except ValueError as e:  # the saved state does not fit the data as it is now
+            raise InputError(f"cannot resume the job in {self.output}: {e}") from e
+        if record is None:
+            storage.write_text_atomic(self.paths.model_def, self.definition.source)
+            self.store.flush(FLUSH_TIMEOUT_S)
+
+    def _open_coordinator(self, replay: Replay, record: JobRecord | None, token: int) -> None:
         self.coordinator = open_coordinator(
             CoordinatorParams(
                 tasks=self._task_settings(),
@@ -232,9 +258,6 @@ class Job:
             backend=self.backend,
             spec_for=self._launch_spec,
         )
-        if record is None:
-            storage.write_text_atomic(self.paths.model_def, self.definition.source)
-            self.store.flush(FLUSH_TIMEOUT_S)
 
     def _start_server(self) -> grpc.Server:
         record = self.coordinator.record
@@ -255,15 +278,18 @@ class Job:
         self._master_address = self.backend.advertise_master(port)
         return server
 
+    def _adopt(self) -> None:
+        coordinator = self.coordinator
+        with coordinator.lock:
+            coordinator.record.count_master_restart()
+            coordinator.adopt(self.backend.list_instances())
+            self._log_resume()
+
     def _supervise(self, resumed: bool) -> int:
         coordinator = self.coordinator
         try:
             with coordinator.lock:
-                if resumed:
-                    coordinator.record.count_master_restart()
-                    coordinator.adopt(self.backend.list_instances())
-                    self._log_resume()
-                else:
+                if not resumed:
                     log.info(
                         "starting %d PS and %d workers (master on port %d, backend %s)",
                         self.config.ps,
@@ -276,6 +302,13 @@ class Job:
         except StateStoreFencedError as e:
             # Another master owns the job now: it adopts the instances; touch nothing.
             log.error("%s; this master stops and leaves the job to the new one", e)
+            return 1
+        except StateStoreError as e:
+            # Without its state the master cannot go on; a new master resumes from what was
+            # saved and adopts the instances, so they are left running.
+            log.error(
+                "cannot keep the job's state (%s); leaving workers and PS to the next master", e
+            )
             return 1
 
     def _log_resume(self) -> None:
@@ -301,6 +334,8 @@ class Job:
         while True:
             coordinator.apply_events(self.backend.next_events(TICK_S))
             coordinator.tick()
+            if coordinator.store_failure is not None:
+                raise coordinator.store_failure
             if self._stop_signal is not None:
                 return self._interrupt()
             if coordinator.record.error:

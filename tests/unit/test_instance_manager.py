@@ -639,3 +639,33 @@ def test_a_pending_instance_waits_without_using_restarts_and_joins_when_it_start
     # A late PENDING after the start is stale.
     assert manager.handle(InstanceEvent("worker-1", EventKind.PENDING, message="x")) is None
     assert pending.state is ProcessState.RUNNING
+
+
+def test_records_stay_small_and_the_state_bounded_at_scale() -> None:
+    clock = FakeClock(100.0)
+    backend = FakeBackend()
+    records: list[dict] = []
+    manager = make(backend, clock, workers=1000, max_workers=1000, max_restarts=10**6)
+    manager._journal = records.append
+    base = round_trip(manager.snapshot())
+    for _ in range(40):  # 1,000 workers and a PS start, 32 launches a tick
+        manager.reconcile()
+        pump(manager)
+    assert manager.running_workers() == 1000
+    for i in range(3000):  # a long job: thousands of preemptions
+        clock.now += 1
+        kill(manager, live_worker(manager, i % 1000))
+        manager.reconcile()
+        pump(manager)
+
+    assert max(len(json.dumps(r)) for r in records) < 1000
+    state = json.dumps(manager.snapshot())
+    assert len(state) < 400_000, len(state)
+    assert len(manager.timeline) <= 1000 and manager.timeline[0] == [0.0, 0]
+    assert manager.restarts["worker"] == 3000
+    assert manager.next_worker == 4000  # names are never reused, though old ones are forgotten
+    replayed = make(FakeBackend(), clock, workers=1000, max_workers=1000, max_restarts=10**6)
+    replayed.restore(base)
+    for record in round_trip(records):
+        replayed.apply(record)
+    assert replayed.snapshot() == round_trip(manager.snapshot())

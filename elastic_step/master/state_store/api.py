@@ -19,8 +19,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from elastic_step.errors import ElasticStepError
 
-class StateStoreError(Exception):
+
+class StateStoreError(ElasticStepError):
     """The state could not be saved or read back (the message names where and why)."""
 
 
