@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ from elastic_step.master.instance_manager import (
     SpecFactory,
 )
 from elastic_step.master.job_record import JobRecord
-from elastic_step.master.persistence import Journal, Replay
+from elastic_step.master.persistence import Recorder, SavedJob
 from elastic_step.master.phase import Phase
 from elastic_step.master.process_state import ProcessState
 from elastic_step.master.state_store import StateStore, StateStoreError
@@ -63,51 +64,53 @@ def open_coordinator(
     params: CoordinatorParams,
     *,
     store: StateStore,
-    replay: Replay,
+    saved: SavedJob,
     record: JobRecord | None,
     token: int,
     backend: Backend,
     spec_for: SpecFactory,
     clock: Callable[[], float] | None = None,
 ) -> Coordinator:
-    """A new job's coordinator (``record`` None) or a saved one's, replayed from ``replay``.
+    """A new job's coordinator (``record`` None) or a saved one's, replayed from ``saved``
+    (whose job record the caller has restored and checked).
 
     ``token`` is the store's fencing token: lease ids start above every earlier master's.
     A snapshot is taken at once: a restart always finds one, and the replayed journal is
     compacted. ``clock`` replaces both the monotonic and the wall clock, for tests.
     """
-    journal = Journal(store)
+    recorder = Recorder(store)
     lease_base = token << 32
     task_clock = {"clock": clock} if clock else {}
     if record is None:
         record = JobRecord(params.fixed_settings, auth.new_secret(), params.membership.num_ps)
         tasks = TaskManager(
-            params.tasks, journal=journal.writer("tasks"), lease_base=lease_base, **task_clock
+            params.tasks, journal=recorder.writer("tasks"), lease_base=lease_base, **task_clock
         )
     else:
         tasks = TaskManager.restore(
             params.tasks,
-            replay.part("tasks"),
-            replay.records["tasks"],
+            saved.part("tasks"),
+            saved.records["tasks"],
             lease_base=lease_base,
-            journal=journal.writer("tasks"),
+            journal=recorder.writer("tasks"),
             **task_clock,
         )
-    record.attach(journal.writer("job"))
     instances = InstanceManager(
-        backend, params.membership, spec_for, journal=journal.writer("instances"), **task_clock
+        backend, params.membership, spec_for, journal=recorder.writer("instances"), **task_clock
     )
-    if replay.snapshot is not None:
-        instances.restore(replay.part("instances"))
-        for entry in replay.records["instances"]:
+    if saved.snapshot is not None:  # then ``record`` was restored from it too
+        instances.restore(saved.part("instances"))
+        for entry in saved.records["instances"]:
             instances.apply(entry)
+    record.attach(recorder.writer("job"))
     coordinator = Coordinator(
         record=record,
         tasks=tasks,
         instances=instances,
-        journal=journal,
+        recorder=recorder,
         settings=params.job_settings,
         evaluate_round=params.evaluate_round,
+        **task_clock,
     )
     coordinator.snapshot()
     return coordinator
@@ -120,25 +123,23 @@ class Coordinator:
         record: JobRecord,
         tasks: TaskManager,
         instances: InstanceManager,
-        journal: Journal,
+        recorder: Recorder,
         settings: master_pb2.JobSettings,
         evaluate_round: Callable[[EvaluationRound], dict],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.lock = threading.RLock()
         self.record = record
         self.tasks = tasks
         self.instances = instances
-        self.journal = journal
+        self.recorder = recorder
         self._settings = settings
         self._evaluate_round = evaluate_round
         self._registered: set[str] = set()
-        #: Per PS shard: the job's model version when its last instance was lost, until the
-        #: replacement reports the version it came back with.
-        self._ps_lost_at: dict[int, int] = {}
         self._train_window: list[float] | None = None  # [first done, last done, records since]
         #: The first state-store error a gRPC handler met; the run loop stops on it.
         self.store_failure: StateStoreError | None = None
-        self._clock = instances._clock
+        self._clock = clock
 
     @property
     def phase(self) -> Phase:
@@ -284,12 +285,12 @@ class Coordinator:
             error = self.tasks.failure or self.instances.failure
             if error and not self.record.error and not self.phase.over:
                 self.record.set_phase(self.phase, error)
-            if self.journal.due():
+            if self.recorder.due():
                 self.snapshot()
 
     def snapshot(self) -> None:
         with self.lock:
-            self.journal.snapshot(
+            self.recorder.snapshot(
                 {
                     "job": self.record.snapshot(),
                     "tasks": self.tasks.snapshot(),
@@ -368,14 +369,14 @@ class Coordinator:
                 )
             return
         self.record.set_ps_address(instance.slot, "")
-        self._ps_lost_at.setdefault(instance.slot, self.tasks.model_version)
+        if not self.phase.dismisses_instances:
+            self.record.note_ps_lost(instance.slot, self.tasks.model_version)
 
     def _note_ps_version(self, instance: Instance, version: int) -> None:
         self.tasks.observe_model_version(version)
-        lost_at = self._ps_lost_at.get(instance.slot)
+        lost_at = self.record.ps_lost_at.get(str(instance.slot))
         if lost_at is None or version <= 0:
             return
-        del self._ps_lost_at[instance.slot]
         entry = {
             "ps": instance.name,
             "shard": instance.slot,

@@ -94,6 +94,9 @@ class MembershipSettings:
     #: it doubles with each such failure in a row, up to ``backoff_max_s``.
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
+    #: How long the job may go without a running worker, or with a PS shard not running
+    #: (pending, relaunching, refused by the platform), before it fails: no endless wait.
+    starve_timeout_s: float = 300.0
 
 
 SpecFactory = Callable[[Role, int, str], LaunchSpec]
@@ -137,6 +140,7 @@ class InstanceManager:
         self._last_change = clock()
         self._retry_launch_at = 0.0
         self._launch_errors = 0
+        self._starving_since: float | None = None
         #: Instances told that the job is over (not journaled: once the job is over, a
         #: restarted master tells them again at their next call).
         self._dismissed: set[str] = set()
@@ -154,7 +158,10 @@ class InstanceManager:
 
     def reconcile(self) -> None:
         """Launches an instance for every slot that lacks one, and grows the job when it may."""
-        if self.stopping or self.failure or self._clock() < self._retry_launch_at:
+        if self.stopping or self.failure:
+            return
+        self._check_starving()
+        if self.failure or self._clock() < self._retry_launch_at:
             return
         self._maybe_grow()
         wanted = [(Role.PS, shard) for shard in range(self.settings.num_ps)]
@@ -280,6 +287,32 @@ class InstanceManager:
         self._note_membership_change()
         self._record()
         return lost
+
+    def _check_starving(self) -> None:
+        """Fails the job when it has had no running worker, or a PS shard not running, for
+        ``starve_timeout_s``: the pending instances' reasons say why."""
+        running = [i for i in self.instances.values() if i.state is ProcessState.RUNNING]
+        ps_running = {i.slot for i in running if i.role is Role.PS}
+        starving = not any(i.role is Role.WORKER for i in running) or len(ps_running) < (
+            self.settings.num_ps
+        )
+        now = self._clock()
+        if not starving:
+            self._starving_since = None
+            return
+        if self._starving_since is None:
+            self._starving_since = now
+            return
+        if now - self._starving_since < self.settings.starve_timeout_s:
+            return
+        waiting = [f"{i.name}: {i.message}" for i in self.live(Role.WORKER) + self.live(Role.PS)]
+        what = "no worker" if not any(i.role is Role.WORKER for i in running) else "not every PS"
+        self.failure = (
+            f"{what} has been running for {self.settings.starve_timeout_s:.0f} s "
+            f"(--master-timeout); pending: {'; '.join(waiting) or 'none'}"
+        )
+        self._changed.add("failure")
+        self._record()
 
     def dismiss(self, name: str) -> None:
         """The master told ``name`` that the job is over: its exit 0 will be a success."""

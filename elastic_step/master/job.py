@@ -30,7 +30,7 @@ from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open
 from elastic_step.master.evaluation import metric_values
 from elastic_step.master.instance_manager import MembershipSettings
 from elastic_step.master.job_record import JobRecord
-from elastic_step.master.persistence import Replay
+from elastic_step.master.persistence import SavedJob
 from elastic_step.master.phase import Phase
 from elastic_step.master.servicer import MasterServicer
 from elastic_step.master.state_store import (
@@ -114,6 +114,7 @@ class Job:
             num_ps=c.ps,
             max_restarts=c.max_restarts,
             grow_after_s=c.grow_after_s,
+            starve_timeout_s=c.master_timeout_s,
         )
 
     def job_settings(self) -> master_pb2.JobSettings:
@@ -136,14 +137,17 @@ class Job:
         address = self._master_address
         if role is Role.PS:
             args = ["ps", "--master", address, "--shard", str(slot), "--name", name]
+            # A PS checks every caller's token, so it holds the secret.
+            credentials = {auth.SECRET_ENV: record.secret}
         else:
             args = ["worker", "--master", address, "--name", name]
+            credentials = {auth.TOKEN_ENV: auth.token_for(record.secret, name)}
         return LaunchSpec(
             name,
             role,
             slot,
             [sys.executable, "-m", "elastic_step", *args],
-            secret_env={auth.SECRET_ENV: record.secret},
+            secret_env=credentials,
         )
 
     # -- the run --
@@ -188,8 +192,8 @@ class Job:
     def _run(self, token: int) -> int:
         import keras
 
-        replay = Replay.of(self.store.load())
-        record = self._check_saved(replay)
+        saved = SavedJob.of(self.store.load())
+        record = self._check_saved(saved)
         if record is not None and record.phase is Phase.SUCCEEDED:
             log.info("the job in %s has already finished; nothing to do", self.output)
             return 0
@@ -201,7 +205,7 @@ class Job:
             BackendParams(self.config.resolved_job_name, work_dir, self.backend_options),
         )
         try:
-            self._build(replay, record, token)
+            self._build(saved, record, token)
             if record is not None:
                 # Before serving: a call from an instance that is not adopted yet would be
                 # refused, and the refusal would end it.
@@ -214,11 +218,11 @@ class Job:
         finally:
             self.backend.close()
 
-    def _check_saved(self, replay: Replay) -> JobRecord | None:
+    def _check_saved(self, saved: SavedJob) -> JobRecord | None:
         """The saved job's record, after checking it may go on; None for a new job."""
-        if replay.snapshot is None:
+        if saved.snapshot is None:
             return None
-        record = JobRecord.restore(replay.part("job"), replay.records["job"])
+        record = JobRecord.restore(saved.part("job"), saved.records["job"])
         differ = record.differing_settings(self.fixed_settings())
         if differ:
             state = "finished" if record.phase is Phase.SUCCEEDED else "saved"
@@ -233,16 +237,16 @@ class Job:
             )
         return record
 
-    def _build(self, replay: Replay, record: JobRecord | None, token: int) -> None:
+    def _build(self, saved: SavedJob, record: JobRecord | None, token: int) -> None:
         try:
-            self._open_coordinator(replay, record, token)
+            self._open_coordinator(saved, record, token)
         except ValueError as e:  # the saved state does not fit the data as it is now
             raise InputError(f"cannot resume the job in {self.output}: {e}") from e
         if record is None:
             storage.write_text_atomic(self.paths.model_def, self.definition.source)
             self.store.flush(FLUSH_TIMEOUT_S)
 
-    def _open_coordinator(self, replay: Replay, record: JobRecord | None, token: int) -> None:
+    def _open_coordinator(self, saved: SavedJob, record: JobRecord | None, token: int) -> None:
         self.coordinator = open_coordinator(
             CoordinatorParams(
                 tasks=self._task_settings(),
@@ -252,7 +256,7 @@ class Job:
                 evaluate_round=lambda round_: metric_values(self._metrics, round_),
             ),
             store=self.store,
-            replay=replay,
+            saved=saved,
             record=record,
             token=token,
             backend=self.backend,

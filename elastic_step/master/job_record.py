@@ -28,6 +28,9 @@ class JobRecord:
     #: One entry per PS restart: its shard, the job's model version when it was lost, the
     #: version it came back with, and the difference.
     ps_restores: list[dict] = field(default_factory=list)
+    #: Per PS shard (as a string, for JSON): the job's model version when its instance was
+    #: lost, until the replacement reports the version it came back with.
+    ps_lost_at: dict[str, int] = field(default_factory=dict)
     master_restarts: int = 0
     #: The master's port, kept so that a restarted master is found where instances look.
     port: int = 0
@@ -51,6 +54,10 @@ class JobRecord:
 
     def add_evaluation(self, entry: dict) -> None:
         self._change({"op": "evaluation", "entry": entry})
+
+    def note_ps_lost(self, shard: int, model_version: int) -> None:
+        if str(shard) not in self.ps_lost_at:
+            self._change({"op": "ps_lost", "shard": shard, "version": model_version})
 
     def add_ps_restore(self, entry: dict) -> None:
         self._change({"op": "ps_restore", "entry": entry})
@@ -79,8 +86,11 @@ class JobRecord:
             # Rounds finish out of order (a later round's tasks can finish first): the
             # list is kept in the order the rounds were started, which is epoch order.
             self.evaluations.sort(key=lambda e: (e["epoch"], e["round"]))
+        elif op == "ps_lost":
+            self.ps_lost_at[str(record["shard"])] = record["version"]
         elif op == "ps_restore":
             self.ps_restores.append(record["entry"])
+            self.ps_lost_at.pop(str(record["entry"]["shard"]), None)
         elif op == "master_restart":
             self.master_restarts += 1
         elif op == "port":

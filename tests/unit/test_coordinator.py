@@ -16,7 +16,7 @@ from elastic_step.backends.api import ExitReason, LaunchSpec, Role
 from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open_coordinator
 from elastic_step.master.instance_manager import MembershipSettings
 from elastic_step.master.job_record import JobRecord
-from elastic_step.master.persistence import Replay
+from elastic_step.master.persistence import SavedJob
 from elastic_step.master.phase import Phase
 from elastic_step.master.servicer import MasterServicer
 from elastic_step.master.state_store import FileStateStore
@@ -59,15 +59,15 @@ class Master:
     def __init__(self, tmp_path: Path, clock: FakeClock, backend: FakeBackend | None = None):
         self.store = FileStateStore(str(tmp_path / "state"))
         token = self.store.acquire("test-master", timeout_s=TIMEOUT_S)
-        replay = Replay.of(self.store.load())
+        saved = SavedJob.of(self.store.load())
         record = None
-        if replay.snapshot is not None:
-            record = JobRecord.restore(replay.part("job"), replay.records["job"])
+        if saved.snapshot is not None:
+            record = JobRecord.restore(saved.part("job"), saved.records["job"])
         self.backend = backend or FakeBackend()
         self.coordinator: Coordinator = open_coordinator(
             params(),
             store=self.store,
-            replay=replay,
+            saved=saved,
             record=record,
             token=token,
             backend=self.backend,

@@ -584,7 +584,7 @@ class BrokenBackend(FakeBackend):
 
 def test_launch_errors_are_retried_with_backoff_then_fail_the_job() -> None:
     clock = FakeClock(100.0)
-    manager = make(BrokenBackend(), clock)
+    manager = make(BrokenBackend(), clock, starve_timeout_s=1e9)
     attempts = 0
     while manager.failure is None and attempts < 50:
         manager.reconcile()  # must not raise: the master lives on
@@ -669,3 +669,31 @@ def test_records_stay_small_and_the_state_bounded_at_scale() -> None:
     for record in round_trip(records):
         replayed.apply(record)
     assert replayed.snapshot() == round_trip(manager.snapshot())
+
+
+def test_a_job_whose_workers_never_run_fails_after_the_starve_timeout() -> None:
+    clock = FakeClock(100.0)
+    backend = FakeBackend()
+    manager = make(backend, clock, starve_timeout_s=300.0)
+    manager.reconcile()
+    backend.events.clear()  # nothing ever starts
+    reason = "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu"
+    manager.handle(InstanceEvent("worker-0", EventKind.PENDING, message=reason))
+    for _ in range(10):
+        clock.now += 29
+        manager.reconcile()
+    assert manager.failure is None  # 290 s: still waiting
+    clock.now += 20
+    manager.reconcile()
+    assert manager.failure is not None
+    assert manager.failure.startswith("no worker has been running for 300 s")
+    assert f"worker-0: {reason}" in manager.failure
+
+
+def test_running_workers_keep_the_starve_clock_at_zero() -> None:
+    clock = FakeClock(100.0)
+    manager = started(make(FakeBackend(), clock, starve_timeout_s=10.0))
+    for _ in range(5):
+        clock.now += 100
+        manager.reconcile()
+    assert manager.failure is None

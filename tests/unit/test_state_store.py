@@ -543,3 +543,16 @@ def test_create_state_store_rejects_an_unknown_name_with_the_rule(tmp_path: Path
     with pytest.raises(InputError) as info:
         create_state_store("redis", str(tmp_path))
     assert str(info.value) == "--state-store must be one of file, got 'redis'"
+
+
+def test_the_state_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    # The snapshot holds the job's secret.
+    store = create_state_store("file", str(tmp_path))
+    store.acquire("master", timeout_s=WAIT_S)
+    store.snapshot(STATE)
+    store.append({"op": "x"})
+    store.close()
+    state_dir = tmp_path / "master-state"
+    assert state_dir.stat().st_mode & 0o777 == 0o700
+    for path in state_dir.iterdir():
+        assert path.stat().st_mode & 0o077 == 0, path

@@ -61,7 +61,8 @@ class FileStateStore(StateStore):
             if self._committer is not None or self._closed:
                 raise StateStoreError(f"{self._dir}: a store is acquired at most once")
             try:
-                os.makedirs(self._dir, exist_ok=True)
+                os.makedirs(self._dir, mode=0o700, exist_ok=True)
+                os.chmod(self._dir, 0o700)  # it holds the job's secret
             except OSError as e:
                 raise StateStoreError(f"cannot create the state directory: {e}") from e
             token = self._lease.acquire(owner, timeout_s)
