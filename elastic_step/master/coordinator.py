@@ -34,7 +34,7 @@ from elastic_step.master.task_manager import (
     TaskManager,
     TaskSettings,
 )
-from elastic_step.rpc import auth, master_pb2
+from elastic_step.rpc import master_pb2
 from elastic_step.rpc.tensors import from_proto
 
 log = logging.getLogger("elastic_step.master")
@@ -82,7 +82,7 @@ def open_coordinator(
     lease_base = token << 32
     task_clock = {"clock": clock} if clock else {}
     if record is None:
-        record = JobRecord(params.fixed_settings, auth.new_secret(), params.membership.num_ps)
+        record = JobRecord(params.fixed_settings, params.membership.num_ps)
         tasks = TaskManager(
             params.tasks, journal=recorder.writer("tasks"), lease_base=lease_base, **task_clock
         )

@@ -51,8 +51,6 @@ TICK_S = 0.2
 STATUS_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
 STOP_GRACE_S = 3.0
-#: How long a second master of the same job waits for the first one's lease.
-ACQUIRE_TIMEOUT_S = 5.0
 FLUSH_TIMEOUT_S = 30.0
 
 
@@ -79,6 +77,7 @@ class Job:
         self.backend: Backend | None = None
         self.coordinator: Coordinator | None = None
         self._master_address = ""
+        self._secret = ""
 
     # -- settings --
 
@@ -133,15 +132,14 @@ class Job:
         )
 
     def _launch_spec(self, role: Role, slot: int, name: str) -> LaunchSpec:
-        record = self.coordinator.record
         address = self._master_address
         if role is Role.PS:
             args = ["ps", "--master", address, "--shard", str(slot), "--name", name]
             # A PS checks every caller's token, so it holds the secret.
-            credentials = {auth.SECRET_ENV: record.secret}
+            credentials = {auth.SECRET_ENV: self._secret}
         else:
             args = ["worker", "--master", address, "--name", name]
-            credentials = {auth.TOKEN_ENV: auth.token_for(record.secret, name)}
+            credentials = {auth.TOKEN_ENV: auth.token_for(self._secret, name)}
         return LaunchSpec(
             name,
             role,
@@ -162,7 +160,7 @@ class Job:
             )
         owner = f"{socket.gethostname()}:{os.getpid()}"
         try:
-            token = self.store.acquire(owner, timeout_s=ACQUIRE_TIMEOUT_S)
+            token = self.store.acquire(owner, timeout_s=self.store.takeover_wait_s)
         except StateStoreLockedError as e:
             raise InputError(f"another master is running the job in {self.output}: {e}") from e
         # From here to the end a signal is only noted: the loop acts on it, and one that
@@ -192,6 +190,7 @@ class Job:
     def _run(self, token: int) -> int:
         import keras
 
+        self._secret = self.store.job_secret()
         saved = SavedJob.of(self.store.load())
         record = self._check_saved(saved)
         if record is not None and record.phase is Phase.SUCCEEDED:
@@ -267,7 +266,7 @@ class Job:
         record = self.coordinator.record
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=16),
-            interceptors=[auth.AuthInterceptor(record.secret)],
+            interceptors=[auth.AuthInterceptor(self._secret)],
         )
         master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self.coordinator), server)
         # Listen only where instances reach the master: loopback for local processes.
@@ -433,7 +432,7 @@ class Job:
         try:
             if not all(addresses):
                 raise PSUnavailableError(addresses.index(""), "is being relaunched")
-            credentials = auth.Credentials.for_instance(coordinator.record.secret, auth.MASTER_NAME)
+            credentials = auth.Credentials.for_instance(self._secret, auth.MASTER_NAME)
             save_final_model(self.definition, addresses, credentials, self.output, self.config.seed)
             return True
         except PSUnavailableError as e:

@@ -1,8 +1,9 @@
 """The job-level part of the master's state: what is neither a task nor an instance.
 
-It holds the job's identity (the settings a resumed job must share, and the secret that
-instances prove themselves with), the phase, the PS addresses, the evaluations in epoch
-order and what each PS restart lost. Every change is one small journal record.
+It holds the settings a resumed job must share, the phase, the PS addresses, the
+evaluations in epoch order and what each PS restart lost. Every change is one small journal
+record. The job's secret is not here: the state store keeps it apart (see
+``StateStore.job_secret``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from elastic_step.master.phase import Phase
 class JobRecord:
     #: The settings a resumed or re-run job must share with this one (name -> value).
     settings: dict
-    #: The job's secret: instances get it through their environment.
-    secret: str
     num_ps: int
     phase: Phase = Phase.STARTING
     error: str | None = None

@@ -57,8 +57,8 @@ def secret_from_env(environ: Mapping[str, str] | None = None) -> str:
     secret = (os.environ if environ is None else environ).get(SECRET_ENV, "")
     if not secret:
         raise MissingSecretError(
-            f"neither {TOKEN_ENV} nor {SECRET_ENV} is set: the master gives each instance it "
-            "launches its credentials; workers and PS cannot run without them"
+            f"{SECRET_ENV} is not set: the master gives the job's secret to every "
+            "instance it launches; workers and PS cannot run without it"
         )
     return secret
 
@@ -82,6 +82,11 @@ class Credentials:
         token = environ.get(TOKEN_ENV, "")
         if token:
             return cls(name, token)
+        if not environ.get(SECRET_ENV):
+            raise MissingSecretError(
+                f"neither {TOKEN_ENV} nor {SECRET_ENV} is set: the master gives every "
+                "instance it launches its credentials; a worker cannot run without them"
+            )
         return cls.for_instance(secret_from_env(environ), name)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:

@@ -707,3 +707,21 @@ def test_create_state_store_kubernetes_uses_the_kubeconfig_and_its_namespace(
         create_state_store("kubernetes", str(tmp_path))
     with pytest.raises(InputError, match="job name must be lowercase"):
         create_state_store("kubernetes", str(tmp_path), job_name="Job_1")
+
+
+def test_the_job_secret_is_a_secret_not_in_the_state(cluster, sa_api) -> None:
+    first = KubernetesStateStore("secret-job", cluster.namespace, api_client=sa_api)
+    first.acquire("master-a", timeout_s=10)
+    secret = first.job_secret()
+    assert len(secret) == 64 and first.job_secret() == secret
+    first.snapshot({"phase": "running"})
+    first.close()
+    # Another owner (a restarted master) gets the same secret; it is in no ConfigMap.
+    second = KubernetesStateStore("secret-job", cluster.namespace, api_client=sa_api)
+    second.acquire("master-b", timeout_s=60)
+    assert second.job_secret() == secret
+    second.close()
+    configmaps = client.CoreV1Api(sa_api).list_namespaced_config_map(
+        cluster.namespace, label_selector="elastic-step/job=secret-job"
+    )
+    assert configmaps.items and all(secret not in str(cm.data) for cm in configmaps.items)

@@ -98,7 +98,7 @@ def test_secret_from_the_environment() -> None:
     assert auth.secret_from_env(env) == SECRET
     assert Credentials.from_env(WORKER, env) == Credentials.for_instance(SECRET, WORKER)
     for missing in ({}, {auth.SECRET_ENV: ""}):
-        with pytest.raises(auth.MissingSecretError, match=f"{auth.SECRET_ENV} is set"):
+        with pytest.raises(auth.MissingSecretError, match=f"nor {auth.SECRET_ENV} is set"):
             Credentials.from_env(WORKER, missing)
 
 

@@ -74,7 +74,7 @@ class Master:
             spec_for=spec_for,
             clock=clock,
         )
-        self.secret = self.coordinator.record.secret
+        self.secret = self.store.job_secret()
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4),
             interceptors=[auth.AuthInterceptor(self.secret)],
@@ -320,7 +320,7 @@ def test_a_restarted_master_resumes_from_the_journal(tmp_path, clock) -> None:
     second = Master(tmp_path, clock, backend)
     try:
         coordinator = second.coordinator
-        assert coordinator.record.secret == first.secret
+        assert second.secret == first.secret
         assert coordinator.tasks.records_trained(1) == 50
         assert coordinator.tasks.snapshot()["leases"] == before["leases"]
         coordinator.adopt(backend.list_instances())

@@ -18,7 +18,7 @@ def evaluation(round_: int, epoch: int, version: int, trigger: str = "epoch-end"
 
 
 def test_evaluations_are_kept_in_epoch_order_and_the_final_metrics_are_the_last_started():
-    record = JobRecord({"--epochs": 2}, "secret", num_ps=1)
+    record = JobRecord({"--epochs": 2}, num_ps=1)
     # Epoch 2's round started first (round 1 < round 2) but epoch 1 completed last:
     # round 2 measured the final model.
     record.add_evaluation(evaluation(1, 2, 40))
@@ -30,7 +30,7 @@ def test_evaluations_are_kept_in_epoch_order_and_the_final_metrics_are_the_last_
 
 def test_an_evaluation_recorded_twice_is_kept_once_and_replay_rebuilds_the_record():
     records: list[dict] = []
-    record = JobRecord({"--epochs": 1}, "secret", num_ps=2)
+    record = JobRecord({"--epochs": 1}, num_ps=2)
     base = record.snapshot()
     record.attach(records.append)
     record.set_phase(Phase.RUNNING)

@@ -140,5 +140,17 @@ class StateStore(ABC):
         """
 
     @abstractmethod
+    def job_secret(self) -> str:
+        """The job's secret, made at the first call and the same at every later one, by any
+        owner. Kept apart from the snapshot and the journal (which status readers load),
+        where only the job's master can read it. Call after :meth:`acquire`."""
+
+    @property
+    def takeover_wait_s(self) -> float:
+        """How long a new owner should wait in :meth:`acquire` for a crashed owner's lease to
+        run out."""
+        return 5.0
+
+    @abstractmethod
     def describe(self) -> str:
         """Where the state lives, for logs and messages."""

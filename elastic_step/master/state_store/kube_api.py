@@ -29,6 +29,7 @@ from elastic_step.master.state_store.api import StateStoreError
 log = logging.getLogger("elastic_step.master.state_store")
 
 CONFIGMAPS = "configmaps"
+SECRETS = "secrets"
 LEASES = "leases.coordination.k8s.io"
 RBAC_HINT = "check the Role in manifests/rbac.yaml"
 RETRYABLE = frozenset({0, 429, 500, 502, 503, 504})  # 0: the client's SSL/connection failure
@@ -150,6 +151,23 @@ class KubeApi:
             log.debug("retrying %s %s after %s", verb, what, why)
             time.sleep(min(wait if wait is not None else pause, left))
             pause = min(pause * 2, _MAX_PAUSE_S)
+
+    # -- Secrets --
+
+    def get_or_create_secret(self, body: dict) -> dict:
+        """The Secret named in ``body``, created from ``body`` if there is none (a create
+        that lost a race reads the winner's)."""
+        name = body["metadata"]["name"]
+        try:
+            return self.call(
+                "create", SECRETS, name, self.core.create_namespaced_secret, self.namespace, body
+            )
+        except ApiError as err:
+            if not err.already_exists:
+                raise
+        return self.call(
+            "get", SECRETS, name, self.core.read_namespaced_secret, name, self.namespace
+        )
 
     # -- ConfigMaps --
 

@@ -59,11 +59,13 @@ again.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
 import os
 import re
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -325,6 +327,25 @@ class KubernetesStateStore(StateStore):
     @property
     def job_name(self) -> str:
         return self._job
+
+    def job_secret(self) -> str:
+        metadata: dict = {"name": f"{self._job}-state-secret", "labels": dict(self._labels)}
+        if self._owner_references:
+            metadata["ownerReferences"] = self._owner_references
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata,
+            "type": "Opaque",
+            "stringData": {"secret": secrets.token_hex(32)},
+        }
+        secret = self._api.get_or_create_secret(body)
+        return base64.b64decode(secret["data"]["secret"]).decode()
+
+    @property
+    def takeover_wait_s(self) -> float:
+        # A crashed owner's lease runs out after its duration; a little more covers skew.
+        return 2 * self._kube.lease_duration_s + 5
 
     def describe(self) -> str:
         return (
