@@ -85,6 +85,7 @@ class Provisioner:
             return
         path = self.claim_dir(meta["namespace"], meta["name"])
         path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o777)  # as local-path provisioners do: any container user may write
         size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
         cls = spec.get("storageClassName") or ""
         reclaim = "Delete"

@@ -31,11 +31,15 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import http.client
 import ipaddress
 import json
 import logging
 import os
+import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -230,6 +234,36 @@ class MemoryCgroups:
 
 
 @dataclass
+class Probe:
+    """A container's readinessProbe: tcpSocket, httpGet or exec, with the API's defaults."""
+
+    spec: dict[str, Any]
+    next_at: float
+    ready: bool = False
+    successes: int = 0
+    failures: int = 0
+    busy: bool = False
+
+    @classmethod
+    def create(cls, spec: dict[str, Any] | None) -> Probe | None:
+        if not spec:
+            return None
+        return cls(spec, time.monotonic() + float(spec.get("initialDelaySeconds") or 0))
+
+    def record(self, ok: bool) -> None:
+        if ok:
+            self.successes, self.failures = self.successes + 1, 0
+            if self.successes >= int(self.spec.get("successThreshold") or 1):
+                self.ready = True
+        else:
+            self.failures, self.successes = self.failures + 1, 0
+            if self.failures >= int(self.spec.get("failureThreshold") or 3):
+                self.ready = False
+        self.next_at = time.monotonic() + float(self.spec.get("periodSeconds") or 10)
+        self.busy = False
+
+
+@dataclass
 class Container:
     """One container of a pod, running as a local process group in its own namespaces."""
 
@@ -250,7 +284,15 @@ class Container:
     last_terminated: dict[str, Any] | None = None
     waiting_reason: str = "ContainerCreating"
     restart_at: float | None = None  # monotonic time of a pending restart
+    readiness: Probe | None = None
+    env: dict[str, str] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.exit_code is None
+
+    def ready(self) -> bool:
+        return self.running() and (self.readiness is None or self.readiness.ready)
 
     def poll(self) -> bool:
         """True once the container has terminated; records how it ended."""
@@ -268,8 +310,9 @@ class Container:
             self.finished_at = now()
             oom = MemoryCgroups.oom_kills(self.cgroup) > 0
             start_error = ""
-            if self.error_file is not None and self.error_file.exists():
-                start_error = self.error_file.read_text(errors="replace").strip()
+            if self.error_file is not None:
+                with contextlib.suppress(OSError):
+                    start_error = self.error_file.read_text(errors="replace").strip()
             if start_error and code == 128:
                 self.exit_code, self.reason, self.message = 128, "StartError", start_error
             elif code < 0:
@@ -277,7 +320,7 @@ class Container:
                 self.reason = "OOMKilled" if oom else "Error"
             else:
                 self.exit_code = code
-                self.reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
+                self.reason = "Completed" if code == 0 else ("OOMKilled" if oom else "Error")
             if not MemoryCgroups.remove(self.cgroup, attempts=3):
                 log.debug("cgroup %s still busy; removed with the pod", self.cgroup)
             else:
@@ -318,10 +361,11 @@ class Container:
         self.exit_code = self.signal = None
         self.reason = self.message = self.started_at = self.finished_at = ""
         self.restart_at = None
+        self.readiness = None
 
-    def status(self, ready: bool) -> dict[str, Any]:
+    def status(self) -> dict[str, Any]:
         state: dict[str, Any]
-        running = self.proc is not None and self.exit_code is None
+        running = self.running()
         if running:
             state = {"running": {"startedAt": self.started_at}}
         elif self.exit_code is not None and self.restart_at is None:
@@ -337,7 +381,7 @@ class Container:
             "image": self.image,
             "imageID": "",
             "containerID": self.container_id(),
-            "ready": running and ready,
+            "ready": self.ready() and not self.init,
             "started": running,
             "restartCount": self.restart_count,
             "state": state,
@@ -783,6 +827,7 @@ class ProcessKubelet:
             container.error_file = run.pod_dir / f"{name}.start-error"
             container.error_file.unlink(missing_ok=True)
             host_network = bool(run.pod["spec"].get("hostNetwork"))
+            container.env = env
             plan = {
                 "root": str(rootfs),
                 "cgroup_procs": str(container.cgroup / "cgroup.procs") if container.cgroup else "",
@@ -792,6 +837,7 @@ class ProcessKubelet:
                 "argv": argv,
                 "env": env,
                 "error_file": str(container.error_file),
+                **run_as(run.pod["spec"], spec),
             }
             plan_file = run.pod_dir / f"{name}.plan.json"
             plan_file.write_text(json.dumps(plan))
@@ -807,6 +853,8 @@ class ProcessKubelet:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # own process group: kill reaches children
                 )
+            if not container.init:
+                container.readiness = Probe.create(spec.get("readinessProbe"))
         except (OSError, ValueError, ApiException) as err:
             message = err.reason if isinstance(err, ApiException) else str(err)
             container.fail_to_start(message)
@@ -922,10 +970,8 @@ class ProcessKubelet:
             if run.reported_terminal:
                 return
             phase = run.phase()
-            running = phase == "Running" and all(
-                c.proc is not None and c.exit_code is None for c in run.containers
-            )
-            ready = "True" if running and not run.terminating else "False"
+            all_ready = phase == "Running" and all(c.ready() for c in run.containers)
+            ready = "True" if all_ready and not run.terminating else "False"
             wanted = {
                 "PodReadyToStartContainers": "True" if run.ip else "False",
                 "Initialized": "True" if run.stage == "running" else "False",
@@ -950,13 +996,13 @@ class ProcessKubelet:
                 "hostIPs": [{"ip": HOST_IP}],
                 "startTime": run.started_at,
                 "conditions": conditions,
-                "containerStatuses": [c.status(ready == "True") for c in run.containers],
+                "containerStatuses": [c.status() for c in run.containers],
             }
             if run.ip:
                 status["podIP"] = run.ip
                 status["podIPs"] = [{"ip": run.ip}]
             if run.init_containers:
-                status["initContainerStatuses"] = [c.status(False) for c in run.init_containers]
+                status["initContainerStatuses"] = [c.status() for c in run.init_containers]
             text = json.dumps(status, sort_keys=True)
             if text == run.last_status:
                 return
@@ -976,6 +1022,67 @@ class ProcessKubelet:
             if err.status in (404, 409, 422):
                 return False  # the pod is gone or replaced by a newer one with the same name
             raise
+
+    # --- readiness probes -------------------------------------------------------------
+
+    def _probe_loop(self) -> None:
+        while not self.stopping.wait(0.1):
+            with self.runs_lock:
+                runs = list(self.runs.values())
+            stamp = time.monotonic()
+            for run in runs:
+                if run.terminating or run.stage != "running":
+                    continue
+                for container in run.containers:
+                    probe = container.readiness
+                    if probe and not probe.busy and probe.next_at <= stamp and container.running():
+                        probe.busy = True
+                        threading.Thread(
+                            target=self._probe, args=(run, container, probe), daemon=True
+                        ).start()
+
+    def _probe(self, run: PodRun, container: Container, probe: Probe) -> None:
+        spec = probe.spec
+        timeout = float(spec.get("timeoutSeconds") or 1)
+        ok = False
+        try:
+            if "exec" in spec:
+                ok = self._probe_exec(container, spec["exec"].get("command") or [], timeout)
+            elif "tcpSocket" in spec:
+                port = _port(container.spec, spec["tcpSocket"]["port"])
+                host = spec["tcpSocket"].get("host") or run.ip
+                with socket.create_connection((host, port), timeout=timeout):
+                    ok = True
+            elif "httpGet" in spec:
+                ok = _probe_http(spec["httpGet"], container.spec, run.ip, timeout)
+            else:  # gRPC probes are not implemented: count as passing
+                ok = True
+        except (OSError, ValueError, subprocess.SubprocessError, http.client.HTTPException):
+            ok = False
+        before = probe.ready
+        probe.record(ok)
+        if probe.ready != before:
+            log.info(
+                "%s/%s container %s ready=%s", run.namespace, run.name, container.name, probe.ready
+            )
+
+    @staticmethod
+    def _probe_exec(container: Container, command: list[str], timeout: float) -> bool:
+        """Run the command in the container's namespaces and root (nsenter), with its env."""
+        pid = container.proc.pid if container.proc else 0
+        argv = list(command)
+        if shutil.which("nsenter") and pid:
+            argv = ["nsenter", "-t", str(pid), "-m", "-u", "-r", "-w", "--", *argv]
+        result = subprocess.run(
+            argv,
+            env=container.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+            check=False,
+        )
+        return result.returncode == 0
 
     # --- stopping -----------------------------------------------------------------------
 
@@ -1061,6 +1168,7 @@ class ProcessKubelet:
             threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
             threading.Thread(target=self._reap_loop, name="reaper", daemon=True),
             threading.Thread(target=self._watch_loop, name="pod-watch", daemon=True),
+            threading.Thread(target=self._probe_loop, name="prober", daemon=True),
         ]
         for thread in threads:
             thread.start()
@@ -1073,6 +1181,49 @@ class ProcessKubelet:
 
     def stop(self) -> None:
         self.stopping.set()
+
+
+def _port(container: dict[str, Any], port: int | str) -> int:
+    """A probe's port: a number, or the name of one of the container's ports."""
+    if isinstance(port, int) or str(port).isdigit():
+        return int(port)
+    for item in container.get("ports") or []:
+        if item.get("name") == port:
+            return int(item["containerPort"])
+    raise ValueError(f"no container port named {port!r}")
+
+
+def _probe_http(get: dict[str, Any], container: dict[str, Any], ip: str, timeout: float) -> bool:
+    host, port = get.get("host") or ip, _port(container, get["port"])
+    if (get.get("scheme") or "HTTP").upper() == "HTTPS":
+        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+            host, port, timeout=timeout, context=ssl._create_unverified_context()
+        )
+    else:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        headers = {h["name"]: h["value"] for h in get.get("httpHeaders") or []}
+        conn.request("GET", get.get("path") or "/", headers=headers)
+        return 200 <= conn.getresponse().status < 400
+    finally:
+        conn.close()
+
+
+def run_as(pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+    """runAsUser/runAsGroup/supplementalGroups (container over pod) for podinit.py."""
+    pod_ctx = pod_spec.get("securityContext") or {}
+    ctx = container.get("securityContext") or {}
+    out: dict[str, Any] = {}
+    user = ctx.get("runAsUser", pod_ctx.get("runAsUser"))
+    group = ctx.get("runAsGroup", pod_ctx.get("runAsGroup"))
+    if user is not None:
+        out["uid"] = int(user)
+        out["gid"] = int(group if group is not None else 0)
+        groups = list(pod_ctx.get("supplementalGroups") or [])
+        if pod_ctx.get("fsGroup") is not None:
+            groups.append(pod_ctx["fsGroup"])
+        out["groups"] = [int(g) for g in groups]
+    return out
 
 
 def _host_env() -> dict[str, str]:

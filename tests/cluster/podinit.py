@@ -13,12 +13,13 @@ helper, still with the container's pid, then:
    a tmpfs holding bind mounts of its original entries;
 4. bind-mounts every volume, /etc/hosts, /etc/resolv.conf and /etc/hostname at their
    paths, read-only where asked;
-5. changes to the working directory and execs the command with the container's env.
+5. changes to the working directory, takes the securityContext's user and groups if one is
+   given, and execs the command with the container's env.
 
 Nothing is mounted in the host's namespace: when the last process of the container exits,
 the kernel drops the namespace and every mount in it. If any step fails, or the command
-cannot be executed, the reason goes to plan["error_file"] and the exit status is 128, which
-the kubelet reports as StartError (as a container runtime does).
+cannot be executed, the reason goes to plan["error_file"] (empty otherwise) and the exit
+status is 128, which the kubelet reports as StartError (as a container runtime does).
 
 Only the standard library is used (the helper runs with -I -S).
 """
@@ -189,28 +190,52 @@ def setup(plan: dict) -> None:
         except OSError as err:
             raise OSError(f"mounting {item['source']} at {item['target']}: {err}") from err
     os.chdir(root.make_dir(plan["cwd"]) if plan.get("cwd") else "/")
+    if "uid" in plan:  # securityContext.runAsUser/runAsGroup/supplementalGroups
+        os.setgroups(plan.get("groups") or [])
+        os.setgid(plan.get("gid", 0))
+        os.setuid(plan["uid"])
+
+
+_error_fd = -1
 
 
 def main() -> None:
+    global _error_fd
     with open(sys.argv[1]) as f:
         plan = json.load(f)
+    try:
+        # Opened now: after a switch to runAsUser the pod's directory may not be writable.
+        _error_fd = os.open(plan["error_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.set_inheritable(_error_fd, False)
+    except OSError:
+        pass
     try:
         setup(plan)
     except Exception as err:  # any failure is a StartError
         _fail(plan, f"container setup failed: {err}")
     argv, env = plan["argv"], plan["env"]
     try:
-        os.execvpe(argv[0], argv, env)
+        os.execve(_resolve(argv[0], env.get("PATH", os.defpath)), argv, env)
     except OSError as err:
         _fail(plan, f'exec: "{argv[0]}": {err.strerror or err}')
 
 
+def _resolve(command: str, path: str) -> str:
+    """The executable for command on PATH, found without importing anything more (after
+    a switch to runAsUser the interpreter's own library may be out of reach)."""
+    if "/" in command:
+        return command
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or ".", command)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(2, "executable file not found in $PATH")
+
+
 def _fail(plan: dict, message: str) -> None:
-    try:
-        with open(plan["error_file"], "w") as f:
-            f.write(message)
-    except OSError:
-        pass
+    if _error_fd >= 0:
+        with contextlib.suppress(OSError):
+            os.write(_error_fd, message.encode())
     sys.stderr.write(message + "\n")
     os._exit(128)
 

@@ -160,6 +160,7 @@ def prepare_volumes(
         target = pod_dir / "volumes" / name
         if "emptyDir" in spec:
             target.mkdir(parents=True, exist_ok=True)
+            target.chmod(0o777)  # as the kubelet makes it: any container user may write
             out.volumes[name] = Volume(target)
         elif "configMap" in spec or "secret" in spec:
             kind = "configMap" if "configMap" in spec else "secret"

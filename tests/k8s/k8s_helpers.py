@@ -144,13 +144,15 @@ def wait_terminal(
 def wait_running(
     core: client.CoreV1Api, namespace: str, name: str, timeout: float = 90
 ) -> client.V1Pod:
-    def running() -> client.V1Pod | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         pod = core.read_namespaced_pod(name, namespace)
-        if pod.status.phase in ("Succeeded", "Failed"):
+        if pod.status.phase == "Running":
+            return pod
+        if pod.status.phase in ("Succeeded", "Failed"):  # fail now, not at the timeout
             raise AssertionError(f"pod {name} ended: {pod.status}")
-        return pod if pod.status.phase == "Running" else None
-
-    return wait_for(f"pod {name} Running", running, timeout=timeout)
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out after {timeout}s waiting for pod {name} Running")
 
 
 def container_log(workdir: Path, pod: client.V1Pod, container: str = "main") -> str:
