@@ -21,7 +21,11 @@ What a pod gets, so that in-cluster code runs unchanged:
 - KUBERNETES_SERVICE_HOST/PORT naming the apiserver's loopback address, so
   kubernetes.config.load_incluster_config() works;
 - a memory cgroup (v1) per container with resources.limits.memory as its limit; a kill by
-  the kernel's OOM killer is reported as reason OOMKilled, as a real runtime does.
+  the kernel's OOM killer is reported as reason OOMKilled, as a real runtime does;
+- readiness probes deciding the Ready condition (and so the pod's place in EndpointSlices),
+  restartPolicy OnFailure/Always with restartCount and lastState, init containers.
+
+See README.md for the limits (one network namespace, the host's files visible, ...).
 
 Run: python tests/cluster/kubelet.py --kubeconfig admin.kubeconfig --node-name node-1
 """
@@ -166,8 +170,7 @@ class MemoryCgroups:
             if pid.isdigit() and not Path(f"/proc/{pid}").exists():
                 for child in sorted(group.rglob("*"), key=lambda p: -len(p.parts)):
                     if child.is_dir():
-                        with contextlib.suppress(OSError):
-                            child.rmdir()
+                        MemoryCgroups.remove(child, attempts=5)  # kills what it still holds
                 with contextlib.suppress(OSError):
                     group.rmdir()
 

@@ -204,3 +204,29 @@ def test_persistent_volume_claim_is_shared_by_pods_in_sequence(cluster, sa_api, 
 
     wait_for("the released volume to be deleted", volume_gone, timeout=60)
     assert not host_dir.exists()
+
+
+def test_pod_waits_for_a_missing_secret_then_starts(cluster, sa_api, admin_api) -> None:
+    admin, core = client.CoreV1Api(admin_api), client.CoreV1Api(sa_api)
+    ns, name, secret = cluster.namespace, _name("waits"), _name("late")
+    pod = python_pod(
+        name,
+        "print(open('/etc/late/key').read(), flush=True)",
+        volume_mounts=[{"name": "late", "mountPath": "/etc/late"}],
+        volumes=[{"name": "late", "secret": {"secretName": secret}}],
+    )
+    core.create_namespaced_pod(ns, pod)
+
+    def creating() -> client.V1Pod | None:
+        pod = core.read_namespaced_pod(name, ns)
+        statuses = pod.status.container_statuses or []
+        waiting = statuses and statuses[0].state.waiting
+        return pod if waiting and waiting.reason == "ContainerCreating" else None
+
+    pending = wait_for("the pod to wait for its Secret", creating, timeout=30)
+    assert pending.status.phase == "Pending" and pending.status.pod_ip
+    admin.create_namespaced_secret(ns, {"metadata": {"name": secret}, "stringData": {"key": "v"}})
+    done = wait_terminal(core, ns, name, timeout=60)
+    assert done.status.phase == "Succeeded"
+    assert container_log(cluster.workdir, done).strip() == "v"
+    admin.delete_namespaced_secret(secret, ns)
