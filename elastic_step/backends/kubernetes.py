@@ -3,8 +3,9 @@ workers and parameter servers as pods, with no operator.
 
 **Objects.** Each instance is one pod, ``<job>-<instance>`` (names are never reused), with
 ``restartPolicy: Never``: the master replaces pods, the kubelet does not restart them. The
-job also has a Secret ``<job>-secret`` (the values of ``LaunchSpec.secret_env``, which pods
-read with ``secretKeyRef``: no secret value is ever in a pod spec or a log) and a headless
+job also has a Secret ``<job>-secret`` (the values of each ``LaunchSpec.secret_env`` under
+``<instance>.<VARIABLE>``, which the pod reads with ``secretKeyRef``: no secret value is
+ever in a pod spec or a log; an ended instance's keys are removed) and a headless
 Service ``<job>-master`` that selects the pod labelled ``elastic-step/master: <job>``. The
 master labels its own pod so (and takes the label off any older master pod), so instances
 reach ``<job>-master.<namespace>.svc:<port>`` whichever pod the master runs in now. The
@@ -241,7 +242,9 @@ class KubernetesBackend(Backend):
         self._owner: dict[str, Any] | None = None
         self._owns_owner = False
         self._image = self._options.image
+        #: What the job's Secret holds, as this master put it there.
         self._secret_values: dict[str, str] = {}
+        self._secret_made = False
         self._listen_host: str | None = None
         self._closed = False
         self._pool = _Pool(api_threads)
@@ -493,21 +496,27 @@ class KubernetesBackend(Backend):
             )
         return pods.owner_reference("v1", "ConfigMap", name, made["metadata"]["uid"])
 
-    def _ensure_secret(self, values: dict[str, str]) -> None:
+    def _ensure_secret(self, spec: LaunchSpec) -> None:
+        """Puts the instance's secret values into the job's Secret, before its pod exists."""
+        values = {pods.secret_key(spec.name, k): v for k, v in spec.secret_env.items()}
         with self._setup_lock:
             if all(self._secret_values.get(k) == v for k, v in values.items()):
                 return
-            wanted = {**self._secret_values, **values}
-            body = pods.build_secret(self._job, self._namespace, wanted, self._owner)
+            body = pods.build_secret(self._job, self._namespace, values, self._owner)
             core = self._kube.core
-            try:
-                self._kube.call(
-                    "create", "secrets", core.create_namespaced_secret, self._namespace, body
-                )
-            except KubeCallError as e:
-                if not e.conflict:
-                    raise
-                # An earlier master's Secret: make sure it holds these values (no read needed).
+            made = False
+            if not self._secret_made:
+                try:
+                    self._kube.call(
+                        "create", "secrets", core.create_namespaced_secret, self._namespace, body
+                    )
+                    made = True
+                except KubeCallError as e:
+                    if not e.conflict:
+                        raise
+            if not made:
+                # The Secret exists (this master's, or an earlier one's): add the keys. A
+                # patch needs no read, and the master may not read Secrets.
                 self._kube.call(
                     "patch",
                     "secrets",
@@ -516,7 +525,32 @@ class KubernetesBackend(Backend):
                     self._namespace,
                     {"data": body["data"]},
                 )
-            self._secret_values = wanted
+            self._secret_made = True
+            self._secret_values.update(values)
+
+    def _forget_secret(self, instance: _Instance) -> None:
+        """Takes an ended instance's keys out of the job's Secret (its pod read them when it
+        started), so that the Secret does not grow with every replacement."""
+        if instance.spec is None or not instance.spec.secret_env:
+            return  # adopted: its keys go with the Secret at the end of the job
+        keys = [pods.secret_key(instance.name, k) for k in instance.spec.secret_env]
+        with self._setup_lock:
+            if not any(k in self._secret_values for k in keys):
+                return
+            for key in keys:
+                self._secret_values.pop(key, None)
+        try:
+            self._kube.call(
+                "patch",
+                "secrets",
+                self._kube.core.patch_namespaced_secret,
+                pods.secret_name(self._job),
+                self._namespace,
+                {"data": dict.fromkeys(keys)},
+            )
+        except KubeCallError as e:
+            if not e.not_found:
+                log.warning("%s", e)
 
     def _label_master_pod(self) -> None:
         core = self._kube.core
@@ -645,7 +679,7 @@ class KubernetesBackend(Backend):
             try:
                 self._ensure_setup()
                 if spec.secret_env:
-                    self._ensure_secret(dict(spec.secret_env))
+                    self._ensure_secret(spec)
                 body = pods.build_pod(
                     spec,
                     self._options,
@@ -954,6 +988,8 @@ class KubernetesBackend(Backend):
             instance.ended = True
             instance.creating = instance.deleting = False
             self._events.put(InstanceEvent(instance.name, EventKind.EXITED, code, reason, message))
+        if instance.spec is not None and instance.spec.secret_env:
+            self._pool.submit(lambda: self._forget_secret(instance))
 
     def _end_stuck_terminating(self) -> None:
         now = time.monotonic()

@@ -6,7 +6,8 @@ the same objects. Names and labels:
 - pod ``<job>-<instance>`` (``job-1-worker-3``, ``job-1-ps-0-2``); labels
   ``elastic-step/job``, ``elastic-step/role``, ``elastic-step/index``,
   ``elastic-step/instance`` and ``app.kubernetes.io/managed-by: elastic-step``;
-- the job's Secret ``<job>-secret`` (the values of ``LaunchSpec.secret_env``, one key each);
+- the job's Secret ``<job>-secret``: the values of each instance's ``LaunchSpec.secret_env``,
+  under the keys ``<instance>.<VARIABLE>`` (credentials differ per instance);
 - the headless Service ``<job>-master``, selecting the pod labelled
   ``elastic-step/master: <job>`` (the current master);
 - the owner ConfigMap ``<job>-owner``, when nothing else owns the job (see kubernetes.py).
@@ -62,6 +63,12 @@ def secret_name(job_name: str) -> str:
 
 def owner_name(job_name: str) -> str:
     return f"{job_name}-owner"
+
+
+def secret_key(instance: str, variable: str) -> str:
+    """The key of the job's Secret that holds ``variable`` for ``instance``: credentials may
+    differ per instance (each worker has its own token)."""
+    return f"{instance}.{variable}"
 
 
 def job_selector(job_name: str) -> str:
@@ -317,10 +324,15 @@ def build_pod(
         )
     own_env += [
         {
-            "name": key,
-            "valueFrom": {"secretKeyRef": {"name": secret_name(job_name), "key": key}},
+            "name": variable,
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": secret_name(job_name),
+                    "key": secret_key(spec.name, variable),
+                }
+            },
         }
-        for key in spec.secret_env
+        for variable in spec.secret_env
     ]
     own_names = {e["name"] for e in own_env}
     main["env"] = own_env + [e for e in main.get("env") or [] if e["name"] not in own_names]
@@ -345,7 +357,7 @@ def build_secret(
     values: Mapping[str, str],
     owner: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    """The job's Secret, one key per environment variable."""
+    """The job's Secret: ``values`` by key (see :func:`secret_key`)."""
     secret: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -416,7 +428,7 @@ def plan_job_objects(
     PS and worker pods."""
     owner_object = build_owner(job_name, namespace)
     owner = owner_reference("v1", "ConfigMap", owner_name(job_name), PLACEHOLDER_UID)
-    keys = sorted({key for spec in specs for key in spec.secret_env})
+    keys = [secret_key(spec.name, variable) for spec in specs for variable in spec.secret_env]
     objects = [
         owner_object,
         placeholder_secret(job_name, namespace, keys, owner),

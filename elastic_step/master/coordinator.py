@@ -10,8 +10,8 @@ the ``evaluate_round`` function it is given.
 from __future__ import annotations
 
 import logging
-import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,19 +23,18 @@ from elastic_step.master.instance_manager import (
     SpecFactory,
 )
 from elastic_step.master.job_record import JobRecord
-from elastic_step.master.persistence import Journal, Replay
+from elastic_step.master.persistence import Recorder, SavedJob
 from elastic_step.master.phase import Phase
 from elastic_step.master.process_state import ProcessState
-from elastic_step.master.state_store import StateStore
+from elastic_step.master.state_store import StateStore, StateStoreError
 from elastic_step.master.task_manager import (
     EvaluationResult,
     EvaluationRound,
-    InvalidReportError,
     TaskKind,
     TaskManager,
     TaskSettings,
 )
-from elastic_step.rpc import auth, master_pb2
+from elastic_step.rpc import master_pb2
 from elastic_step.rpc.tensors import from_proto
 
 log = logging.getLogger("elastic_step.master")
@@ -65,51 +64,53 @@ def open_coordinator(
     params: CoordinatorParams,
     *,
     store: StateStore,
-    replay: Replay,
+    saved: SavedJob,
     record: JobRecord | None,
     token: int,
     backend: Backend,
     spec_for: SpecFactory,
     clock: Callable[[], float] | None = None,
 ) -> Coordinator:
-    """A new job's coordinator (``record`` None) or a saved one's, replayed from ``replay``.
+    """A new job's coordinator (``record`` None) or a saved one's, replayed from ``saved``
+    (whose job record the caller has restored and checked).
 
     ``token`` is the store's fencing token: lease ids start above every earlier master's.
     A snapshot is taken at once: a restart always finds one, and the replayed journal is
     compacted. ``clock`` replaces both the monotonic and the wall clock, for tests.
     """
-    journal = Journal(store)
+    recorder = Recorder(store)
     lease_base = token << 32
     task_clock = {"clock": clock} if clock else {}
     if record is None:
-        record = JobRecord(params.fixed_settings, auth.new_secret(), params.membership.num_ps)
+        record = JobRecord(params.fixed_settings, params.membership.num_ps)
         tasks = TaskManager(
-            params.tasks, journal=journal.writer("tasks"), lease_base=lease_base, **task_clock
+            params.tasks, journal=recorder.writer("tasks"), lease_base=lease_base, **task_clock
         )
     else:
         tasks = TaskManager.restore(
             params.tasks,
-            replay.part("tasks"),
-            replay.records["tasks"],
+            saved.part("tasks"),
+            saved.records["tasks"],
             lease_base=lease_base,
-            journal=journal.writer("tasks"),
+            journal=recorder.writer("tasks"),
             **task_clock,
         )
-    record.attach(journal.writer("job"))
     instances = InstanceManager(
-        backend, params.membership, spec_for, journal=journal.writer("instances"), **task_clock
+        backend, params.membership, spec_for, journal=recorder.writer("instances"), **task_clock
     )
-    if replay.snapshot is not None:
-        instances.restore(replay.part("instances"))
-        for entry in replay.records["instances"]:
+    if saved.snapshot is not None:  # then ``record`` was restored from it too
+        instances.restore(saved.part("instances"))
+        for entry in saved.records["instances"]:
             instances.apply(entry)
+    record.attach(recorder.writer("job"))
     coordinator = Coordinator(
         record=record,
         tasks=tasks,
         instances=instances,
-        journal=journal,
+        recorder=recorder,
         settings=params.job_settings,
         evaluate_round=params.evaluate_round,
+        **task_clock,
     )
     coordinator.snapshot()
     return coordinator
@@ -122,23 +123,23 @@ class Coordinator:
         record: JobRecord,
         tasks: TaskManager,
         instances: InstanceManager,
-        journal: Journal,
+        recorder: Recorder,
         settings: master_pb2.JobSettings,
         evaluate_round: Callable[[EvaluationRound], dict],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.lock = threading.RLock()
         self.record = record
         self.tasks = tasks
         self.instances = instances
-        self.journal = journal
+        self.recorder = recorder
         self._settings = settings
         self._evaluate_round = evaluate_round
         self._registered: set[str] = set()
-        #: Per PS shard: the job's model version when its last instance was lost, until the
-        #: replacement reports the version it came back with.
-        self._ps_lost_at: dict[int, int] = {}
         self._train_window: list[float] | None = None  # [first done, last done, records since]
-        self._clock = instances._clock
+        #: The first state-store error a gRPC handler met; the run loop stops on it.
+        self.store_failure: StateStoreError | None = None
+        self._clock = clock
 
     @property
     def phase(self) -> Phase:
@@ -180,6 +181,7 @@ class Coordinator:
         with self.lock:
             instance = self._instance_of(caller, worker, ended_ok=True)
             if self.phase.dismisses_instances or instance.state.ended:
+                self.instances.dismiss(worker)
                 return master_pb2.Task(kind=master_pb2.Task.FINISHED)
             if self.phase.over:
                 return master_pb2.Task(kind=master_pb2.Task.WAIT)
@@ -204,11 +206,14 @@ class Coordinator:
         with self.lock:
             self._instance_of(caller, request.worker, ended_ok=True)
             try:
-                evaluation = _evaluation_of(request)
-            except InvalidReportError:
-                # The worker runs one task at a time: this takes back the one it reports on.
-                self.tasks.recover_tasks(request.worker)
-                raise
+                evaluation = self._evaluation_of(request)
+            except (TypeError, ValueError) as e:
+                raise self.tasks.reject_report(
+                    request.task_id,
+                    worker=request.worker,
+                    lease_id=request.lease_id,
+                    problem=f"task {request.task_id}: unreadable metric states ({e})",
+                ) from e
             if not request.ok:
                 task = self.tasks.report_failure(
                     request.task_id,
@@ -252,8 +257,10 @@ class Coordinator:
                 self.tasks.observe_model_version(request.model_version)
             else:
                 self._note_ps_version(instance, request.model_version)
-            self._collect_evaluations()
-            return self.phase.dismisses_instances or instance.state.ended
+            finished = self.phase.dismisses_instances or instance.state.ended
+            if finished:
+                self.instances.dismiss(request.name)
+            return finished
 
     # -- calls from the run loop --
 
@@ -278,12 +285,12 @@ class Coordinator:
             error = self.tasks.failure or self.instances.failure
             if error and not self.record.error and not self.phase.over:
                 self.record.set_phase(self.phase, error)
-            if self.journal.due():
+            if self.recorder.due():
                 self.snapshot()
 
     def snapshot(self) -> None:
         with self.lock:
-            self.journal.snapshot(
+            self.recorder.snapshot(
                 {
                     "job": self.record.snapshot(),
                     "tasks": self.tasks.snapshot(),
@@ -323,6 +330,16 @@ class Coordinator:
 
     # -- internals --
 
+    def _evaluation_of(self, request: master_pb2.ReportTaskRequest) -> EvaluationResult | None:
+        """The evaluation result of a report on an evaluation task (or one a training task
+        should not carry); the task manager judges whether it is well formed."""
+        task = self.tasks.task(request.task_id)
+        is_evaluation = task is not None and task.kind is TaskKind.EVALUATE
+        if not (is_evaluation or request.metric_states):
+            return None
+        states = [from_proto(t).astype("float64") for t in request.metric_states]
+        return EvaluationResult(request.loss_sum, request.example_count, states)
+
     def _instance_of(self, caller: str, name: str, ended_ok: bool = False) -> Instance:
         if caller != name:
             raise CallerError(f"{caller} called on behalf of {name}")
@@ -352,14 +369,14 @@ class Coordinator:
                 )
             return
         self.record.set_ps_address(instance.slot, "")
-        self._ps_lost_at.setdefault(instance.slot, self.tasks.model_version)
+        if not self.phase.dismisses_instances:
+            self.record.note_ps_lost(instance.slot, self.tasks.model_version)
 
     def _note_ps_version(self, instance: Instance, version: int) -> None:
         self.tasks.observe_model_version(version)
-        lost_at = self._ps_lost_at.get(instance.slot)
+        lost_at = self.record.ps_lost_at.get(str(instance.slot))
         if lost_at is None or version <= 0:
             return
-        del self._ps_lost_at[instance.slot]
         entry = {
             "ps": instance.name,
             "shard": instance.slot,
@@ -387,7 +404,11 @@ class Coordinator:
         # Recorded before they are taken from the task manager: after a crash in between, a
         # round is recorded twice (the job record keeps one), never lost.
         for round_ in list(self.tasks.completed_rounds):
-            values = self._evaluate_round(round_)
+            try:
+                values = self._evaluate_round(round_)
+            except Exception as e:  # the user's metric code: a round must not stop the job
+                log.exception("cannot compute the metrics of evaluation round %d", round_.id)
+                values = {"error": f"{type(e).__name__}: {e}"}
             entry = {
                 "round": round_.id,
                 "epoch": round_.epoch,
@@ -406,16 +427,3 @@ class Coordinator:
                 shown or "no metrics",
             )
         self.tasks.take_completed_rounds()
-
-
-def _evaluation_of(request: master_pb2.ReportTaskRequest) -> EvaluationResult | None:
-    """The evaluation result a report carries, or None; malformed tensors are rejected."""
-    if not (request.metric_states or request.example_count or request.loss_sum):
-        return None
-    if not math.isfinite(request.loss_sum):
-        raise InvalidReportError(f"task {request.task_id}: loss_sum is {request.loss_sum}")
-    try:
-        states = [from_proto(t).astype("float64") for t in request.metric_states]
-    except (ValueError, TypeError) as e:
-        raise InvalidReportError(f"task {request.task_id}: unreadable metric state: {e}") from e
-    return EvaluationResult(request.loss_sum, request.example_count, states)

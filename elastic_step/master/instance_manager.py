@@ -8,8 +8,10 @@ most one live instance; when it ends, the relaunch policy decides:
   then the slot is given up. A given-up PS shard fails the job; so does having fewer than
   ``min_workers`` worker slots left. A slot whose instances keep failing before they finish
   a task is relaunched after an exponential backoff, never in a tight loop;
-- exited with status 0: not replaced (workers exit 0 only when the job is over). While the
-  job is stopping nothing is retired: a stop must leave every slot to be relaunched on resume.
+- exited with status 0 after the master dismissed it (:meth:`dismiss`): its work is over,
+  the slot is retired. Exit 0 before that is a crash (user code that calls ``sys.exit(0)``
+  must not end the job's workers one by one). While the job is stopping nothing is
+  retired: a stop must leave every slot to be relaunched on resume.
 
 The job starts with ``workers`` worker slots and grows by one, up to ``max_workers``, each time
 every wanted worker has been running for ``grow_after_s`` seconds: a cluster that grants the
@@ -46,6 +48,14 @@ log = logging.getLogger(__name__)
 
 #: Launch errors in a row (other than "no capacity now") after which the job fails.
 MAX_LAUNCH_ERRORS = 8
+#: Ended instances kept on record (for status and summary); older ones are forgotten, so
+#: the state stays small however many restarts a long job sees. Names are never reused.
+KEEP_ENDED = 100
+#: Points kept in the workers timeline; past that the oldest (but the first) are dropped.
+MAX_TIMELINE = 1000
+#: Launches per reconcile: the master launches under its lock, so a job of 1,000 workers
+#: starts over a few seconds of ticks instead of holding every RPC for one long pass.
+MAX_LAUNCHES_PER_RECONCILE = 32
 
 
 @dataclass
@@ -84,6 +94,9 @@ class MembershipSettings:
     #: it doubles with each such failure in a row, up to ``backoff_max_s``.
     backoff_s: float = 1.0
     backoff_max_s: float = 60.0
+    #: How long the job may go without a running worker, or with a PS shard not running
+    #: (pending, relaunching, refused by the platform), before it fails: no endless wait.
+    starve_timeout_s: float = 300.0
 
 
 SpecFactory = Callable[[Role, int, str], LaunchSpec]
@@ -101,7 +114,12 @@ class InstanceManager:
         self._backend = backend
         #: Called with a small record for every change worth keeping across a master restart.
         self._journal = journal or (lambda record: None)
-        self._last_membership: dict | None = None
+        #: What changed since the last journal records: groups, and new timeline points.
+        self._changed: set[str] = set()
+        self._new_points: list[list[float]] = []
+        #: The next worker number, and each PS shard's next generation: names never repeat.
+        self.next_worker = 0
+        self.ps_generations: dict[int, int] = {}
         self.settings = settings
         self._spec_for = spec_for
         self._clock = clock
@@ -122,6 +140,10 @@ class InstanceManager:
         self._last_change = clock()
         self._retry_launch_at = 0.0
         self._launch_errors = 0
+        self._starving_since: float | None = None
+        #: Instances told that the job is over (not journaled: once the job is over, a
+        #: restarted master tells them again at their next call).
+        self._dismissed: set[str] = set()
         self.stopping = False
         #: Set when the membership can no longer run the job.
         self.failure: str | None = None
@@ -136,14 +158,20 @@ class InstanceManager:
 
     def reconcile(self) -> None:
         """Launches an instance for every slot that lacks one, and grows the job when it may."""
-        if self.stopping or self.failure or self._clock() < self._retry_launch_at:
+        if self.stopping or self.failure:
+            return
+        self._check_starving()
+        if self.failure or self._clock() < self._retry_launch_at:
             return
         self._maybe_grow()
         wanted = [(Role.PS, shard) for shard in range(self.settings.num_ps)]
         wanted += [(Role.WORKER, slot) for slot in sorted(self.worker_slots)]
         occupied = {(i.role, i.slot) for i in self.instances.values() if not i.state.ended}
         now = self._clock()
+        launches = 0
         for role, slot in wanted:
+            if launches == MAX_LAUNCHES_PER_RECONCILE:
+                return
             key = self._slot_key(role, slot)
             if (role, slot) in occupied or key in self.retired:
                 continue
@@ -162,6 +190,7 @@ class InstanceManager:
                         f"cannot start a {role.value}: {e} "
                         f"({self._launch_errors} launch errors in a row)"
                     )
+                    self._changed.add("failure")
                     self._record()
                     return
                 delay = min(2.0**self._launch_errors, self.settings.backoff_max_s)
@@ -169,6 +198,7 @@ class InstanceManager:
                 self._retry_launch_at = self._clock() + delay
                 return
             self._launch_errors = 0
+            launches += 1
 
     def handle(self, event: InstanceEvent) -> Instance | None:
         """Applies a backend event; returns the instance if it just ended."""
@@ -176,10 +206,15 @@ class InstanceManager:
         if instance is None:
             return None
         transition = transition_of(event)
-        if self.stopping and transition is Transition.COMPLETED:
+        reason = event.reason or ExitReason.LOST
+        message = event.message
+        if transition is Transition.COMPLETED and self.stopping:
             # Whatever made it exit 0 during a stop, its work is not over: on resume the
             # slot must be relaunched, so it is not recorded as succeeded.
             transition = Transition.KILLED
+        elif transition is Transition.COMPLETED and event.name not in self._dismissed:
+            transition, reason = Transition.FAILED, ExitReason.CRASHED
+            message = f"{message}, before the master dismissed it"
         new_state = next_state(instance.state, transition)
         if new_state is None:
             return None
@@ -197,8 +232,8 @@ class InstanceManager:
             self._record(instance)
             return None
         instance.exit_code = event.exit_code
-        instance.reason = (event.reason or ExitReason.LOST).value
-        instance.message = event.message
+        instance.reason = reason.value
+        instance.message = message
         self._note_membership_change()
         self._apply_relaunch_policy(instance)
         self._record(instance)
@@ -212,8 +247,8 @@ class InstanceManager:
         into its slot, or deleted if the slot is taken.
         """
         live_by_name = {info.name: info for info in live}
-        lost = []
-        for instance in self.instances.values():
+        lost, kept = [], []
+        for instance in list(self.instances.values()):
             if instance.state.ended:
                 continue
             info = live_by_name.pop(instance.name, None)
@@ -226,30 +261,62 @@ class InstanceManager:
             else:
                 instance.state = ProcessState.RUNNING
                 instance.pid = info.pid
-        occupied = {(i.role, i.slot) for i in self.instances.values() if not i.state.ended}
+                kept.append(instance)
+        occupied = {(i.role, i.slot) for i in kept}
         for info in live_by_name.values():
             if (info.role, info.index) in occupied:
                 log.info("deleting %s: its slot already has an instance", info.name)
                 self._backend.delete(info.name, grace_period_s=0)
                 # Kept on record as ended, so that its name is not given out again.
-                self.instances[info.name] = Instance(
-                    info.name,
-                    info.role,
-                    info.index,
-                    ProcessState.KILLED,
-                    info.pid,
-                    reason=ExitReason.DELETED.value,
-                    message="its slot already had an instance",
+                self._record(
+                    Instance(
+                        info.name,
+                        info.role,
+                        info.index,
+                        ProcessState.KILLED,
+                        info.pid,
+                        reason=ExitReason.DELETED.value,
+                        message="its slot already had an instance",
+                    )
                 )
                 continue
-            self.instances[info.name] = Instance(
-                info.name, info.role, info.index, ProcessState.RUNNING, info.pid
-            )
+            self._record(Instance(info.name, info.role, info.index, ProcessState.RUNNING, info.pid))
             occupied.add((info.role, info.index))
-        self._note_membership_change()
-        for instance in self.instances.values():
+        for instance in kept + lost:
             self._record(instance)
+        self._note_membership_change()
+        self._record()
         return lost
+
+    def _check_starving(self) -> None:
+        """Fails the job when it has had no running worker, or a PS shard not running, for
+        ``starve_timeout_s``: the pending instances' reasons say why."""
+        running = [i for i in self.instances.values() if i.state is ProcessState.RUNNING]
+        ps_running = {i.slot for i in running if i.role is Role.PS}
+        starving = not any(i.role is Role.WORKER for i in running) or len(ps_running) < (
+            self.settings.num_ps
+        )
+        now = self._clock()
+        if not starving:
+            self._starving_since = None
+            return
+        if self._starving_since is None:
+            self._starving_since = now
+            return
+        if now - self._starving_since < self.settings.starve_timeout_s:
+            return
+        waiting = [f"{i.name}: {i.message}" for i in self.live(Role.WORKER) + self.live(Role.PS)]
+        what = "no worker" if not any(i.role is Role.WORKER for i in running) else "not every PS"
+        self.failure = (
+            f"{what} has been running for {self.settings.starve_timeout_s:.0f} s "
+            f"(--master-timeout); pending: {'; '.join(waiting) or 'none'}"
+        )
+        self._changed.add("failure")
+        self._record()
+
+    def dismiss(self, name: str) -> None:
+        """The master told ``name`` that the job is over: its exit 0 will be a success."""
+        self._dismissed.add(name)
 
     def note_task_done(self, name: str) -> None:
         """A worker finished a task: its slot is healthy, so its failure backoff resets."""
@@ -257,6 +324,7 @@ class InstanceManager:
         key = instance and self._slot_key(instance.role, instance.slot)
         if key in self.failures_in_a_row:
             del self.failures_in_a_row[key]
+            self._changed.add(f"slot:{key}")
             self._record()
 
     def note_pid(self, name: str, pid: int) -> None:
@@ -275,24 +343,9 @@ class InstanceManager:
     # -- persistence --
 
     def snapshot(self) -> dict:
-        """Everything needed to resume: every instance and the membership aggregates."""
-        return {"instances": [i.to_json() for i in self.instances.values()], **self._membership()}
-
-    def restore(self, state: dict) -> None:
-        """Loads a :meth:`snapshot` (nothing is launched or journaled)."""
-        self.instances = {d["name"]: Instance.from_json(d) for d in state["instances"]}
-        self._load_membership(state)
-
-    def apply(self, record: dict) -> None:
-        """Replays one journal record, as emitted by this class."""
-        if record["op"] == "instance":
-            instance = Instance.from_json(record["instance"])
-            self.instances[instance.name] = instance
-        else:
-            self._load_membership(record)
-
-    def _membership(self) -> dict:
+        """Everything needed to resume: the instances on record and the membership."""
         return {
+            "instances": [i.to_json() for i in self.instances.values()],
             "worker_slots": sorted(self.worker_slots),
             "error_restarts": dict(self.error_restarts),
             "restarts": dict(self.restarts),
@@ -302,9 +355,13 @@ class InstanceManager:
             "started_at": self.started_at,
             "timeline": [list(point) for point in self.timeline],
             "failure": self.failure,
+            "next_worker": self.next_worker,
+            "ps_generations": {str(k): v for k, v in self.ps_generations.items()},
         }
 
-    def _load_membership(self, state: dict) -> None:
+    def restore(self, state: dict) -> None:
+        """Loads a :meth:`snapshot` (nothing is launched or journaled)."""
+        self.instances = {d["name"]: Instance.from_json(d) for d in state["instances"]}
         self.worker_slots = set(state["worker_slots"])
         self.error_restarts = dict(state["error_restarts"])
         self.restarts = dict(state["restarts"])
@@ -314,16 +371,96 @@ class InstanceManager:
         self.started_at = state["started_at"]
         self.timeline = [list(point) for point in state["timeline"]]
         self.failure = state["failure"]
-        self._last_membership = self._membership()
+        self.next_worker = state["next_worker"]
+        self.ps_generations = {int(k): v for k, v in state["ps_generations"].items()}
+
+    def apply(self, record: dict) -> None:
+        """Replays one journal record, as :meth:`_record` wrote it."""
+        match record["op"]:
+            case "instance":
+                self._add(Instance.from_json(record["instance"]))
+            case "slot":
+                key = record["key"]
+                for field, values in (
+                    ("error_restarts", self.error_restarts),
+                    ("failures_in_a_row", self.failures_in_a_row),
+                ):
+                    if record[field] is None:
+                        values.pop(key, None)
+                    else:
+                        values[key] = record[field]
+                if record["retired"]:
+                    self.retired.add(key)
+                else:
+                    self.retired.discard(key)
+            case "restarts":
+                self.restarts = dict(record["restarts"])
+                self.restarts_by_reason = dict(record["restarts_by_reason"])
+            case "slots":
+                self.worker_slots = set(record["worker_slots"])
+            case "failure":
+                self.failure = record["failure"]
+            case "timeline":
+                self._add_point(record["point"])
+            case op:
+                raise ValueError(f"unknown instance record kind {op!r}")
 
     def _record(self, instance: Instance | None = None) -> None:
-        """Journals ``instance`` and, when they changed, the membership aggregates."""
+        """Journals ``instance`` and whatever else changed, each as one small record.
+
+        ``instance`` goes (back) on record the way a replay puts it there (:meth:`_add`)."""
         if instance is not None:
+            self._add(instance)
             self._journal({"op": "instance", "instance": instance.to_json()})
-        membership = self._membership()
-        if membership != self._last_membership:
-            self._last_membership = membership
-            self._journal({"op": "membership", **membership})
+        for group in sorted(self._changed):
+            if group.startswith("slot:"):
+                key = group[len("slot:") :]
+                self._journal(
+                    {
+                        "op": "slot",
+                        "key": key,
+                        "error_restarts": self.error_restarts.get(key),
+                        "failures_in_a_row": self.failures_in_a_row.get(key),
+                        "retired": key in self.retired,
+                    }
+                )
+            elif group == "restarts":
+                self._journal(
+                    {
+                        "op": "restarts",
+                        "restarts": dict(self.restarts),
+                        "restarts_by_reason": dict(self.restarts_by_reason),
+                    }
+                )
+            elif group == "slots":
+                self._journal({"op": "slots", "worker_slots": sorted(self.worker_slots)})
+            elif group == "failure":
+                self._journal({"op": "failure", "failure": self.failure})
+        for point in self._new_points:
+            self._journal({"op": "timeline", "point": point})
+        self._changed.clear()
+        self._new_points.clear()
+
+    def _add(self, instance: Instance) -> None:
+        """Puts ``instance`` on record, notes its name, and forgets the oldest ended ones."""
+        self.instances[instance.name] = instance
+        if instance.role is Role.WORKER:
+            self.next_worker = max(self.next_worker, int(instance.name.rsplit("-", 1)[1]) + 1)
+        else:
+            prefix = f"ps-{instance.slot}"
+            generation = 0 if instance.name == prefix else int(instance.name[len(prefix) + 1 :])
+            self.ps_generations[instance.slot] = max(
+                self.ps_generations.get(instance.slot, 0), generation + 1
+            )
+        if instance.state.ended:
+            ended = [name for name, i in self.instances.items() if i.state.ended]
+            for name in ended[: max(len(ended) - KEEP_ENDED, 0)]:
+                del self.instances[name]
+
+    def _add_point(self, point: list[float]) -> None:
+        self.timeline.append(list(point))
+        if len(self.timeline) > MAX_TIMELINE:
+            del self.timeline[1]
 
     # -- internals --
 
@@ -335,8 +472,7 @@ class InstanceManager:
         name = self._next_name(role, slot)
         spec = self._spec_for(role, slot, name)
         self._backend.launch(spec)
-        self.instances[name] = instance = Instance(name, role, slot)
-        self._record(instance)
+        self._record(Instance(name, role, slot))
         log.info("launched %s (%s slot %d)", name, role.value, slot)
 
     def _next_name(self, role: Role, slot: int) -> str:
@@ -346,21 +482,14 @@ class InstanceManager:
         for its successor's.
         """
         if role is Role.WORKER:
-            numbers = [
-                int(name.rsplit("-", 1)[1]) for name in self.instances if name.startswith("worker-")
-            ]
-            return f"worker-{max(numbers, default=-1) + 1}"
-        prefix = f"ps-{slot}"
-        suffixes = [
-            0 if name == prefix else int(name[len(prefix) + 1 :])
-            for name in self.instances
-            if name == prefix or name.startswith(f"{prefix}-")
-        ]
-        return prefix if not suffixes else f"{prefix}-{max(suffixes) + 1}"
+            return f"worker-{self.next_worker}"
+        generation = self.ps_generations.get(slot, 0)
+        return f"ps-{slot}" if generation == 0 else f"ps-{slot}-{generation}"
 
     def _apply_relaunch_policy(self, instance: Instance) -> None:
         role, key = instance.role, self._slot_key(instance.role, instance.slot)
         what = instance.describe_end()
+        self._changed.add(f"slot:{key}")
         if instance.state is ProcessState.SUCCEEDED:
             self.retired.add(key)
             log.info("%s", what)
@@ -387,6 +516,7 @@ class InstanceManager:
                 instance.slot,
             )
             return
+        self._changed.add("failure")
         if role is Role.PS:
             self.failure = (
                 f"parameter server shard {instance.slot} failed more than "
@@ -394,6 +524,7 @@ class InstanceManager:
             )
         else:
             self.worker_slots.discard(instance.slot)
+            self._changed.add("slots")
             log.error("%s; giving up worker slot %d after %d restarts", what, instance.slot, used)
             if len(self.worker_slots) < self.settings.min_workers:
                 self.failure = (
@@ -402,6 +533,7 @@ class InstanceManager:
                 )
 
     def _count_restart(self, instance: Instance) -> None:
+        self._changed.add("restarts")
         self.restarts[instance.role.value] += 1
         self.restarts_by_reason[instance.reason] = (
             self.restarts_by_reason.get(instance.reason, 0) + 1
@@ -430,6 +562,7 @@ class InstanceManager:
             return
         slot = max(self.worker_slots, default=-1) + 1
         self.worker_slots.add(slot)
+        self._changed.add("slots")
         self._record()
         log.info(
             "all %d workers are running; growing to %d (--max-workers=%d)",
@@ -442,4 +575,6 @@ class InstanceManager:
         self._last_change = self._clock()
         running = self.running_workers()
         if self.timeline[-1][1] != running:
-            self.timeline.append([round(self._clock() - self.started_at, 3), running])
+            point = [round(self._clock() - self.started_at, 3), running]
+            self._add_point(point)
+            self._new_points.append(point)

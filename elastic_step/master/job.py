@@ -30,11 +30,12 @@ from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open
 from elastic_step.master.evaluation import metric_values
 from elastic_step.master.instance_manager import MembershipSettings
 from elastic_step.master.job_record import JobRecord
-from elastic_step.master.persistence import Replay
+from elastic_step.master.persistence import SavedJob
 from elastic_step.master.phase import Phase
 from elastic_step.master.servicer import MasterServicer
 from elastic_step.master.state_store import (
     StateStore,
+    StateStoreError,
     StateStoreFencedError,
     StateStoreLockedError,
     create_state_store,
@@ -50,8 +51,6 @@ TICK_S = 0.2
 STATUS_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
 STOP_GRACE_S = 3.0
-#: How long a second master of the same job waits for the first one's lease.
-ACQUIRE_TIMEOUT_S = 5.0
 FLUSH_TIMEOUT_S = 30.0
 
 
@@ -59,14 +58,17 @@ def launch_spec(role: Role, slot: int, name: str, master_address: str, secret: s
     """What the backend is asked to start for instance ``name`` of ``role`` in ``slot``."""
     if role is Role.PS:
         args = ["ps", "--master", master_address, "--shard", str(slot), "--name", name]
+        # A PS checks every caller's token, so it holds the secret.
+        credentials = {auth.SECRET_ENV: secret}
     else:
         args = ["worker", "--master", master_address, "--name", name]
+        credentials = {auth.TOKEN_ENV: auth.token_for(secret, name)}
     return LaunchSpec(
         name,
         role,
         slot,
         [sys.executable, "-m", "elastic_step", *args],
-        secret_env={auth.SECRET_ENV: secret},
+        secret_env=credentials,
     )
 
 
@@ -104,6 +106,7 @@ class Job:
         self.backend: Backend | None = None
         self.coordinator: Coordinator | None = None
         self._master_address = ""
+        self._secret = ""
 
     # -- settings --
 
@@ -139,6 +142,7 @@ class Job:
             num_ps=c.ps,
             max_restarts=c.max_restarts,
             grow_after_s=c.grow_after_s,
+            starve_timeout_s=c.master_timeout_s,
         )
 
     def job_settings(self) -> master_pb2.JobSettings:
@@ -157,7 +161,7 @@ class Job:
         )
 
     def _launch_spec(self, role: Role, slot: int, name: str) -> LaunchSpec:
-        return launch_spec(role, slot, name, self._master_address, self.coordinator.record.secret)
+        return launch_spec(role, slot, name, self._master_address, self._secret)
 
     # -- the run --
 
@@ -171,19 +175,39 @@ class Job:
             )
         owner = f"{socket.gethostname()}:{os.getpid()}"
         try:
-            token = self.store.acquire(owner, timeout_s=ACQUIRE_TIMEOUT_S)
+            token = self.store.acquire(owner, timeout_s=self.store.takeover_wait_s)
         except StateStoreLockedError as e:
             raise InputError(f"another master is running the job in {self.output}: {e}") from e
+        # From here to the end a signal is only noted: the loop acts on it, and one that
+        # comes while the job closes down cannot cut that short.
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
         try:
-            return self._run(token)
+            status = self._run(token)
+        except BaseException:
+            self._close_store(quietly=True)  # the first error is the one to report
+            raise
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        self._close_store(quietly=False)
+        return status
+
+    def _close_store(self, quietly: bool) -> None:
+        try:
             self.store.close()
+        except StateStoreError as e:
+            if not quietly:
+                raise
+            log.error("closing the state store also failed: %s", e)
 
     def _run(self, token: int) -> int:
         import keras
 
-        replay = Replay.of(self.store.load())
-        record = self._check_saved(replay)
+        self._secret = self.store.job_secret()
+        saved = SavedJob.of(self.store.load())
+        record = self._check_saved(saved)
         if record is not None and record.phase is Phase.SUCCEEDED:
             log.info("the job in %s has already finished; nothing to do", self.output)
             return 0
@@ -195,7 +219,11 @@ class Job:
             BackendParams(self.config.resolved_job_name, work_dir, self.backend_options),
         )
         try:
-            self._build(replay, record, token)
+            self._build(saved, record, token)
+            if record is not None:
+                # Before serving: a call from an instance that is not adopted yet would be
+                # refused, and the refusal would end it.
+                self._adopt()
             server = self._start_server()
             try:
                 return self._supervise(resumed=record is not None)
@@ -204,11 +232,11 @@ class Job:
         finally:
             self.backend.close()
 
-    def _check_saved(self, replay: Replay) -> JobRecord | None:
+    def _check_saved(self, saved: SavedJob) -> JobRecord | None:
         """The saved job's record, after checking it may go on; None for a new job."""
-        if replay.snapshot is None:
+        if saved.snapshot is None:
             return None
-        record = JobRecord.restore(replay.part("job"), replay.records["job"])
+        record = JobRecord.restore(saved.part("job"), saved.records["job"])
         differ = record.differing_settings(self.fixed_settings())
         if differ:
             state = "finished" if record.phase is Phase.SUCCEEDED else "saved"
@@ -223,7 +251,16 @@ class Job:
             )
         return record
 
-    def _build(self, replay: Replay, record: JobRecord | None, token: int) -> None:
+    def _build(self, saved: SavedJob, record: JobRecord | None, token: int) -> None:
+        try:
+            self._open_coordinator(saved, record, token)
+        except ValueError as e:  # the saved state does not fit the data as it is now
+            raise InputError(f"cannot resume the job in {self.output}: {e}") from e
+        if record is None:
+            storage.write_text_atomic(self.paths.model_def, self.definition.source)
+            self.store.flush(FLUSH_TIMEOUT_S)
+
+    def _open_coordinator(self, saved: SavedJob, record: JobRecord | None, token: int) -> None:
         self.coordinator = open_coordinator(
             CoordinatorParams(
                 tasks=self._task_settings(),
@@ -233,21 +270,18 @@ class Job:
                 evaluate_round=lambda round_: metric_values(self._metrics, round_),
             ),
             store=self.store,
-            replay=replay,
+            saved=saved,
             record=record,
             token=token,
             backend=self.backend,
             spec_for=self._launch_spec,
         )
-        if record is None:
-            storage.write_text_atomic(self.paths.model_def, self.definition.source)
-            self.store.flush(FLUSH_TIMEOUT_S)
 
     def _start_server(self) -> grpc.Server:
         record = self.coordinator.record
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=16),
-            interceptors=[auth.AuthInterceptor(record.secret)],
+            interceptors=[auth.AuthInterceptor(self._secret)],
         )
         master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self.coordinator), server)
         # Listen only where instances reach the master: loopback for local processes.
@@ -262,18 +296,18 @@ class Job:
         self._master_address = self.backend.advertise_master(port)
         return server
 
+    def _adopt(self) -> None:
+        coordinator = self.coordinator
+        with coordinator.lock:
+            coordinator.record.count_master_restart()
+            coordinator.adopt(self.backend.list_instances())
+            self._log_resume()
+
     def _supervise(self, resumed: bool) -> int:
         coordinator = self.coordinator
-        previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-        }
         try:
             with coordinator.lock:
-                if resumed:
-                    coordinator.record.count_master_restart()
-                    coordinator.adopt(self.backend.list_instances())
-                    self._log_resume()
-                else:
+                if not resumed:
                     log.info(
                         "starting %d PS and %d workers (master on port %d, backend %s)",
                         self.config.ps,
@@ -287,9 +321,13 @@ class Job:
             # Another master owns the job now: it adopts the instances; touch nothing.
             log.error("%s; this master stops and leaves the job to the new one", e)
             return 1
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        except StateStoreError as e:
+            # Without its state the master cannot go on; a new master resumes from what was
+            # saved and adopts the instances, so they are left running.
+            log.error(
+                "cannot keep the job's state (%s); leaving workers and PS to the next master", e
+            )
+            return 1
 
     def _log_resume(self) -> None:
         coordinator = self.coordinator
@@ -314,6 +352,8 @@ class Job:
         while True:
             coordinator.apply_events(self.backend.next_events(TICK_S))
             coordinator.tick()
+            if coordinator.store_failure is not None:
+                raise coordinator.store_failure
             if self._stop_signal is not None:
                 return self._interrupt()
             if coordinator.record.error:
@@ -407,7 +447,7 @@ class Job:
         try:
             if not all(addresses):
                 raise PSUnavailableError(addresses.index(""), "is being relaunched")
-            credentials = auth.Credentials.for_instance(coordinator.record.secret, auth.MASTER_NAME)
+            credentials = auth.Credentials.for_instance(self._secret, auth.MASTER_NAME)
             save_final_model(self.definition, addresses, credentials, self.output, self.config.seed)
             return True
         except PSUnavailableError as e:
@@ -444,7 +484,7 @@ class Job:
                 "phase": record.phase.value,
                 "error": record.error,
                 "epochs": tasks.epoch_accounting(),
-                "metrics": record.final_metrics(self.config.epochs),
+                "metrics": record.final_metrics(),
                 "evaluations": record.evaluations,
                 "restarts": {**instances.restarts, "master": record.master_restarts},
                 "restarts_by_reason": instances.restarts_by_reason,

@@ -1,8 +1,9 @@
 """The job-level part of the master's state: what is neither a task nor an instance.
 
-It holds the job's identity (the settings a resumed job must share, and the secret that
-instances prove themselves with), the phase, the PS addresses, the evaluations in epoch
-order and what each PS restart lost. Every change is one small journal record.
+It holds the settings a resumed job must share, the phase, the PS addresses, the
+evaluations in epoch order and what each PS restart lost. Every change is one small journal
+record. The job's secret is not here: the state store keeps it apart (see
+``StateStore.job_secret``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from elastic_step.master.phase import Phase
 class JobRecord:
     #: The settings a resumed or re-run job must share with this one (name -> value).
     settings: dict
-    #: The job's secret: instances get it through their environment.
-    secret: str
     num_ps: int
     phase: Phase = Phase.STARTING
     error: str | None = None
@@ -28,6 +27,9 @@ class JobRecord:
     #: One entry per PS restart: its shard, the job's model version when it was lost, the
     #: version it came back with, and the difference.
     ps_restores: list[dict] = field(default_factory=list)
+    #: Per PS shard (as a string, for JSON): the job's model version when its instance was
+    #: lost, until the replacement reports the version it came back with.
+    ps_lost_at: dict[str, int] = field(default_factory=dict)
     master_restarts: int = 0
     #: The master's port, kept so that a restarted master is found where instances look.
     port: int = 0
@@ -51,6 +53,10 @@ class JobRecord:
 
     def add_evaluation(self, entry: dict) -> None:
         self._change({"op": "evaluation", "entry": entry})
+
+    def note_ps_lost(self, shard: int, model_version: int) -> None:
+        if str(shard) not in self.ps_lost_at:
+            self._change({"op": "ps_lost", "shard": shard, "version": model_version})
 
     def add_ps_restore(self, entry: dict) -> None:
         self._change({"op": "ps_restore", "entry": entry})
@@ -79,8 +85,11 @@ class JobRecord:
             # Rounds finish out of order (a later round's tasks can finish first): the
             # list is kept in the order the rounds were started, which is epoch order.
             self.evaluations.sort(key=lambda e: (e["epoch"], e["round"]))
+        elif op == "ps_lost":
+            self.ps_lost_at[str(record["shard"])] = record["version"]
         elif op == "ps_restore":
             self.ps_restores.append(record["entry"])
+            self.ps_lost_at.pop(str(record["entry"]["shard"]), None)
         elif op == "master_restart":
             self.master_restarts += 1
         elif op == "port":
@@ -88,12 +97,15 @@ class JobRecord:
         else:
             raise ValueError(f"unknown job record op {op!r}")
 
-    def final_metrics(self, epochs: int) -> dict:
-        """The metrics of the final model: the last epoch's end-of-epoch evaluation."""
-        for entry in reversed(self.evaluations):
-            if entry["trigger"] == "epoch-end" and entry["epoch"] == epochs:
-                return entry["metrics"]
-        return {}
+    def final_metrics(self) -> dict:
+        """The metrics of the final model: those of the end-of-epoch round started last.
+
+        Epoch-end rounds start as epochs complete, which is not always in epoch order (a
+        straggling task can finish epoch E-1 after epoch E): the round started last began
+        when the last training task was done, so it measured the final model.
+        """
+        ends = [e for e in self.evaluations if e["trigger"] == "epoch-end"]
+        return max(ends, key=lambda e: e["round"])["metrics"] if ends else {}
 
     # -- persistence --
 

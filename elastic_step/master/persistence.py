@@ -16,7 +16,7 @@ from elastic_step.master.state_store import SavedState, StateStore
 COMPONENTS = ("job", "tasks", "instances")
 
 
-class Journal:
+class Recorder:
     """Appends tagged records to the store, and snapshots the whole state when asked."""
 
     def __init__(self, store: StateStore) -> None:
@@ -41,18 +41,18 @@ class Journal:
 
 
 @dataclass
-class Replay:
+class SavedJob:
     """A saved state split by component: each one's snapshot part and its later records."""
 
     snapshot: dict[str, dict] | None
     records: dict[str, list[dict]] = field(default_factory=lambda: {c: [] for c in COMPONENTS})
 
     @classmethod
-    def of(cls, saved: SavedState) -> Replay:
-        replay = cls(saved.snapshot)
+    def of(cls, saved: SavedState) -> SavedJob:
+        job = cls(saved.snapshot)
         for entry in saved.records:
-            replay.records[entry["c"]].append(entry["r"])
-        return replay
+            job.records[entry["c"]].append(entry["r"])
+        return job
 
     def part(self, component: str) -> dict | None:
         return None if self.snapshot is None else self.snapshot[component]

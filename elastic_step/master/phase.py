@@ -6,7 +6,7 @@ import enum
 
 
 class Phase(enum.StrEnum):
-    #: Checking inputs, loading or creating the state.
+    #: Created or resumed: adopting live instances and launching the missing ones.
     STARTING = "starting"
     #: Workers train and evaluate; the model is saved once every epoch is done.
     RUNNING = "running"

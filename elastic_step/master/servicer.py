@@ -39,6 +39,8 @@ def _handler(method):
         try:
             return method(self, request, context)
         except Exception as e:
+            if isinstance(e, StateStoreError) and self._coordinator.store_failure is None:
+                self._coordinator.store_failure = e
             code = _status_of(e)
             if code is grpc.StatusCode.INTERNAL:
                 log.exception("%s failed", method.__name__)

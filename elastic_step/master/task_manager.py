@@ -322,15 +322,17 @@ class TaskManager:
     ) -> Task | None:
         """Marks a task done and returns it; None, changing nothing, when ``worker`` does not
         hold ``lease_id`` for it (stale). Raises InvalidReportError for a malformed report,
-        after taking the task back to the front of its queue."""
+        after counting it as a failure of the task: a worker that keeps sending broken
+        reports cannot loop the job past ``max_task_retries``."""
         if not self._holds(task_id, worker, lease_id):
             return None
         task = self._build(task_id)
         try:
             states = self._check_report(task, evaluation)
-        except InvalidReportError:
-            self._commit({"op": "release", "task": task_id})
-            raise
+        except InvalidReportError as e:
+            raise self.reject_report(
+                task_id, worker=worker, lease_id=lease_id, problem=str(e)
+            ) from None
         record: dict = {"op": "done", "task": task_id, "version": int(model_version)}
         if evaluation is not None:
             record["eval"] = {
@@ -340,6 +342,15 @@ class TaskManager:
             }
         self._commit(record)
         return task
+
+    def reject_report(
+        self, task_id: int, *, worker: str, lease_id: int, problem: str
+    ) -> InvalidReportError:
+        """Counts a malformed report as a failure of its task (if ``worker`` still holds it)
+        and returns the error for the caller to raise."""
+        if self._holds(task_id, worker, lease_id):
+            self._commit({"op": "fail", "task": task_id, "cause": _cause(f"{worker}: {problem}")})
+        return InvalidReportError(problem)
 
     def report_failure(
         self, task_id: int, *, worker: str, lease_id: int, error: str
@@ -704,8 +715,7 @@ class TaskManager:
             raise invalid("an evaluation task was reported without an evaluation result")
         if evaluation.example_count < 0:
             raise invalid(f"example_count is {evaluation.example_count}; it must be at least 0")
-        if not math.isfinite(evaluation.loss_sum):
-            raise invalid(f"loss_sum is {evaluation.loss_sum}; it must be finite")
+        # A NaN or infinite loss is a diverged model's true measurement, not a broken report.
         try:
             states = [np.array(s, dtype=np.float64) for s in evaluation.metric_states]
         except (TypeError, ValueError) as e:

@@ -1,4 +1,5 @@
-"""Checkpoints of one PS shard: ``OUTPUT/checkpoints/ps-I-of-N/version-V.npz``."""
+"""Checkpoints of one PS shard: ``version-V.npz`` files in the shard's directory (see
+:meth:`elastic_step.output_layout.OutputLayout.checkpoint_dir`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,6 @@ import numpy as np
 from elastic_step.data import storage
 
 log = logging.getLogger(__name__)
-
-
-def checkpoint_dir(output_dir: str, shard: int, num_ps: int) -> str:
-    return storage.join(output_dir, "checkpoints", f"ps-{shard}-of-{num_ps}")
 
 
 def _versions(directory: str) -> list[int]:

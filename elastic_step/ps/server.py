@@ -16,6 +16,7 @@ from concurrent import futures
 
 import grpc
 
+from elastic_step.output_layout import OutputLayout
 from elastic_step.ps import checkpoint
 from elastic_step.ps.shard import ParameterShard, ShardNotInitializedError, TableShape
 from elastic_step.rpc import auth, master_pb2, ps_pb2, ps_pb2_grpc
@@ -153,7 +154,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             version, arrays = shard.state_arrays()
             if version == self.saved_version:
                 return None
-            directory = checkpoint.checkpoint_dir(settings.output_dir, shard.shard, shard.num_ps)
+            directory = OutputLayout(settings.output_dir).checkpoint_dir(shard.shard, shard.num_ps)
             path = checkpoint.save(directory, version, arrays, settings.keep_checkpoints)
             self.saved_version = version
             log.info("checkpoint saved: %s", path)
@@ -239,7 +240,7 @@ def serve(master_address: str, shard_index: int, name: str, host: str, secret: s
             settings.staleness_modulation,
         )
         servicer.policy = RestorePolicy(reply.model_version)
-        directory = checkpoint.checkpoint_dir(settings.output_dir, shard_index, settings.num_ps)
+        directory = OutputLayout(settings.output_dir).checkpoint_dir(shard_index, settings.num_ps)
         version = servicer.policy.restore(shard, directory)
         if version is not None:
             servicer.saved_version = version

@@ -24,8 +24,11 @@ import grpc
 
 log = logging.getLogger(__name__)
 
-#: The environment variable that carries the job's secret to each instance.
+#: The environment variable that carries the job's secret to the PS, which check callers.
 SECRET_ENV = "ELASTIC_STEP_JOB_SECRET"
+#: The environment variable that carries a worker its own token, and nothing more: the
+#: user's code runs in workers, and must not be able to act as another instance.
+TOKEN_ENV = "ELASTIC_STEP_TOKEN"
 #: The identity of the master when it calls the PS.
 MASTER_NAME = "master"
 # Metadata keys: lowercase ASCII, and no "-bin" suffix, as gRPC wants for text values.
@@ -54,8 +57,8 @@ def secret_from_env(environ: Mapping[str, str] | None = None) -> str:
     secret = (os.environ if environ is None else environ).get(SECRET_ENV, "")
     if not secret:
         raise MissingSecretError(
-            f"{SECRET_ENV} is not set: the master gives the job's secret to every instance "
-            "it launches; workers and PS cannot run without it"
+            f"{SECRET_ENV} is not set: the master gives the job's secret to every "
+            "instance it launches; workers and PS cannot run without it"
         )
     return secret
 
@@ -73,8 +76,17 @@ class Credentials:
 
     @classmethod
     def from_env(cls, name: str, environ: Mapping[str, str] | None = None) -> Credentials:
-        """Credentials for ``name`` from the secret in the environment (see
-        :func:`secret_from_env`)."""
+        """Credentials for ``name``: its token from :data:`TOKEN_ENV`, or one made from the
+        secret in the environment (see :func:`secret_from_env`)."""
+        environ = os.environ if environ is None else environ
+        token = environ.get(TOKEN_ENV, "")
+        if token:
+            return cls(name, token)
+        if not environ.get(SECRET_ENV):
+            raise MissingSecretError(
+                f"neither {TOKEN_ENV} nor {SECRET_ENV} is set: the master gives every "
+                "instance it launches its credentials; a worker cannot run without them"
+            )
         return cls.for_instance(secret_from_env(environ), name)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
-POD_IP = "127.0.0.1"  # every pod process lives on loopback
+HOST_IP = "127.0.0.1"  # the node's address; pods get their own 127.x.y.z (status.podIP)
+POD_IP = HOST_IP  # what status.podIP reads as before the kubelet has assigned an address
 
 Pod = Mapping[str, Any]
 # (kind, namespace, name, key) -> value or None; kind is "configMap" or "secret".
@@ -66,16 +67,19 @@ def field_ref(pod: Pod, path: str) -> str:
     """Resolve a downward-API fieldRef path against the pod."""
     meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
+    status = pod.get("status") or {}
+    pod_ip = status.get("podIP") or POD_IP
+    host_ip = status.get("hostIP") or HOST_IP
     simple = {
         "metadata.name": meta.get("name", ""),
         "metadata.namespace": meta.get("namespace", ""),
         "metadata.uid": meta.get("uid", ""),
         "spec.nodeName": spec.get("nodeName", ""),
         "spec.serviceAccountName": spec.get("serviceAccountName", ""),
-        "status.podIP": POD_IP,
-        "status.podIPs": POD_IP,
-        "status.hostIP": POD_IP,
-        "status.hostIPs": POD_IP,
+        "status.podIP": pod_ip,
+        "status.podIPs": ",".join(i["ip"] for i in status.get("podIPs") or []) or pod_ip,
+        "status.hostIP": host_ip,
+        "status.hostIPs": ",".join(i["ip"] for i in status.get("hostIPs") or []) or host_ip,
     }
     if path in simple:
         return simple[path]
@@ -144,3 +148,95 @@ def container_argv(container: Mapping[str, Any], env: Mapping[str, str]) -> list
     if not container.get("command"):
         raise ValueError("the process kubelet needs an explicit container command")
     return [expand(part, env) for part in argv]
+
+
+def service_env(host: str, port: int) -> dict[str, str]:
+    """The variables the kubelet gives every container for the "kubernetes" Service.
+
+    In a real cluster they name the Service's ClusterIP and port 443; here they name the
+    apiserver's own loopback address, so that load_incluster_config() works unchanged.
+    """
+    url = f"tcp://{host}:{port}"
+    return {
+        "KUBERNETES_SERVICE_HOST": host,
+        "KUBERNETES_SERVICE_PORT": str(port),
+        "KUBERNETES_SERVICE_PORT_HTTPS": str(port),
+        "KUBERNETES_PORT": url,
+        f"KUBERNETES_PORT_{port}_TCP": url,
+        f"KUBERNETES_PORT_{port}_TCP_PROTO": "tcp",
+        f"KUBERNETES_PORT_{port}_TCP_PORT": str(port),
+        f"KUBERNETES_PORT_{port}_TCP_ADDR": host,
+    }
+
+
+def pod_hostname(pod: Pod) -> str:
+    """spec.hostname, else the pod's name (at most 63 characters, as the kubelet cuts it)."""
+    spec, meta = pod.get("spec", {}), pod.get("metadata", {})
+    return (spec.get("hostname") or meta.get("name", ""))[:63].rstrip("-.")
+
+
+def resolv_conf(pod: Pod, nameserver: str, domain: str, host_resolv: str) -> str | None:
+    """The pod's /etc/resolv.conf by dnsPolicy; None keeps the host's file."""
+    spec = pod.get("spec", {})
+    namespace = pod.get("metadata", {}).get("namespace", "")
+    policy = spec.get("dnsPolicy") or "ClusterFirst"
+    if policy == "ClusterFirst" and spec.get("hostNetwork"):
+        policy = "Default"  # as the kubelet does: host-network pods keep the host's DNS
+    nameservers: list[str] = []
+    searches: list[str] = []
+    options: dict[str, str | None] = {}
+    if policy in ("ClusterFirst", "ClusterFirstWithHostNet"):
+        nameservers = [nameserver]
+        searches = [f"{namespace}.svc.{domain}", f"svc.{domain}", domain]
+        options = {"ndots": "5"}
+    elif policy == "Default":
+        if not spec.get("dnsConfig"):
+            return None
+        for line in host_resolv.splitlines():
+            words = line.split()
+            if words and words[0] == "nameserver":
+                nameservers += words[1:2]
+            elif words and words[0] in ("search", "domain"):
+                searches += words[1:]
+            elif words and words[0] == "options":
+                for opt in words[1:]:
+                    key, _, value = opt.partition(":")
+                    options[key] = value or None
+    config = spec.get("dnsConfig") or {}
+    nameservers += [n for n in config.get("nameservers") or [] if n not in nameservers]
+    searches += [s for s in config.get("searches") or [] if s not in searches]
+    for opt in config.get("options") or []:
+        options[opt["name"]] = opt.get("value")
+    lines = []
+    if searches:
+        lines.append("search " + " ".join(searches))
+    lines += [f"nameserver {n}" for n in nameservers[:3]]
+    if options:
+        lines.append(
+            "options " + " ".join(k if v is None else f"{k}:{v}" for k, v in options.items())
+        )
+    return "\n".join(lines) + "\n"
+
+
+def hosts_file(pod: Pod, pod_ip: str, domain: str) -> str:
+    """The kubelet-managed /etc/hosts: localhost, the pod's own name, hostAliases."""
+    spec = pod.get("spec", {})
+    namespace = pod.get("metadata", {}).get("namespace", "")
+    hostname = pod_hostname(pod)
+    lines = [
+        "# Kubernetes-managed hosts file (process kubelet).",
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+        "fe00::0\tip6-localnet",
+        "fe00::0\tip6-mcastprefix",
+        "fe00::1\tip6-allnodes",
+        "fe00::2\tip6-allrouters",
+    ]
+    if spec.get("subdomain"):
+        fqdn = f"{hostname}.{spec['subdomain']}.{namespace}.svc.{domain}"
+        lines.append(f"{pod_ip}\t{fqdn}\t{hostname}")
+    else:
+        lines.append(f"{pod_ip}\t{hostname}")
+    for alias in spec.get("hostAliases") or []:
+        lines.append(f"{alias['ip']}\t" + "\t".join(alias.get("hostnames") or []))
+    return "\n".join(lines) + "\n"

@@ -139,6 +139,15 @@ func up(dir string, port, verbosity int) error {
 		"pod-garbage-collector-controller", "node-lifecycle-controller",
 		"taint-eviction-controller", "job-controller", "replicaset-controller",
 		"clusterrole-aggregation-controller", "ttl-after-finished-controller",
+		// Services: EndpointSlices (what the test cluster's DNS serves) and the legacy
+		// Endpoints some clients still read.
+		"endpointslice-controller", "endpoints-controller",
+		// PodDisruptionBudget status, which the eviction API checks.
+		"disruption-controller",
+		// PersistentVolumeClaims: binding to the PVs the test cluster's provisioner creates,
+		// and the protection finalizers the admission plugins add.
+		"persistentvolume-binder-controller", "persistentvolumeclaim-protection-controller",
+		"persistentvolume-protection-controller",
 	}
 	cm, err := start(self, logs, "kube-controller-manager",
 		"--kubeconfig="+files["controller-manager.kubeconfig"],

@@ -107,6 +107,7 @@ def test_sigterm_while_workers_ask_for_tasks_then_resume(train_run):
     run = train_run("--epochs", "3").start()
     status = run.wait_for("training mid-epoch", mid_epoch)
     first = run.member_pids(status)
+
     run.proc.send_signal(signal.SIGTERM)
     assert run.proc.wait(timeout=30) == 128 + signal.SIGTERM
     stopped = run.status()
@@ -232,6 +233,9 @@ def test_chaos_random_worker_kills_and_a_ps_kill_keep_accounting_exact(train_run
     codes = dict(item.split("=") for item in probe.stdout.split())
     assert len(codes) == 9 and set(codes.values()) == {"UNAUTHENTICATED"}, codes
 
+    # A second master of the same job is turned away while the first one runs.
+    second = subprocess.Popen(run.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
     rng = random.Random(3)
     kills = ps_killed = 0
     next_kill = time.monotonic() + 3
@@ -254,6 +258,9 @@ def test_chaos_random_worker_kills_and_a_ps_kill_keep_accounting_exact(train_run
         next_kill = time.monotonic() + 3
 
     assert run.wait(timeout=300) == 0, run.log()[-3000:]
+    _, second_err = second.communicate(timeout=120)
+    assert second.returncode == 2, second_err
+    assert "another master is running the job" in second_err
     summary = run.summary()
     assert records_exact(summary), summary["epochs"]
     assert kills >= 3 and ps_killed

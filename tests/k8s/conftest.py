@@ -8,15 +8,19 @@ the Role in manifests/rbac.yaml.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
@@ -29,6 +33,9 @@ NAMESPACE = "elastic-step-test"
 SERVICE_ACCOUNT = "elastic-step-master"
 NODE_NAME = "process-node-1"
 NODE_CAPACITY = {"cpu": "4", "memory": "8Gi", "pods": "20"}
+# Each test cluster on this machine claims one 127.N.0.0/16 for its pods and its DNS server
+# (127.N.255.53), by holding a lock file for as long as the session runs.
+NET_LOCKS = Path("/tmp/elastic-step-cluster-net")
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,9 @@ class Cluster:
     node_name: str
     node_capacity: dict[str, str]
     workdir: Path
+    pod_cidr: str  # pods get addresses from here (127.N.0.0/16)
+    dns_address: str  # the cluster DNS server, port 53 UDP and TCP (127.N.255.53)
+    pvc_root: Path  # provisioned PersistentVolumes: <pvc_root>/<namespace>/<claim>
 
     def admin(self) -> client.ApiClient:
         return config.new_client_from_config(config_file=str(self.admin_kubeconfig))
@@ -122,6 +132,24 @@ def _write_token_kubeconfig(path: Path, admin_kubeconfig: Path, token: str) -> N
     path.chmod(0o600)
 
 
+def _claim_loopback_block() -> tuple[int, IO[str]]:
+    """Lock 127.N.0.0/16 for this session; the lock goes when the process does."""
+    NET_LOCKS.mkdir(parents=True, exist_ok=True)
+    for block in range(1, 255):
+        lock = (NET_LOCKS / f"127.{block}.lock").open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        # Something outside this scheme may hold the DNS port: then try the next block.
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((f"127.{block}.255.53", 53))
+            return block, lock
+        lock.close()
+    raise RuntimeError("no free 127.N.0.0/16 block for the test cluster")
+
+
 def _node_ready(core: client.CoreV1Api) -> bool:
     node = core.read_node(NODE_NAME)
     ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
@@ -143,7 +171,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         start_new_session=True,
     )
     kubelet: subprocess.Popen[bytes] | None = None
+    addons: subprocess.Popen[bytes] | None = None
     kubelet_log = (workdir / "kubelet.log").open("wb")
+    addons_log = (workdir / "addons.log").open("wb")
+    block, net_lock = _claim_loopback_block()
+    pod_cidr, dns_address = f"127.{block}.0.0/16", f"127.{block}.255.53"
+    pvc_root = workdir / "pvc"
     try:
 
         def ready() -> dict[str, str] | None:
@@ -178,6 +211,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         sa_kubeconfig = workdir / "elastic-step-master.kubeconfig"
         _write_token_kubeconfig(sa_kubeconfig, admin_kubeconfig, token)
 
+        addons_ready = workdir / "addons.ready"
+        addons = subprocess.Popen(
+            [
+                sys.executable,
+                str(CLUSTER_DIR / "addons.py"),
+                f"--kubeconfig={admin_kubeconfig}",
+                f"--dns-address={dns_address}",
+                f"--pvc-root={pvc_root}",
+                f"--ready-file={addons_ready}",
+            ],
+            stdout=addons_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         capacity = ",".join(f"{k}={v}" for k, v in NODE_CAPACITY.items())
         kubelet = subprocess.Popen(
             [
@@ -191,11 +238,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 capacity,
                 "--workdir",
                 str(workdir / "pods"),
+                f"--pod-cidr={pod_cidr}",
+                f"--cluster-dns={dns_address}",
+                f"--pvc-root={pvc_root}",
             ],
             stdout=kubelet_log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+        def addons_up() -> bool:
+            if addons.poll() is not None:
+                raise RuntimeError(f"cluster add-ons exited:\n{_tail(workdir / 'addons.log')}")
+            return addons_ready.exists()
+
+        wait_for("cluster DNS and provisioner", addons_up, timeout=60)
         wait_for("node Ready and untainted", lambda: _node_ready(core), timeout=90)
         print(f"\nKubernetes control plane and kubelet ready in {time.monotonic() - started:.1f}s")
         yield Cluster(
@@ -205,13 +262,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             node_name=NODE_NAME,
             node_capacity=dict(NODE_CAPACITY),
             workdir=workdir,
+            pod_cidr=pod_cidr,
+            dns_address=dns_address,
+            pvc_root=pvc_root,
         )
     finally:
         if kubelet is not None:
             _stop(kubelet, timeout=30)
+        if addons is not None:
+            _stop(addons, timeout=10)
         _stop(plane, timeout=60)
         plane_log.close()
         kubelet_log.close()
+        addons_log.close()
+        net_lock.close()
 
 
 @pytest.fixture

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,3 +96,76 @@ def watch_pod(
             if done(event["type"], pod):
                 return event
     raise TimeoutError(f"pod {name}: watched for {timeout}s without seeing the expected event")
+
+
+def python_pod(
+    name: str,
+    script: str,
+    *,
+    labels: dict[str, str] | None = None,
+    env: list[dict[str, Any]] | None = None,
+    volume_mounts: list[dict[str, Any]] | None = None,
+    resources: dict[str, Any] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """A pod whose one container runs a Python script with this interpreter (and its venv)."""
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": "local/python",
+        "command": [sys.executable, "-c", script],
+    }
+    if env:
+        container["env"] = env
+    if volume_mounts:
+        container["volumeMounts"] = volume_mounts
+    if resources:
+        container["resources"] = resources
+    body_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container], **spec}
+    metadata = {"name": name, "labels": {"app": "elastic-step-test", **(labels or {})}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body_spec}
+
+
+def field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def wait_terminal(
+    core: client.CoreV1Api, namespace: str, name: str, timeout: float = 90
+) -> client.V1Pod:
+    """Wait until the pod is Succeeded or Failed and return it."""
+
+    def terminal() -> client.V1Pod | None:
+        pod = core.read_namespaced_pod(name, namespace)
+        return pod if pod.status.phase in ("Succeeded", "Failed") else None
+
+    return wait_for(f"pod {name} to finish", terminal, timeout=timeout)
+
+
+def wait_running(
+    core: client.CoreV1Api, namespace: str, name: str, timeout: float = 90
+) -> client.V1Pod:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pod = core.read_namespaced_pod(name, namespace)
+        if pod.status.phase == "Running":
+            return pod
+        if pod.status.phase in ("Succeeded", "Failed"):  # fail now, not at the timeout
+            raise AssertionError(f"pod {name} ended: {pod.status}")
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out after {timeout}s waiting for pod {name} Running")
+
+
+def container_log(workdir: Path, pod: client.V1Pod, container: str = "main") -> str:
+    """What `kubectl logs` would show: the process kubelet keeps it in the pod's directory."""
+    meta = pod.metadata
+    pod_dir = workdir / "pods" / f"{meta.namespace}_{meta.name}_{meta.uid[:8]}"
+    return (pod_dir / f"{container}.log").read_text(errors="replace")
+
+
+def last_json_line(text: str) -> Any:
+    """The last line of a log that parses as JSON (pods print their findings that way)."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith(("{", "[")):
+            return json.loads(line)
+    raise AssertionError(f"no JSON line in log:\n{text[-2000:]}")

@@ -23,6 +23,7 @@ from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 from test_k8s_backend_support import (
     PY,
+    SLEEP_THROUGH_SIGTERM,
     clean_namespace,
     make_backend,
     new_job_name,
@@ -435,36 +436,41 @@ def test_the_master_service_follows_the_master_pod(admin, restricted, new_backen
     assert [(p.port, p.target_port) for p in ports] == [(5001, 5001)]
 
 
-def test_disruption_reads_the_master_pods_disruption_target(
-    admin, restricted, new_backend, master_pod
-):
-    backend = new_backend()
+def test_disruption_reads_the_master_pods_disruption_target(admin, restricted, new_backend):
+    # The master's pod is evicted (a node drain): the eviction API marks it DisruptionTarget
+    # and deletes it, and the master reads that on its SIGTERM, within the grace period.
+    ns = restricted.name
+    master = start_master_pod(admin, ns, SLEEP_THROUGH_SIGTERM)
+    backend = new_backend(master=master)
     assert backend.disruption() is None
-    condition = {
-        "type": "DisruptionTarget",
-        "status": "True",
-        "reason": "EvictionByEvictionAPI",
-        "message": "Eviction API: evicting",
-    }
-    admin.patch_namespaced_pod_status(
-        master_pod, restricted.name, {"status": {"conditions": [condition]}}
-    )
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=master, namespace=ns))
+    admin.create_namespaced_pod_eviction(master, ns, eviction)
+    assert read_pod(admin, ns, master).metadata.deletion_timestamp
     assert backend.disruption() == "EvictionByEvictionAPI: Eviction API: evicting"
 
 
 def test_secret_values_are_in_one_secret_and_never_in_a_pod_spec(admin, restricted, new_backend):
     backend = new_backend()
-    secret_env = {"ELASTIC_STEP_JOB_SECRET": "s3cr3t-value"}
-    backend.launch(spec("ps-0", role=Role.PS, secret_env=secret_env))
-    backend.launch(spec("worker-0", secret_env=secret_env))
-    for name in ("ps-0", "worker-0"):
+    backend.launch(spec("ps-0", role=Role.PS, secret_env={"ELASTIC_STEP_JOB_SECRET": "s3cr3t"}))
+    backend.launch(spec("worker-0", secret_env={"ELASTIC_STEP_TOKEN": "t0ken-0"}))
+    backend.launch(spec("worker-1", "pass", index=1, secret_env={"ELASTIC_STEP_TOKEN": "t0ken-1"}))
+    for name in ("ps-0", "worker-0", "worker-1"):
         wait_for(backend, name, EventKind.STARTED, START_S)
     ns, job = restricted.name, backend._job
-    for name in ("ps-0", "worker-0"):
-        pod = admin.read_namespaced_pod(f"{job}-{name}", ns)
-        assert "s3cr3t-value" not in json.dumps(client.ApiClient().sanitize_for_serialization(pod))
-    secret = admin.read_namespaced_secret(f"{job}-secret", ns)
-    assert base64.b64decode(secret.data["ELASTIC_STEP_JOB_SECRET"]).decode() == "s3cr3t-value"
+    for name in ("ps-0", "worker-0", "worker-1"):
+        pod = client.ApiClient().sanitize_for_serialization(
+            admin.read_namespaced_pod(f"{job}-{name}", ns)
+        )
+        assert not {"s3cr3t", "t0ken-0", "t0ken-1"} & set(json.dumps(pod).split('"'))
+
+    def secret() -> dict[str, str]:
+        data = admin.read_namespaced_secret(f"{job}-secret", ns).data or {}
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+
+    # worker-1 has ended: its token is gone from the Secret.
+    assert wait_for(backend, "worker-1", EventKind.EXITED, END_S).reason is ExitReason.COMPLETED
+    expected = {"ps-0.ELASTIC_STEP_JOB_SECRET": "s3cr3t", "worker-0.ELASTIC_STEP_TOKEN": "t0ken-0"}
+    poll("the ended instance's key to leave the Secret", lambda: secret() == expected, timeout=10)
 
 
 def _owners(obj) -> list[tuple[str, str]]:

@@ -143,12 +143,17 @@ def restricted_pod(name: str, command: list[str], **extra) -> dict:
     }
 
 
-def start_master_pod(core: client.CoreV1Api, namespace: str, name: str | None = None) -> str:
+SLEEP_THROUGH_SIGTERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+)
+
+
+def start_master_pod(
+    core: client.CoreV1Api, namespace: str, code: str = "import time; time.sleep(600)"
+) -> str:
     """A pod standing in for the master's own pod (a sleeping process); returns its name."""
-    name = name or f"master-{uuid.uuid4().hex[:6]}"
-    core.create_namespaced_pod(
-        namespace, restricted_pod(name, [PY, "-c", "import time; time.sleep(600)"])
-    )
+    name = f"master-{uuid.uuid4().hex[:6]}"
+    core.create_namespaced_pod(namespace, restricted_pod(name, [PY, "-c", code]))
 
     def running() -> bool:
         return core.read_namespaced_pod(name, namespace).status.phase == "Running"

@@ -56,7 +56,9 @@ def test_service_account_pod_lifecycle_with_watch(cluster, sa_api) -> None:
     event = watch_pod(core, cluster.namespace, name, created.metadata.resource_version, _running)
     pod = event["object"]
     assert pod.spec.node_name == cluster.node_name
-    assert pod.status.pod_ip == "127.0.0.1"
+    pod_ip = pod.status.pod_ip
+    assert pod_ip.startswith("127.") and pod_ip != "127.0.0.1", pod_ip
+    assert [i.ip for i in pod.status.pod_i_ps] == [pod_ip]
     assert pod.status.container_statuses[0].state.running is not None
     pid = pid_of(pod)
     assert process_alive(pid)
@@ -66,7 +68,7 @@ def test_service_account_pod_lifecycle_with_watch(cluster, sa_api) -> None:
         "POD_NAME": name,
         "POD_NAMESPACE": cluster.namespace,
         "POD_UID": created.metadata.uid,
-        "POD_IP": "127.0.0.1",
+        "POD_IP": pod_ip,
         "NODE_NAME": cluster.node_name,
         "GREETING": f"hello {name}",
     }

@@ -98,8 +98,16 @@ def test_secret_from_the_environment() -> None:
     assert auth.secret_from_env(env) == SECRET
     assert Credentials.from_env(WORKER, env) == Credentials.for_instance(SECRET, WORKER)
     for missing in ({}, {auth.SECRET_ENV: ""}):
-        with pytest.raises(auth.MissingSecretError, match=f"^{auth.SECRET_ENV} is not set"):
+        with pytest.raises(auth.MissingSecretError, match=f"nor {auth.SECRET_ENV} is set"):
             Credentials.from_env(WORKER, missing)
+
+
+def test_a_worker_gets_only_its_own_token_and_proves_its_name_with_it() -> None:
+    token = auth.token_for(SECRET, WORKER)
+    credentials = Credentials.from_env(WORKER, {auth.TOKEN_ENV: token})
+    assert credentials == Credentials.for_instance(SECRET, WORKER)
+    # The token proves nothing else: another name with it is refused by the PS's check.
+    assert Credentials("ps-0", token) != Credentials.for_instance(SECRET, "ps-0")
 
 
 def test_token_is_not_in_the_repr() -> None:

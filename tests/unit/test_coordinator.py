@@ -16,7 +16,7 @@ from elastic_step.backends.api import ExitReason, LaunchSpec, Role
 from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open_coordinator
 from elastic_step.master.instance_manager import MembershipSettings
 from elastic_step.master.job_record import JobRecord
-from elastic_step.master.persistence import Replay
+from elastic_step.master.persistence import SavedJob
 from elastic_step.master.phase import Phase
 from elastic_step.master.servicer import MasterServicer
 from elastic_step.master.state_store import FileStateStore
@@ -59,22 +59,22 @@ class Master:
     def __init__(self, tmp_path: Path, clock: FakeClock, backend: FakeBackend | None = None):
         self.store = FileStateStore(str(tmp_path / "state"))
         token = self.store.acquire("test-master", timeout_s=TIMEOUT_S)
-        replay = Replay.of(self.store.load())
+        saved = SavedJob.of(self.store.load())
         record = None
-        if replay.snapshot is not None:
-            record = JobRecord.restore(replay.part("job"), replay.records["job"])
+        if saved.snapshot is not None:
+            record = JobRecord.restore(saved.part("job"), saved.records["job"])
         self.backend = backend or FakeBackend()
         self.coordinator: Coordinator = open_coordinator(
             params(),
             store=self.store,
-            replay=replay,
+            saved=saved,
             record=record,
             token=token,
             backend=self.backend,
             spec_for=spec_for,
             clock=clock,
         )
-        self.secret = self.coordinator.record.secret
+        self.secret = self.store.job_secret()
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4),
             interceptors=[auth.AuthInterceptor(self.secret)],
@@ -226,7 +226,7 @@ def test_progress_keeps_a_lease_and_heartbeats_alone_do_not(master, clock) -> No
     assert get_task(master.stub("worker-1"), "worker-1").id == task.id
 
 
-def test_a_malformed_report_is_invalid_argument_and_its_task_is_requeued(master) -> None:
+def test_a_malformed_report_is_invalid_argument_its_task_requeued_and_counted(master) -> None:
     stub = master.stub("worker-0")
     for _ in range(8):  # the whole first epoch
         report(stub, "worker-0", get_task(stub, "worker-0"))
@@ -236,7 +236,6 @@ def test_a_malformed_report_is_invalid_argument_and_its_task_is_requeued(master)
     bad = [
         {},  # an evaluation task without a result
         evaluation_fields(metric_states=1),  # one metric state where the job has two
-        {**evaluation_fields(), "loss_sum": float("nan")},
     ]
     for fields in bad:
         assert code_of(lambda f=fields, t=task: report(stub, "worker-0", t, **f)) == (
@@ -245,9 +244,20 @@ def test_a_malformed_report_is_invalid_argument_and_its_task_is_requeued(master)
         again = get_task(stub, "worker-0")
         assert again.id == task.id and again.lease_id != task.lease_id
         task = again
-
     report(stub, "worker-0", task, **evaluation_fields())
     assert master.coordinator.tasks.doing_count() == 0
+    assert master.coordinator.tasks.failure is None
+
+    # Each malformed report is a failure of its task: past --max-task-retries=2 (these
+    # settings) a worker that only sends broken reports ends the job instead of looping.
+    task = get_task(stub, "worker-0")
+    for _ in range(3):
+        fields = {**evaluation_fields(), "example_count": -10}
+        assert code_of(lambda f=fields, t=task: report(stub, "worker-0", t, **f)) == (
+            grpc.StatusCode.INVALID_ARGUMENT
+        )
+        task = get_task(stub, "worker-0") if master.coordinator.tasks.failure is None else task
+    assert "failed 3 times, more than --max-task-retries=2" in master.coordinator.tasks.failure
 
 
 # -- poisoned tasks --
@@ -310,7 +320,7 @@ def test_a_restarted_master_resumes_from_the_journal(tmp_path, clock) -> None:
     second = Master(tmp_path, clock, backend)
     try:
         coordinator = second.coordinator
-        assert coordinator.record.secret == first.secret
+        assert second.secret == first.secret
         assert coordinator.tasks.records_trained(1) == 50
         assert coordinator.tasks.snapshot()["leases"] == before["leases"]
         coordinator.adopt(backend.list_instances())

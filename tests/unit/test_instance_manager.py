@@ -225,9 +225,10 @@ def test_nothing_is_relaunched_after_delete_all() -> None:
     assert manager.failure is None
 
 
-def test_a_worker_that_exited_with_status_0_is_not_replaced() -> None:
+def test_a_dismissed_worker_that_exited_with_status_0_is_not_replaced() -> None:
     backend = FakeBackend()
     manager = started(make(backend))
+    manager.dismiss("worker-0")
     backend.end("worker-0", ExitReason.COMPLETED, 0, "exit status 0")
     [ended] = pump(manager)
     assert ended.state is ProcessState.SUCCEEDED
@@ -516,6 +517,18 @@ def test_transition_of_events() -> None:
 # -- stops, backoff, launch errors, the journal --
 
 
+def test_an_exit_0_before_the_master_dismissed_the_worker_is_a_crash() -> None:
+    backend = FakeBackend()
+    manager = started(make(backend))
+    backend.end("worker-1", ExitReason.COMPLETED, 0, "exit status 0")
+    [ended] = pump(manager)
+    assert (ended.state, ended.reason) == (ProcessState.FAILED, "crashed")
+    assert "before the master dismissed it" in ended.message
+    assert manager.retired == set()
+    manager.reconcile()
+    assert backend.names()[-1] == "worker-2"  # the slot is refilled, not retired
+
+
 def test_an_exit_0_during_a_stop_is_not_taken_for_success() -> None:
     backend = FakeBackend()
     manager = started(make(backend))
@@ -571,7 +584,7 @@ class BrokenBackend(FakeBackend):
 
 def test_launch_errors_are_retried_with_backoff_then_fail_the_job() -> None:
     clock = FakeClock(100.0)
-    manager = make(BrokenBackend(), clock)
+    manager = make(BrokenBackend(), clock, starve_timeout_s=1e9)
     attempts = 0
     while manager.failure is None and attempts < 50:
         manager.reconcile()  # must not raise: the master lives on
@@ -626,3 +639,61 @@ def test_a_pending_instance_waits_without_using_restarts_and_joins_when_it_start
     # A late PENDING after the start is stale.
     assert manager.handle(InstanceEvent("worker-1", EventKind.PENDING, message="x")) is None
     assert pending.state is ProcessState.RUNNING
+
+
+def test_records_stay_small_and_the_state_bounded_at_scale() -> None:
+    clock = FakeClock(100.0)
+    backend = FakeBackend()
+    records: list[dict] = []
+    manager = make(backend, clock, workers=1000, max_workers=1000, max_restarts=10**6)
+    manager._journal = records.append
+    base = round_trip(manager.snapshot())
+    for _ in range(40):  # 1,000 workers and a PS start, 32 launches a tick
+        manager.reconcile()
+        pump(manager)
+    assert manager.running_workers() == 1000
+    for i in range(3000):  # a long job: thousands of preemptions
+        clock.now += 1
+        kill(manager, live_worker(manager, i % 1000))
+        manager.reconcile()
+        pump(manager)
+
+    assert max(len(json.dumps(r)) for r in records) < 1000
+    state = json.dumps(manager.snapshot())
+    assert len(state) < 400_000, len(state)
+    assert len(manager.timeline) <= 1000 and manager.timeline[0] == [0.0, 0]
+    assert manager.restarts["worker"] == 3000
+    assert manager.next_worker == 4000  # names are never reused, though old ones are forgotten
+    replayed = make(FakeBackend(), clock, workers=1000, max_workers=1000, max_restarts=10**6)
+    replayed.restore(base)
+    for record in round_trip(records):
+        replayed.apply(record)
+    assert replayed.snapshot() == round_trip(manager.snapshot())
+
+
+def test_a_job_whose_workers_never_run_fails_after_the_starve_timeout() -> None:
+    clock = FakeClock(100.0)
+    backend = FakeBackend()
+    manager = make(backend, clock, starve_timeout_s=300.0)
+    manager.reconcile()
+    backend.events.clear()  # nothing ever starts
+    reason = "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu"
+    manager.handle(InstanceEvent("worker-0", EventKind.PENDING, message=reason))
+    for _ in range(10):
+        clock.now += 29
+        manager.reconcile()
+    assert manager.failure is None  # 290 s: still waiting
+    clock.now += 20
+    manager.reconcile()
+    assert manager.failure is not None
+    assert manager.failure.startswith("no worker has been running for 300 s")
+    assert f"worker-0: {reason}" in manager.failure
+
+
+def test_running_workers_keep_the_starve_clock_at_zero() -> None:
+    clock = FakeClock(100.0)
+    manager = started(make(FakeBackend(), clock, starve_timeout_s=10.0))
+    for _ in range(5):
+        clock.now += 100
+        manager.reconcile()
+    assert manager.failure is None

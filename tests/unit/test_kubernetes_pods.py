@@ -94,7 +94,7 @@ def test_the_environment_refers_to_the_secret_and_never_holds_its_value() -> Non
     assert "hunter2" not in json.dumps(p)
     env = env_of(p)
     assert env["ELASTIC_STEP_JOB_SECRET"] == {
-        "secretKeyRef": {"name": "job-1-secret", "key": "ELASTIC_STEP_JOB_SECRET"}
+        "secretKeyRef": {"name": "job-1-secret", "key": "worker-3.ELASTIC_STEP_JOB_SECRET"}
     }
     assert env["ELASTIC_STEP_INSTANCE"] == "worker-3"
     assert env["ELASTIC_STEP_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
@@ -309,8 +309,12 @@ def test_dry_run_prints_every_object_of_the_start_without_a_cluster(monkeypatch)
         ("Pod", "job-1-worker-0"),
         ("Pod", "job-1-worker-1"),
     ]
+    placeholder = "<generated when the job starts>"
     assert objects[1]["stringData"] == {
-        "ELASTIC_STEP_JOB_SECRET": "<generated when the job starts>"
+        "ps-0.ELASTIC_STEP_JOB_SECRET": placeholder,
+        "ps-1.ELASTIC_STEP_JOB_SECRET": placeholder,
+        "worker-0.ELASTIC_STEP_TOKEN": placeholder,
+        "worker-1.ELASTIC_STEP_TOKEN": placeholder,
     }
     worker = objects[6]
     assert main_container(worker)["command"][-4:] == [

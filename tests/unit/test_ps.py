@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import pytest
 
+from elastic_step.output_layout import OutputLayout
 from elastic_step.ps import checkpoint
 from elastic_step.ps.server import ParameterServerServicer, RestorePolicy, shut_down
 from elastic_step.ps.server import main as ps_main
@@ -426,7 +427,7 @@ def test_restore_policy_rules() -> None:
 def _ckpt_dir(cluster: Cluster, shard: int) -> str:
     settings = cluster.servicers[shard].settings
     assert settings is not None
-    return checkpoint.checkpoint_dir(settings.output_dir, shard, settings.num_ps)
+    return OutputLayout(settings.output_dir).checkpoint_dir(shard, settings.num_ps)
 
 
 def test_servicer_checkpoints_every_n_versions_and_keeps_newest(
@@ -677,7 +678,7 @@ def test_sigterm_to_a_ps_process_writes_a_final_checkpoint(
         if process.poll() is None:
             process.kill()
             process.wait()
-    saved = checkpoint.load_latest(checkpoint.checkpoint_dir(str(tmp_path), 0, 1))
+    saved = checkpoint.load_latest(OutputLayout(str(tmp_path)).checkpoint_dir(0, 1))
     assert saved is not None and saved[0] == 2, log_path.read_text()
     np.testing.assert_allclose(saved[1]["dense/dense/kernel"], [[0.8], [0.8]], rtol=1e-6)
     output = log_path.read_text()

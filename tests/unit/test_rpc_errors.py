@@ -264,6 +264,9 @@ def test_worker_without_the_secret_exits_1(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.delenv(auth.SECRET_ENV, raising=False)
+    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
     assert worker_main(["--master", "127.0.0.1:1", "--name", WORKER]) == 1
     assert len(_errors(caplog)) == 1
-    assert _errors(caplog)[0].startswith(f"{WORKER}: {auth.SECRET_ENV} is not set")
+    assert _errors(caplog)[0].startswith(
+        f"{WORKER}: neither {auth.TOKEN_ENV} nor {auth.SECRET_ENV} is set"
+    )

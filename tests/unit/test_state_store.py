@@ -542,4 +542,31 @@ def test_the_file_store_needs_a_local_path() -> None:
 def test_create_state_store_rejects_an_unknown_name_with_the_rule(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         create_state_store("redis", str(tmp_path))
-    assert str(info.value) == "--state-store must be one of file, got 'redis'"
+    assert str(info.value) == "--state-store must be one of file, kubernetes, got 'redis'"
+
+
+def test_the_state_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    # The snapshot holds the job's secret.
+    store = create_state_store("file", str(tmp_path))
+    store.acquire("master", timeout_s=WAIT_S)
+    store.snapshot(STATE)
+    store.append({"op": "x"})
+    store.close()
+    state_dir = tmp_path / "master-state"
+    assert state_dir.stat().st_mode & 0o777 == 0o700
+    for path in state_dir.iterdir():
+        assert path.stat().st_mode & 0o077 == 0, path
+
+
+def test_the_job_secret_is_kept_apart_and_outlives_the_owner(tmp_path: Path) -> None:
+    first = create_state_store("file", str(tmp_path))
+    first.acquire("master-a", timeout_s=WAIT_S)
+    secret = first.job_secret()
+    assert len(secret) == 64 and first.job_secret() == secret
+    first.snapshot(STATE)
+    first.close()
+    second = create_state_store("file", str(tmp_path))
+    second.acquire("master-b", timeout_s=WAIT_S)
+    assert second.job_secret() == secret
+    second.close()
+    assert secret not in (tmp_path / "master-state" / "snapshot.json").read_text()

@@ -498,8 +498,6 @@ def test_a_very_long_error_keeps_its_end() -> None:
 MALFORMED = {
     "no evaluation result": (None, "reported without an evaluation result"),
     "negative example count": (eval_result(1.0, -1, [1.0, 1.0]), "example_count is -1"),
-    "NaN loss": (eval_result(math.nan, 2, [1.0, 1.0]), "loss_sum is nan; it must be finite"),
-    "infinite loss": (eval_result(math.inf, 2, [1.0, 1.0]), "loss_sum is inf"),
     "another count of metric states": (
         eval_result(1.0, 2, [1.0, 1.0], [2.0]),
         "2 metric states; the round has 1",
@@ -528,8 +526,31 @@ def test_a_malformed_evaluation_report_is_refused_and_the_task_handed_out_again(
     assert tm.tasks_of("w") == []
     after = tm.snapshot()
     assert after["rounds"] == before["rounds"]  # the round's sums are untouched
-    assert tm.get_task("w2").id == task.id  # the front of the queue
+    again = tm.get_task("w2")
+    assert again.id == task.id  # handed out again first
+    assert len(again.failures) == 1 and "w: invalid report" in again.failures[0]
     assert not tm.completed_rounds
+
+
+def test_malformed_reports_on_one_task_fail_the_job_past_the_retry_limit() -> None:
+    tm = make(validation_shards=[("v", 12)], max_task_retries=2)
+    run_training_of_epoch(tm)
+    for _ in range(3):
+        task = tm.get_task("w")
+        assert task.kind is TaskKind.EVALUATE
+        with pytest.raises(InvalidReportError):
+            succeed(tm, task, evaluation=None)
+    assert tm.failure is not None and "more than --max-task-retries=2" in tm.failure
+    assert tm.get_task("w") is None
+
+
+def test_a_non_finite_loss_is_a_measurement_not_a_malformed_report() -> None:
+    tm = make(validation_shards=[("v", 4)])
+    run_training_of_epoch(tm)
+    task = tm.get_task("w")
+    assert succeed(tm, task, evaluation=eval_result(math.nan, 4, [1.0, 2.0]), model_version=9)
+    [round_] = tm.completed_rounds
+    assert math.isnan(round_.loss_sum)
 
 
 def test_metric_shapes_from_the_settings_are_enforced_from_the_first_report() -> None:

@@ -28,10 +28,25 @@ __all__ = [
     "state_store_names",
 ]
 
-_REGISTRY: dict[str, Callable[[str, StateStoreSettings], StateStore]] = {
-    "file": lambda output_dir, settings: FileStateStore(
+
+def _kubernetes_store(
+    output_dir: str, settings: StateStoreSettings, job_name: str | None, namespace: str | None
+) -> StateStore:
+    if not job_name:
+        raise InputError("the kubernetes state store needs the job's name (job_name)")
+    # Imported here: the kubernetes client is needed only by this store.
+    from elastic_step.master.state_store.kubernetes_store import KubernetesStateStore
+
+    return KubernetesStateStore(job_name, namespace, settings)
+
+
+#: Each maker takes the output directory, the settings, the job's name and its namespace;
+#: a store uses what it needs.
+_REGISTRY: dict[str, Callable[[str, StateStoreSettings, str | None, str | None], StateStore]] = {
+    "file": lambda output_dir, settings, job_name, namespace: FileStateStore(
         OutputLayout(output_dir).state_dir, settings
     ),
+    "kubernetes": _kubernetes_store,
 }
 
 
@@ -40,11 +55,22 @@ def state_store_names() -> list[str]:
 
 
 def create_state_store(
-    name: str, output_dir: str, settings: StateStoreSettings | None = None
+    name: str,
+    output_dir: str,
+    settings: StateStoreSettings | None = None,
+    *,
+    job_name: str | None = None,
+    namespace: str | None = None,
 ) -> StateStore:
-    """The store ``name`` for the job whose outputs go to ``output_dir``."""
+    """The store ``name`` for the job whose outputs go to ``output_dir``.
+
+    ``kubernetes`` keeps the state in ConfigMaps and a Lease named after ``job_name`` (needed)
+    in ``namespace`` (default: the pod's own namespace, else the kubeconfig context's), with
+    the pod's ServiceAccount or else the kubeconfig; see kubernetes_store.py. ``file`` ignores
+    both.
+    """
     if name not in _REGISTRY:
         raise InputError(
             f"--state-store must be one of {', '.join(state_store_names())}, got '{name}'"
         )
-    return _REGISTRY[name](output_dir, settings or StateStoreSettings())
+    return _REGISTRY[name](output_dir, settings or StateStoreSettings(), job_name, namespace)

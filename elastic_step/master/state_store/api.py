@@ -19,8 +19,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from elastic_step.errors import ElasticStepError
 
-class StateStoreError(Exception):
+
+class StateStoreError(ElasticStepError):
     """The state could not be saved or read back (the message names where and why)."""
 
 
@@ -136,6 +138,18 @@ class StateStore(ABC):
         so that no successor starts while this owner may still write. Idempotent; a store
         that was never acquired has nothing to close.
         """
+
+    @abstractmethod
+    def job_secret(self) -> str:
+        """The job's secret, made at the first call and the same at every later one, by any
+        owner. Kept apart from the snapshot and the journal (which status readers load),
+        where only the job's master can read it. Call after :meth:`acquire`."""
+
+    @property
+    def takeover_wait_s(self) -> float:
+        """How long a new owner should wait in :meth:`acquire` for a crashed owner's lease to
+        run out."""
+        return 5.0
 
     @abstractmethod
     def describe(self) -> str:

@@ -45,7 +45,7 @@ class FileLease:
         if self._fd is not None:
             raise StateStoreError(f"{self._dir}: the lease is already held by this store")
         try:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as e:
             raise StateStoreError(f"cannot open the lease {self._lock_path}: {e}") from e
         try:

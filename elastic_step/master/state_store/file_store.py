@@ -6,6 +6,7 @@ Layout::
     token                       the last fencing token given out
     snapshot.json               {"format": 2, "seq": S, "token": T, "state": {...}}
     journal-<first seq>.log     framed records (see journal.py)
+    secret                      the job's secret (the directory and its files are 0700/0600)
 
 Writing a snapshot covering records up to S: the records up to S are made durable, a new
 segment ``journal-<S+1>.log`` takes the records after S, the snapshot replaces the old one
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 
 from elastic_step.master.state_store.api import (
@@ -43,6 +45,8 @@ from elastic_step.master.state_store.replay import (
 
 log = logging.getLogger("elastic_step.master.state_store")
 
+SECRET_FILE = "secret"
+
 
 class FileStateStore(StateStore):
     def __init__(self, directory: str, settings: StateStoreSettings | None = None) -> None:
@@ -61,7 +65,8 @@ class FileStateStore(StateStore):
             if self._committer is not None or self._closed:
                 raise StateStoreError(f"{self._dir}: a store is acquired at most once")
             try:
-                os.makedirs(self._dir, exist_ok=True)
+                os.makedirs(self._dir, mode=0o700, exist_ok=True)
+                os.chmod(self._dir, 0o700)  # it holds the job's secret
             except OSError as e:
                 raise StateStoreError(f"cannot create the state directory: {e}") from e
             token = self._lease.acquire(owner, timeout_s)
@@ -211,6 +216,22 @@ class FileStateStore(StateStore):
                 committer.stop(self._settings.close_timeout_s)
                 self._segment.close()
                 self._lease.release()
+
+    def job_secret(self) -> str:
+        path = os.path.join(self._dir, SECRET_FILE)
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StateStoreError(f"cannot read the job's secret {path}: {e}") from e
+        secret = secrets.token_hex(32)
+        try:
+            write_atomic(path, secret.encode())
+        except OSError as e:
+            raise StateStoreError(f"cannot save the job's secret {path}: {e}") from e
+        return secret
 
     def describe(self) -> str:
         return self._dir

@@ -102,7 +102,7 @@ class SegmentWriter:
         self.first_seq = first_seq
         self.path = os.path.join(directory, segment_name(first_seq))
         created = not os.path.exists(self.path)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         if created:  # records in it are durable only once its name is
             fsync_dir(directory)
 

@@ -45,7 +45,7 @@ def write_atomic(path: str, data: bytes) -> None:
     content or the new, never a mix. Temp file, fsync, rename, fsync of the directory."""
     tmp = f"{path}{TMP_MARK}{uuid.uuid4().hex[:8]}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             write_all(fd, data)
             os.fsync(fd)

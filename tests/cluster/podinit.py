@@ -1,0 +1,244 @@
+"""Set up one container's private view of the machine, then exec its command.
+
+The process kubelet starts every container as `python -I -S podinit.py PLAN.json`. This
+helper, still with the container's pid, then:
+
+1. joins the container's memory cgroup (so the limit covers everything from here on);
+2. unshares a mount namespace (propagation private) and a UTS namespace (the pod's
+   hostname), unless the pod uses the host network (then only the mount namespace);
+3. builds a new root: a tmpfs holding bind mounts of every top-level entry of the host's
+   "/", and chroots into it. The host's files stay visible, but paths that do not exist on
+   the host (a volume's mountPath such as /checkpoints, /var/run/secrets/...) can be
+   created without touching the host: a directory that needs a new entry is "shadowed" by
+   a tmpfs holding bind mounts of its original entries;
+4. bind-mounts every volume, /etc/hosts, /etc/resolv.conf and /etc/hostname at their
+   paths, read-only where asked;
+5. changes to the working directory, takes the securityContext's user and groups if one is
+   given, and execs the command with the container's env.
+
+Nothing is mounted in the host's namespace: when the last process of the container exits,
+the kernel drops the namespace and every mount in it. If any step fails, or the command
+cannot be executed, the reason goes to plan["error_file"] (empty otherwise) and the exit
+status is 128, which the kubelet reports as StartError (as a container runtime does).
+
+Only the standard library is used (the helper runs with -I -S).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import socket
+import stat
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)  # glibc; find_library costs 70 ms
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    _check(
+        _libc.mount(
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {source} on {target}",
+    )
+
+
+def umount_detach(target: str) -> None:
+    _check(_libc.umount2(target.encode(), MNT_DETACH), f"umount {target}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+class Root:
+    """The container's filesystem tree, built in a fresh mount namespace."""
+
+    def __init__(self) -> None:
+        # Directories that live on a tmpfs of ours: creating entries there is private.
+        self.synthetic: set[str] = set()
+        # Targets of directory volumes: creating entries there writes into the volume,
+        # as a container runtime does for nested mount paths.
+        self.volumes: list[str] = []
+        self.stashes = 0
+
+    def build(self, mountpoint: str) -> None:
+        """Mount a tmpfs on mountpoint, fill it with the host's "/", and chroot into it."""
+        mount("tmpfs", mountpoint, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m")
+        self._populate(mountpoint, "/")
+        os.chroot(mountpoint)
+        os.chdir("/")
+        self.synthetic.add("/")
+        # The new root was itself visible under the host's tree when that was bound in;
+        # drop that copy so the tree does not contain itself.
+        if os.path.isdir(mountpoint):
+            with contextlib.suppress(OSError):
+                umount_detach(mountpoint)
+
+    def _populate(self, target_dir: str, source_dir: str) -> None:
+        for entry in sorted(os.listdir(source_dir)):
+            source = os.path.join(source_dir, entry)
+            target = os.path.join(target_dir, entry)
+            st = os.lstat(source)
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(source), target)
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                os.mkdir(target, stat.S_IMODE(st.st_mode))
+            else:
+                with open(target, "w"):
+                    pass
+            mount(source, target, None, MS_BIND | MS_REC)
+
+    def _writable(self, directory: str) -> bool:
+        if directory in self.synthetic:
+            return True
+        return any(directory == v or directory.startswith(v + "/") for v in self.volumes)
+
+    def _shadow(self, directory: str) -> None:
+        """Replace a host directory by a tmpfs with bind mounts of its entries."""
+        self.stashes += 1
+        stash = f"/.podinit-stash-{self.stashes}"
+        os.mkdir(stash)
+        mount(directory, stash, None, MS_BIND | MS_REC)
+        mode = stat.S_IMODE(os.stat(stash).st_mode)
+        mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode:o},size=16m")
+        self._populate(directory, stash)
+        umount_detach(stash)
+        os.rmdir(stash)
+        self.synthetic.add(directory)
+
+    def make_dir(self, path: str) -> str:
+        """Ensure the directory exists without creating anything on the host; returns it."""
+        path = os.path.realpath(path)
+        if os.path.isdir(path):
+            return path
+        parent = self.make_dir(os.path.dirname(path))
+        if os.path.lexists(path):  # a file or a dangling link where a directory is needed
+            if not self._writable(parent):
+                self._shadow(parent)
+            os.unlink(path)
+        elif not self._writable(parent):
+            self._shadow(parent)
+        os.mkdir(path, 0o755)
+        if parent in self.synthetic:
+            self.synthetic.add(path)
+        return path
+
+    def make_file(self, path: str) -> str:
+        """Ensure a plain file (not a link) exists at path, to bind a file onto."""
+        parent = self.make_dir(os.path.dirname(os.path.abspath(path)))
+        path = os.path.join(parent, os.path.basename(path))
+        if os.path.lexists(path) and not os.path.islink(path) and not os.path.isdir(path):
+            return path
+        if not self._writable(parent):
+            self._shadow(parent)
+        if os.path.lexists(path):
+            if os.path.isdir(path) and not os.path.islink(path):
+                raise OSError(f"{path} is a directory; cannot mount a file there")
+            os.unlink(path)
+        with open(path, "w"):
+            pass
+        return path
+
+    def bind(self, source: str, target: str, read_only: bool) -> None:
+        target = self.make_dir(target) if os.path.isdir(source) else self.make_file(target)
+        mount(source, target, None, MS_BIND | MS_REC)
+        if read_only:
+            mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        if os.path.isdir(source):
+            self.volumes.append(target)
+
+
+def setup(plan: dict) -> None:
+    if plan.get("cgroup_procs"):
+        with open(plan["cgroup_procs"], "w") as procs:
+            procs.write(str(os.getpid()))
+    unshare(CLONE_NEWNS | (CLONE_NEWUTS if plan.get("hostname") else 0))
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    if plan.get("hostname"):
+        socket.sethostname(plan["hostname"])
+    root = Root()
+    root.build(plan["root"])
+    for item in plan.get("mounts", []):
+        try:
+            root.bind(item["source"], item["target"], bool(item.get("readOnly")))
+        except OSError as err:
+            raise OSError(f"mounting {item['source']} at {item['target']}: {err}") from err
+    os.chdir(root.make_dir(plan["cwd"]) if plan.get("cwd") else "/")
+    if "uid" in plan:  # securityContext.runAsUser/runAsGroup/supplementalGroups
+        os.setgroups(plan.get("groups") or [])
+        os.setgid(plan.get("gid", 0))
+        os.setuid(plan["uid"])
+
+
+_error_fd = -1
+
+
+def main() -> None:
+    global _error_fd
+    with open(sys.argv[1]) as f:
+        plan = json.load(f)
+    try:
+        # Opened now: after a switch to runAsUser the pod's directory may not be writable.
+        _error_fd = os.open(plan["error_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.set_inheritable(_error_fd, False)
+    except OSError:
+        pass
+    try:
+        setup(plan)
+    except Exception as err:  # any failure is a StartError
+        _fail(plan, f"container setup failed: {err}")
+    argv, env = plan["argv"], plan["env"]
+    try:
+        os.execve(_resolve(argv[0], env.get("PATH", os.defpath)), argv, env)
+    except OSError as err:
+        _fail(plan, f'exec: "{argv[0]}": {err.strerror or err}')
+
+
+def _resolve(command: str, path: str) -> str:
+    """The executable for command on PATH, found without importing anything more (after
+    a switch to runAsUser the interpreter's own library may be out of reach)."""
+    if "/" in command:
+        return command
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or ".", command)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(2, "executable file not found in $PATH")
+
+
+def _fail(plan: dict, message: str) -> None:
+    if _error_fd >= 0:
+        with contextlib.suppress(OSError):
+            os.write(_error_fd, message.encode())
+    sys.stderr.write(message + "\n")
+    os._exit(128)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""How containers end, as a real kubelet reports it: OOMKilled, signals, restarts, eviction."""
+
+from __future__ import annotations
+
+import uuid
+
+from k8s_helpers import (
+    container_log,
+    pid_of,
+    process_alive,
+    python_pod,
+    wait_for,
+    wait_running,
+    wait_terminal,
+    watch_pod,
+)
+from kubernetes import client
+
+SLEEP = "import time; time.sleep(600)"
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def test_container_over_its_memory_limit_is_oom_killed(cluster, sa_api) -> None:
+    core = client.CoreV1Api(sa_api)
+    ns, name = cluster.namespace, _name("oom")
+    hog = (
+        "import sys\n"
+        "print(open('/proc/self/cgroup').read(), flush=True)\n"
+        "chunks = []\n"
+        "while True:\n"
+        "    chunks.append(b'x' * (8 << 20))\n"  # written pages: charged to the cgroup
+    )
+    limits = {"memory": "96Mi"}
+    pod = python_pod(name, hog, resources={"requests": limits, "limits": limits})
+    core.create_namespaced_pod(ns, pod)
+    done = wait_terminal(core, ns, name, timeout=90)
+    status = done.status.container_statuses[0]
+    terminated = status.state.terminated
+    assert done.status.phase == "Failed"
+    assert (terminated.reason, terminated.exit_code, terminated.signal) == ("OOMKilled", 137, 9)
+    assert status.restart_count == 0
+    # It ran in a memory cgroup of its own, not in the kubelet's.
+    assert f"{done.metadata.uid[:8]}-main" in container_log(cluster.workdir, done)
+
+
+def test_exit_code_and_signal_of_a_killed_container(cluster, sa_api) -> None:
+    core = client.CoreV1Api(sa_api)
+    ns, name = cluster.namespace, _name("sigterm")
+    core.create_namespaced_pod(
+        ns, python_pod(name, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    )
+    done = wait_terminal(core, ns, name)
+    status = done.status.container_statuses[0]
+    terminated = status.state.terminated
+    assert done.status.phase == "Failed"
+    assert (terminated.reason, terminated.exit_code, terminated.signal) == ("Error", 143, 15)
+    assert terminated.started_at and terminated.finished_at
+    assert status.restart_count == 0 and status.last_state.terminated is None
+
+
+def test_on_failure_restarts_in_place_and_records_last_state(cluster, sa_api) -> None:
+    core = client.CoreV1Api(sa_api)
+    ns, name = cluster.namespace, _name("flaky")
+    # Fails the first time, succeeds the second: the emptyDir outlives the container.
+    script = (
+        "import os, sys\n"
+        "if not os.path.exists('/state/ran'):\n"
+        "    open('/state/ran', 'w').close()\n"
+        "    sys.exit(3)\n"
+    )
+    pod = python_pod(
+        name,
+        script,
+        volume_mounts=[{"name": "state", "mountPath": "/state"}],
+        volumes=[{"name": "state", "emptyDir": {}}],
+    )
+    pod["spec"]["restartPolicy"] = "OnFailure"
+    core.create_namespaced_pod(ns, pod)
+    done = wait_terminal(core, ns, name, timeout=60)
+    status = done.status.container_statuses[0]
+    assert done.status.phase == "Succeeded"
+    assert status.restart_count == 1
+    assert status.state.terminated.reason == "Completed"
+    assert status.last_state.terminated.exit_code == 3
+    assert status.last_state.terminated.reason == "Error"
+
+
+def test_eviction_sets_disruption_target_and_the_kubelet_keeps_it(
+    cluster, sa_api, admin_api
+) -> None:
+    core, admin = client.CoreV1Api(sa_api), client.CoreV1Api(admin_api)
+    policy = client.PolicyV1Api(admin_api)
+    ns, name = cluster.namespace, _name("evictee")
+    handle = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "time.sleep(600)\n"
+    )
+    label = {"evict": name}
+    core.create_namespaced_pod(ns, python_pod(name, handle, labels=label))
+    pod = wait_running(core, ns, name)
+    pid = pid_of(pod)
+    # A budget that allows one disruption: the disruption controller must have counted the
+    # healthy pod (an integer minAvailable: bare pods have no scale to take a ratio of).
+    budget = _name("pdb")
+    policy.create_namespaced_pod_disruption_budget(
+        ns,
+        {
+            "metadata": {"name": budget},
+            "spec": {"minAvailable": 0, "selector": {"matchLabels": label}},
+        },
+    )
+    wait_for(
+        "the budget's status",
+        lambda: (
+            policy.read_namespaced_pod_disruption_budget(budget, ns).status.disruptions_allowed == 1
+        ),
+        timeout=30,
+    )
+    version = core.read_namespaced_pod(name, ns).metadata.resource_version
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=ns))
+    admin.create_namespaced_pod_eviction(name, ns, eviction)
+
+    seen: list[client.V1Pod] = []
+
+    def record(kind: str, pod: client.V1Pod) -> bool:
+        if kind != "DELETED":
+            seen.append(pod)
+        return kind == "DELETED"
+
+    watch_pod(core, ns, name, version, record, timeout=60)
+    assert not process_alive(pid)
+
+    def disruption(pod: client.V1Pod) -> client.V1PodCondition | None:
+        return next((c for c in pod.status.conditions or [] if c.type == "DisruptionTarget"), None)
+
+    marked = [p for p in seen if disruption(p)]
+    assert marked, [p.status.conditions for p in seen]
+    condition = disruption(marked[0])
+    assert (condition.status, condition.reason) == ("True", "EvictionByEvictionAPI")
+    # Every later status the kubelet wrote (terminating, then terminal) still carries it.
+    later = seen[seen.index(marked[0]) :]
+    assert all(disruption(p) for p in later)
+    final = later[-1]
+    assert final.status.phase == "Succeeded"  # exited 0 on SIGTERM
+    assert final.status.container_statuses[0].state.terminated.exit_code == 0
+    policy.delete_namespaced_pod_disruption_budget(budget, ns)
