@@ -161,6 +161,17 @@ def test_an_evicted_pod_is_evicted(admin, restricted, new_backend):
     assert "EvictionByEvictionAPI" in event.message
 
 
+def test_a_pod_over_its_memory_limit_is_oom_killed_and_that_is_its_fault(new_backend):
+    backend = new_backend(worker=RoleResources(memory="64Mi"))
+    hog = (
+        "import time; b = bytearray(512 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"
+    )
+    backend.launch(spec("worker-0", hog))
+    event = wait_for(backend, "worker-0", EventKind.EXITED, END_S)
+    assert event.reason is ExitReason.OOM_KILLED and event.reason.is_fault, event
+    assert "OOMKilled" in event.message
+
+
 def test_a_pod_stuck_terminating_is_lost(admin, restricted, new_backend):
     # Never scheduled (no node has the label), and held by a finalizer: like a pod on a lost
     # node, it stays Terminating after its deletion.

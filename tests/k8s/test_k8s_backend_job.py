@@ -3,8 +3,8 @@ master (here a process outside the cluster, acting as the elastic-step-master Se
 runs its PS and workers as pods in a namespace that enforces the ``restricted`` Pod Security
 Standard, survives a worker pod deleted by someone else, and leaves nothing behind.
 
-(A master running as a pod needs the test cluster to resolve Service names; see
-test_k8s_backend.py for what it does as a pod.)
+Then the master itself as a pod, with only the project's Role: it is replaced mid-job by
+another pod of the same --job-name, which adopts the running pods.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from k8s_helpers import container_log
 from k8s_helpers import wait_for as poll
 from kubernetes import client
 from test_k8s_backend_support import (
@@ -23,6 +24,7 @@ from test_k8s_backend_support import (
     clean_namespace,
     new_job_name,
     restricted_fixture,  # noqa: F401 - the fixture restricted
+    restricted_pod,
 )
 
 from elastic_step.backends import kubernetes_pods as pods
@@ -105,3 +107,107 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
         poll("no object of the job left", nothing_left, timeout=20)
         assert time.monotonic() - started < 20
     clean_namespace(cluster, ns)
+
+
+def _master_pod(name: str, argv: list[str]) -> dict:
+    """The master's pod, as a pipeline step or a Kubernetes Job would run it: the project's
+    ServiceAccount (its token mounted), its own name and IP from the downward API."""
+    env = [
+        {
+            "name": "ELASTIC_STEP_POD_NAME",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+        },
+        {"name": "ELASTIC_STEP_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "PYTHONPATH", "value": str(REPO)},
+    ]
+    pod = restricted_pod(name, argv, env=env, workingDir=str(REPO))
+    pod["spec"]["serviceAccountName"] = "elastic-step-master"
+    pod["spec"]["automountServiceAccountToken"] = True
+    return pod
+
+
+def test_a_master_pod_replaced_mid_job_is_found_again_by_its_service(
+    cluster, restricted, digits, tmp_path
+):
+    """The master runs as a pod with only the project's Role (in-cluster configuration),
+    listens on its pod IP and advertises its Service's DNS name. Its pod is lost mid-job
+    (deleted with no grace: SIGKILL); a new master pod, with another name and IP, takes the
+    job over, adopts the running pods and re-points the Service, and the workers reach it by
+    the same name."""
+    ns, job = restricted.name, new_job_name()
+    output = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "elastic_step", "train",
+        "--model-def", path_of("digits"), "--data", str(digits), "--output", str(output),
+        "--batch-size", "32", "--records-per-task", "64", "--seed", "7", "--epochs", "4",
+        "--workers", "2", "--ps", "1", "--job-name", job, "--backend", "kubernetes",
+        "--env", f"PYTHONPATH={REPO}",
+    ]  # fmt: skip
+    with cluster.admin() as api:
+        core = client.CoreV1Api(api)
+
+        def status() -> dict:
+            try:
+                return json.loads((output / "status.json").read_text())
+            except (OSError, ValueError):
+                return {}
+
+        def log_of(name: str) -> str:
+            try:
+                return container_log(cluster.workdir, core.read_namespaced_pod(name, ns))[-3000:]
+            except Exception as e:
+                return f"<no log: {e}>"
+
+        first = f"{job}-step-1"
+        core.create_namespaced_pod(ns, _master_pod(first, argv))
+
+        def training() -> bool:
+            phase = core.read_namespaced_pod(first, ns).status.phase
+            assert phase in ("Pending", "Running"), log_of(first)
+            return status().get("model_version", 0) >= 4
+
+        poll("training under way", training, timeout=240)
+        first_pod = core.read_namespaced_pod(first, ns)
+        assert status()["master"].startswith(f"{job}-master.{ns}.svc:")
+        workers = {
+            p.metadata.name: p.metadata.uid
+            for p in core.list_namespaced_pod(ns, label_selector=pods.job_selector(job)).items
+        }
+        assert set(workers) == {f"{job}-ps-0", f"{job}-worker-0", f"{job}-worker-1"}
+        for name in workers:  # owned by the job's ConfigMap, not by the master's pod
+            owners = core.read_namespaced_pod(name, ns).metadata.owner_references
+            assert [(o.kind, o.name) for o in owners] == [("ConfigMap", f"{job}-owner")]
+
+        core.delete_namespaced_pod(first, ns, grace_period_seconds=0)
+        poll("the first master gone", lambda: not _exists(core, first, ns), timeout=30)
+        second = f"{job}-step-2"
+        core.create_namespaced_pod(ns, _master_pod(second, argv))
+
+        def finished() -> bool:
+            phase = core.read_namespaced_pod(second, ns).status.phase
+            assert phase in ("Pending", "Running", "Succeeded"), log_of(second)
+            return phase == "Succeeded"
+
+        poll("the second master to finish the job", finished, timeout=300)
+        second_pod = core.read_namespaced_pod(second, ns)
+        assert second_pod.status.pod_ip != first_pod.status.pod_ip
+        summary = json.loads((output / "summary.json").read_text())
+        assert summary["phase"] == "succeeded"
+        assert all(e["records_trained"] == e["records_expected"] for e in summary["epochs"])
+        assert summary["restarts"] == {"worker": 0, "ps": 0, "master": 1}, summary
+        log = log_of(second)
+        assert "adopted" in log and "worker-0" in log, log
+        selector = pods.job_selector(job)
+        assert not core.list_namespaced_pod(ns, label_selector=selector).items
+        assert not core.list_namespaced_service(ns, label_selector=selector).items
+    clean_namespace(cluster, ns)
+
+
+def _exists(core: client.CoreV1Api, name: str, ns: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, ns)
+    except client.rest.ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+    return True
