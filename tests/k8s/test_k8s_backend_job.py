@@ -10,13 +10,15 @@ another pod of the same --job-name, which adopts the running pods.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from k8s_helpers import container_log
+from k8s_helpers import container_log, pid_of
 from k8s_helpers import wait_for as poll
 from kubernetes import client
 from test_k8s_backend_support import (
@@ -211,3 +213,93 @@ def _exists(core: client.CoreV1Api, name: str, ns: str) -> bool:
             return False
         raise
     return True
+
+
+def _start_master_pod_job(cluster, core, ns: str, digits: Path, output: Path) -> tuple[str, str]:
+    """A master pod running a job, once its training is under way: (job, master pod)."""
+    job = new_job_name()
+    argv = [
+        sys.executable, "-m", "elastic_step", "train",
+        "--model-def", path_of("digits"), "--data", str(digits), "--output", str(output),
+        "--batch-size", "32", "--records-per-task", "64", "--seed", "7", "--epochs", "20",
+        "--workers", "2", "--ps", "1", "--job-name", job, "--backend", "kubernetes",
+        "--env", f"PYTHONPATH={REPO}",
+    ]  # fmt: skip
+    name = f"{job}-step"
+    core.create_namespaced_pod(ns, _master_pod(name, argv))
+
+    def training() -> bool:
+        pod = core.read_namespaced_pod(name, ns)
+        assert pod.status.phase in ("Pending", "Running"), container_log(cluster.workdir, pod)
+        try:
+            return json.loads((output / "status.json").read_text()).get("model_version", 0) >= 2
+        except (OSError, ValueError):
+            return False
+
+    poll("training under way", training, timeout=240)
+    return job, name
+
+
+def _job_objects(core: client.CoreV1Api, ns: str, job: str) -> dict[str, list[str]]:
+    selector = pods.job_selector(job)
+    return {
+        "pods": [
+            p.metadata.name for p in core.list_namespaced_pod(ns, label_selector=selector).items
+        ],
+        "services": [
+            s.metadata.name for s in core.list_namespaced_service(ns, label_selector=selector).items
+        ],
+        "secrets": [
+            s.metadata.name for s in core.list_namespaced_secret(ns, label_selector=selector).items
+        ],
+    }
+
+
+def test_sigterm_with_no_disruption_stops_the_run_and_leaves_nothing_within_20_s(
+    cluster, restricted, digits, tmp_path
+):
+    """What Argo and KFP do to stop a run: SIGTERM to the step's process, no pod deletion."""
+    ns = restricted.name
+    with cluster.admin() as api:
+        core = client.CoreV1Api(api)
+        job, master = _start_master_pod_job(cluster, core, ns, digits, tmp_path / "run")
+        os.kill(pid_of(core.read_namespaced_pod(master, ns)), signal.SIGTERM)
+        signalled = time.monotonic()
+        nothing = {"pods": [], "services": [], "secrets": []}
+        poll("no pod, Service or Secret of the job", lambda: _job_objects(core, ns, job) == nothing,
+             timeout=20)  # fmt: skip
+        elapsed = time.monotonic() - signalled
+        print(f"the job's objects were gone {elapsed:.1f} s after SIGTERM")
+        assert elapsed < 20
+        pod = poll(
+            "the master to exit",
+            lambda: (p := core.read_namespaced_pod(master, ns)).status.phase == "Failed" and p,
+            timeout=30,
+        )
+        assert pod.status.container_statuses[0].state.terminated.exit_code == 128 + signal.SIGTERM
+    clean_namespace(cluster, ns)
+
+
+def test_an_evicted_master_leaves_its_pods_for_the_next_master(
+    cluster, restricted, digits, tmp_path
+):
+    ns = restricted.name
+    with cluster.admin() as api:
+        core = client.CoreV1Api(api)
+        job, master = _start_master_pod_job(cluster, core, ns, digits, tmp_path / "run")
+        before = _job_objects(core, ns, job)
+        uids = {
+            p.metadata.name: p.metadata.uid
+            for p in core.list_namespaced_pod(ns, label_selector=pods.job_selector(job)).items
+        }
+        eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=master, namespace=ns))
+        core.create_namespaced_pod_eviction(master, ns, eviction)
+        poll("the master pod gone", lambda: not _exists(core, master, ns), timeout=60)
+        after = _job_objects(core, ns, job)
+        assert after == before and len(after["pods"]) == 3, (before, after)
+        assert uids == {
+            p.metadata.name: p.metadata.uid
+            for p in core.list_namespaced_pod(ns, label_selector=pods.job_selector(job)).items
+        }
+        core.delete_namespaced_config_map(f"{job}-owner", ns, propagation_policy="Background")
+    clean_namespace(cluster, ns)
