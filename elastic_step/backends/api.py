@@ -13,8 +13,10 @@ import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from elastic_step.errors import ElasticStepError
 
-class BackendError(Exception):
+
+class BackendError(ElasticStepError):
     """A backend could not do what was asked (the message says what and why)."""
 
 
@@ -169,6 +171,11 @@ class Backend(ABC):
         Asked when the master gets SIGTERM: a disrupted master leaves its instances running
         for the next master to adopt; otherwise the run was stopped, and it removes them.
         """
+        return None
+
+    def owner_reference(self) -> dict | None:
+        """The ownerReference that the job's other objects (its state on a cluster) should
+        carry, so that deleting the run removes them too; None where nothing owns them."""
         return None
 
     def remove_job_objects(self) -> None:  # noqa: B027 - most backends make nothing else

@@ -424,6 +424,10 @@ class KubernetesBackend(Backend):
         self._watch.stop()
         self._pool.close()
 
+    def owner_reference(self) -> dict | None:
+        self._ensure_setup()
+        return dict(self._owner)
+
     # -- set-up: owner, image, Secret, Service --
 
     def _ensure_setup(self) -> None:

@@ -99,7 +99,8 @@ class Job:
         self.definition = definition
         self.output = config.output
         self.paths = OutputLayout(config.output)
-        self.store = store or create_state_store("file", config.output)
+        #: None until run(): the default depends on the backend (see _default_store).
+        self.store = store
         self._stop_signal: int | None = None
         self._save_deadline: float | None = None
         self._next_save_log = 0.0
@@ -173,6 +174,32 @@ class Job:
                 f"{self.output} holds a job of an older elastic-step version, which cannot be "
                 "resumed; use a new --output"
             )
+        work_dir = storage.local_path(self.paths.backend_dir)
+        self.backend = create_backend(
+            self.config.backend,
+            BackendParams(self.config.resolved_job_name, work_dir, self.backend_options),
+        )
+        try:
+            if self.store is None:
+                self.store = self._default_store()
+            return self._run_with_lease()
+        finally:
+            self.backend.close()
+
+    def _default_store(self) -> StateStore:
+        """On Kubernetes the state lives on the cluster (a Lease and ConfigMaps owned by the
+        run's object), so a master pod on another node finds it; elsewhere under --output."""
+        if self.config.backend != "kubernetes":
+            return create_state_store("file", self.output)
+        return create_state_store(
+            "kubernetes",
+            self.output,
+            job_name=self.config.resolved_job_name,
+            namespace=getattr(self.backend_options, "namespace", None),
+            owner_reference=self.backend.owner_reference(),
+        )
+
+    def _run_with_lease(self) -> int:
         owner = f"{socket.gethostname()}:{os.getpid()}"
         try:
             token = self.store.acquire(owner, timeout_s=self.store.takeover_wait_s)
@@ -213,24 +240,16 @@ class Job:
             return 0
         keras.utils.set_random_seed(self.config.seed)
         self._metrics = self.definition.build_metrics()
-        work_dir = storage.local_path(self.paths.backend_dir)
-        self.backend = create_backend(
-            self.config.backend,
-            BackendParams(self.config.resolved_job_name, work_dir, self.backend_options),
-        )
+        self._build(saved, record, token)
+        if record is not None:
+            # Before serving: a call from an instance that is not adopted yet would be
+            # refused, and the refusal would end it.
+            self._adopt()
+        server = self._start_server()
         try:
-            self._build(saved, record, token)
-            if record is not None:
-                # Before serving: a call from an instance that is not adopted yet would be
-                # refused, and the refusal would end it.
-                self._adopt()
-            server = self._start_server()
-            try:
-                return self._supervise(resumed=record is not None)
-            finally:
-                server.stop(grace=1)
+            return self._supervise(resumed=record is not None)
         finally:
-            self.backend.close()
+            server.stop(grace=1)
 
     def _check_saved(self, saved: SavedJob) -> JobRecord | None:
         """The saved job's record, after checking it may go on; None for a new job."""

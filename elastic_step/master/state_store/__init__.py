@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from elastic_step.errors import InputError
 from elastic_step.master.state_store.api import (
@@ -29,23 +30,39 @@ __all__ = [
 ]
 
 
-def _kubernetes_store(
-    output_dir: str, settings: StateStoreSettings, job_name: str | None, namespace: str | None
-) -> StateStore:
-    if not job_name:
+@dataclass(frozen=True)
+class StoreParams:
+    """What a store is made from; each store uses what it needs."""
+
+    output_dir: str
+    settings: StateStoreSettings
+    #: Names the store's objects on a cluster.
+    job_name: str | None = None
+    namespace: str | None = None
+    #: The object that owns the job's objects, so that deleting it removes the state too.
+    owner_reference: dict | None = None
+
+
+def _file_store(params: StoreParams) -> StateStore:
+    return FileStateStore(OutputLayout(params.output_dir).state_dir, params.settings)
+
+
+def _kubernetes_store(params: StoreParams) -> StateStore:
+    if not params.job_name:
         raise InputError("the kubernetes state store needs the job's name (job_name)")
     # Imported here: the kubernetes client is needed only by this store.
     from elastic_step.master.state_store.kubernetes_store import KubernetesStateStore
 
-    return KubernetesStateStore(job_name, namespace, settings)
+    return KubernetesStateStore(
+        params.job_name,
+        params.namespace,
+        params.settings,
+        owner_reference=params.owner_reference,
+    )
 
 
-#: Each maker takes the output directory, the settings, the job's name and its namespace;
-#: a store uses what it needs.
-_REGISTRY: dict[str, Callable[[str, StateStoreSettings, str | None, str | None], StateStore]] = {
-    "file": lambda output_dir, settings, job_name, namespace: FileStateStore(
-        OutputLayout(output_dir).state_dir, settings
-    ),
+_REGISTRY: dict[str, Callable[[StoreParams], StateStore]] = {
+    "file": _file_store,
     "kubernetes": _kubernetes_store,
 }
 
@@ -61,6 +78,7 @@ def create_state_store(
     *,
     job_name: str | None = None,
     namespace: str | None = None,
+    owner_reference: dict | None = None,
 ) -> StateStore:
     """The store ``name`` for the job whose outputs go to ``output_dir``.
 
@@ -73,4 +91,7 @@ def create_state_store(
         raise InputError(
             f"--state-store must be one of {', '.join(state_store_names())}, got '{name}'"
         )
-    return _REGISTRY[name](output_dir, settings or StateStoreSettings(), job_name, namespace)
+    params = StoreParams(
+        output_dir, settings or StateStoreSettings(), job_name, namespace, owner_reference
+    )
+    return _REGISTRY[name](params)
