@@ -197,6 +197,7 @@ class Job:
             job_name=self.config.resolved_job_name,
             namespace=getattr(self.backend_options, "namespace", None),
             owner_reference=self.backend.owner_reference(),
+            kubeconfig=getattr(self.backend_options, "kubeconfig", None),
         )
 
     def _run_with_lease(self) -> int:
@@ -218,7 +219,10 @@ class Job:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        self._close_store(quietly=False)
+        # Once the job is over its state may be gone with the job's objects (a stopped run's
+        # owner is deleted, and the state with it): a failing close then changes nothing.
+        over = self.coordinator is not None and self.coordinator.phase.over
+        self._close_store(quietly=over)
         return status
 
     def _close_store(self, quietly: bool) -> None:
@@ -227,7 +231,7 @@ class Job:
         except StateStoreError as e:
             if not quietly:
                 raise
-            log.error("closing the state store also failed: %s", e)
+            log.warning("closing the state store failed: %s", e)
 
     def _run(self, token: int) -> int:
         import keras
@@ -432,8 +436,8 @@ class Job:
         )
         self.coordinator.set_phase(Phase.INTERRUPTED)
         self._stop_all(wait_s=STOP_GRACE_S + 4)
-        self.backend.remove_job_objects()
         self.store.flush(FLUSH_TIMEOUT_S)
+        self.backend.remove_job_objects()  # last: it may take the state with it
         self._write_status()
         return 128 + self._stop_signal
 
@@ -442,8 +446,8 @@ class Job:
         log.error("the job failed: %s", error)
         self.coordinator.set_phase(Phase.FAILED)
         self._stop_all(wait_s=STOP_GRACE_S + 4)
-        self.backend.remove_job_objects()
         self.store.flush(FLUSH_TIMEOUT_S)
+        self.backend.remove_job_objects()
         self._write_status()
         self._write_summary()
         raise JobFailedError(error)

@@ -41,6 +41,8 @@ class StoreParams:
     namespace: str | None = None
     #: The object that owns the job's objects, so that deleting it removes the state too.
     owner_reference: dict | None = None
+    #: Where the cluster's credentials are, outside a pod (None: $KUBECONFIG, ~/.kube/config).
+    kubeconfig: str | None = None
 
 
 def _file_store(params: StoreParams) -> StateStore:
@@ -53,10 +55,16 @@ def _kubernetes_store(params: StoreParams) -> StateStore:
     # Imported here: the kubernetes client is needed only by this store.
     from elastic_step.master.state_store.kubernetes_store import KubernetesStateStore
 
+    api_client = None
+    if params.kubeconfig:
+        from elastic_step.backends.kubernetes_client import load_api_client
+
+        api_client = load_api_client(params.kubeconfig)[0]
     return KubernetesStateStore(
         params.job_name,
         params.namespace,
         params.settings,
+        api_client=api_client,
         owner_reference=params.owner_reference,
     )
 
@@ -79,6 +87,7 @@ def create_state_store(
     job_name: str | None = None,
     namespace: str | None = None,
     owner_reference: dict | None = None,
+    kubeconfig: str | None = None,
 ) -> StateStore:
     """The store ``name`` for the job whose outputs go to ``output_dir``.
 
@@ -92,6 +101,11 @@ def create_state_store(
             f"--state-store must be one of {', '.join(state_store_names())}, got '{name}'"
         )
     params = StoreParams(
-        output_dir, settings or StateStoreSettings(), job_name, namespace, owner_reference
+        output_dir,
+        settings or StateStoreSettings(),
+        job_name,
+        namespace,
+        owner_reference,
+        kubeconfig,
     )
     return _REGISTRY[name](params)
