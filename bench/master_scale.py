@@ -662,11 +662,16 @@ class Bench:
         self.state_dir = ""
         self.replies: dict[str, asyncio.Queue] = {}
         self.finished: asyncio.Future | None = None
+        self.eof: asyncio.Future | None = None
+        self.result: dict = {"reached": "start"}
         self.files = {"snapshot_max": 0, "snapshot_last": 0, "journal_max": 0}
         self.master_rss_max_kb = 0
         self.started = time.monotonic()
         self.deadline = self.started + args.timeout
         self.background: list[asyncio.Task] = []
+        #: GetTask latencies by second of the run (from the warm-up on).
+        self.series: dict[int, list[float]] = {}
+        self.marks: dict[str, float] = {}
 
     # -- talking to the master process --
 
@@ -710,6 +715,7 @@ class Bench:
         for kind in ("ready", "window", "window-started", "report", "profile"):
             self.replies[kind] = asyncio.Queue()
         self.finished = asyncio.get_running_loop().create_future()
+        self.eof = asyncio.get_running_loop().create_future()
         self.background.append(asyncio.create_task(self.read_master()))
         await self.reply("ready", timeout=60)
 
@@ -737,19 +743,22 @@ class Bench:
                     self.finished.set_result(message)
             else:
                 await self.replies[kind].put(message)
+        self.eof.set_result(None)
         if not self.finished.done():
             self.finished.set_result(None)
 
     async def reply(self, kind: str, timeout: float = 30) -> dict:
+        """The master's next message of ``kind``; it answers until told to stop, also after
+        the job ended."""
         waiter = asyncio.ensure_future(self.replies[kind].get())
         done, _ = await asyncio.wait(
-            {waiter, self.finished}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            {waiter, self.eof}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
         )
         if waiter in done:
             return waiter.result()
         waiter.cancel()
-        if self.finished.done():
-            raise RuntimeError(f"the master ended before answering {kind!r}; see {self.log_path}")
+        if self.eof.done():
+            raise RuntimeError(f"the master exited before answering {kind!r}; see {self.log_path}")
         raise RuntimeError(f"the master did not answer {kind!r} in {timeout} s")
 
     def send(self, message: dict) -> None:
@@ -817,7 +826,9 @@ class Bench:
                 task = await self.call(sim, stub.GetTask, request)
                 bucket = self.bucket
                 if bucket is not None:
-                    bucket.get_task.append(time.perf_counter() - start)
+                    elapsed = time.perf_counter() - start
+                    bucket.get_task.append(elapsed)
+                    self.series.setdefault(int(time.monotonic() - self.started), []).append(elapsed)
                 if task.kind == master_pb2.Task.FINISHED:
                     break
                 if task.kind == master_pb2.Task.WAIT:
@@ -978,7 +989,7 @@ class Bench:
 
     async def run(self) -> dict:
         args = self.args
-        result: dict = {"reached": "start"}
+        result = self.result  # filled as it goes: a failure keeps what was reached
         log(f"starting the master ({args.workers} workers, {args.tasks_per_epoch} tasks/epoch)")
         await self.start_master()
         self.background.append(asyncio.create_task(self.watch()))
@@ -1009,6 +1020,7 @@ class Bench:
         self.send({"op": "window", "on": True, "profile": args.profile})
         await self.reply("window-started")
         bucket = self.bucket = self.buckets["phase 1"] = Bucket()
+        self.marks["window"] = time.monotonic() - self.started
         wall0, master0 = time.monotonic(), proc_cpu_s(self.master_pid)
         self0, machine0 = proc_cpu_s(), machine_busy_s()
         load0 = os.getloadavg()[0]
@@ -1052,6 +1064,8 @@ class Bench:
         count = max(1, round(len(live) * args.kill_fraction))
         victims = self.rng.sample(live, count)
         mid_task = sum(1 for v in victims if v.lease)
+        self.send({"op": "window", "on": True})
+        await self.reply("window-started")
         known = set(self.sims)
         for victim in victims:
             self.stop_sim(victim)  # gone at once: no report, no more heartbeats
@@ -1066,6 +1080,7 @@ class Bench:
             else:
                 self.tell_exit([victim.name], reason, None, "preempted (simulated)")
         killed_at = time.monotonic()
+        self.marks["kill"] = killed_at - self.started
         by_reason = {r: reasons[:count].count(r) for r in sorted(set(reasons[:count]))}
         how = ", ".join(f"{n} {r}" for r, n in by_reason.items())
         log(f"phase 2: killed {count} workers ({how}), {mid_task} of them mid-task")
@@ -1086,8 +1101,11 @@ class Bench:
                 f"replaced by {names[0]} .. {names[-1]}, all registered {recovery} s after the kill"
             )
         await self.until("the end of the job", self.finished.done, timeout=self.left())
+        self.send({"op": "window", "on": False})
+        inside = await self.reply("window")
         bucket = self.bucket
         return {
+            "master": inside,
             "killed": count,
             "killed_by_reason": by_reason,
             "killed_mid_task": mid_task,
@@ -1099,8 +1117,16 @@ class Bench:
             "report_task": percentiles(bucket.report),
             "handouts": bucket.handouts,
             "reports": bucket.reports,
+            "waits": bucket.waits,
             "seconds_to_end": round(time.monotonic() - killed_at, 2),
         }
+
+    def slots(self, width: int) -> list[dict]:
+        """GetTask latency in slots of ``width`` seconds of the run."""
+        slots: dict[int, list[float]] = {}
+        for second, values in self.series.items():
+            slots.setdefault(second // width * width, []).extend(values)
+        return [{"from_s": k, **percentiles(v)} for k, v in sorted(slots.items())]
 
     async def finish(self, result: dict) -> dict:
         """The master's final report (or, after a timeout, what it had reached)."""
@@ -1134,6 +1160,8 @@ class Bench:
         result["master_exit_code"] = self.master.returncode
         result["files"] = dict(self.files)
         result["master_rss_max_sampled_kb"] = self.master_rss_max_kb
+        result["get_task_by_5s"] = self.slots(5)
+        result["marks_s"] = {k: round(v, 1) for k, v in self.marks.items()}
         result["bench"] = {
             "distinct_tasks_reported": len(self.reported),
             "tasks_reported_twice": sum(1 for n in self.reported.values() if n > 1),
@@ -1239,7 +1267,30 @@ def print_result(args, result: dict) -> dict:
         )
         print(f"  GetTask latency (client)      {lat(p2['get_task'])}")
         print(f"  ReportTask latency (client)   {lat(p2['report_task'])}")
-        print(f"  end of the job {p2['seconds_to_end']} s after the kill")
+        print(
+            f"  end of the job {p2['seconds_to_end']} s after the kill; {p2['waits']} WAIT "
+            "answers (workers without a task ask again every 0.3 s)"
+        )
+        inside = p2["master"]
+        print(
+            f"  master CPU {inside['cores']:.2f} cores; "
+            f"journal {inside['records_journaled_per_s']:.0f} records/s"
+        )
+        for name, p in inside["lock_holders"].items():
+            print(f"    {name:<26}{lat(p)}")
+    marks = result.get("marks_s", {})
+    slots = result.get("get_task_by_5s") or []
+    if slots:
+        print(
+            "\nGetTask latency by 5 s of the run (window from "
+            f"{marks.get('window', '?')} s, kill at {marks.get('kill', '-')} s):"
+        )
+        for slot in slots:
+            if slot.get("n"):
+                print(
+                    f"  {slot['from_s']:4d} s  n {slot['n']:6d}  p50 {slot['p50_ms']:8.1f} ms  "
+                    f"p99 {slot['p99_ms']:8.1f} ms  max {slot['max_ms']:8.1f} ms"
+                )
     final = result.get("master_final")
     print()
     if final:
@@ -1412,7 +1463,8 @@ def main(argv: list[str] | None = None) -> int:
             result = await bench.run()
         except Exception as e:
             log(f"the bench failed: {e!r}")
-            result = {"reached": "error", "error": repr(e)}
+            result = bench.result
+            result["error"] = repr(e)
         return await bench.finish(result)
 
     result = asyncio.run(run())
