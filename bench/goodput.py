@@ -39,6 +39,7 @@ if sys.path[0] != REPO:
     sys.path.insert(0, REPO)  # this checkout's elastic_step, not an installed one
 
 TARGET = 1.15
+STALE_STATUS_S = 3.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -112,6 +113,41 @@ def prepare_data(workdir: str) -> str:
 # -- one run --
 
 
+def log_times(path: str, started_at: float) -> dict:
+    """Seconds from the start of ``train`` to the milestones the master logs (1 s resolution),
+    and how long each worker took from its launch to its Register."""
+    marks: dict = {"replacements": []}
+    launched: dict[str, float] = {}
+    day = time.strftime("%Y-%m-%d ", time.localtime(started_at))
+
+    def at(line: str) -> float:
+        stamp = time.mktime(time.strptime(day + line[:8], "%Y-%m-%d %H:%M:%S"))
+        return round(stamp - started_at, 1)
+
+    with open(path, errors="replace") as f:
+        for line in f:
+            if len(line) < 9 or line[2] != ":" or line[5] != ":":
+                continue
+            text = line[9:].split(None, 1)[-1].rstrip()
+            if text.startswith("starting ") and "workers" in text:
+                marks["master_ready_s"] = at(line)
+            elif text.startswith("launched worker-"):
+                launched[text.split()[1]] = at(line)
+            elif " registered (pid " in text and text.startswith("worker-"):
+                name = text.split()[0]
+                if name in launched:
+                    start = round(at(line) - launched[name], 1)
+                    if int(name.rsplit("-", 1)[1]) >= 2:  # not one of the first two
+                        marks["replacements"].append({"worker": name, "start_s": start})
+                    else:
+                        marks.setdefault("first_workers_start_s", []).append(start)
+            elif "epochs trained and evaluated; saving the model" in text:
+                marks["trained_s"] = at(line)
+            elif text.startswith("done: "):
+                marks["done_s"] = at(line)
+    return marks
+
+
 def read_status(output: str) -> dict:
     try:
         with open(os.path.join(output, "status.json")) as f:
@@ -159,8 +195,11 @@ class Killer:
                 progress = status.get("progress", {})
                 if status.get("epoch") == status.get("epochs") and progress.get("fraction") == 1:
                     return  # trained: the job is saving the model, and kills count no more
+                # The master writes status.json every second, except while it saves the model
+                # at the end: a stale one means training is over (or the master is stuck).
+                fresh = time.time() - status.get("updated_at", 0) < STALE_STATUS_S
                 running = [m for m in status.get("workers", []) if m["state"] == "running"]
-                if status.get("phase") == "running" and running:
+                if status.get("phase") == "running" and running and fresh:
                     break
                 self._stop.wait(0.2)
             else:
@@ -225,7 +264,7 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
     busy0, cpu0 = machine_busy_s(), children_cpu_s()
     killer = Killer(output, args.kill_every, random.Random(args.seed)) if kill else None
     with open(log_path, "w") as master_log:
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         process = subprocess.Popen(
             command, cwd=REPO, stdout=master_log, stderr=subprocess.STDOUT, text=True
         )
@@ -254,6 +293,10 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
     epochs = summary.get("epochs") or []
     exact = bool(epochs) and all(e["records_trained"] == e["records_expected"] for e in epochs)
     accuracy = (summary.get("metrics") or {}).get("accuracy")
+    try:
+        marks = log_times(log_path, started_at)
+    except (OSError, ValueError):
+        marks = {}
     result = {
         "exit_code": code,
         "wall_s": round(wall, 2),
@@ -263,6 +306,7 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
         "restarts": summary.get("restarts"),
         "restarts_by_reason": summary.get("restarts_by_reason"),
         "examples_per_second": summary.get("examples_per_second"),
+        "milestones": marks,
         "kills": killer.kills if killer else [],
         "kill_attempts_missed": killer.skipped if killer else 0,
         "job_cpu_s": round(job_cpu, 1),
@@ -298,8 +342,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--epochs",
         type=int,
-        default=12,
-        help="epochs of both runs; enough that the faulty run lasts > 60 s and sees 3 kills",
+        default=60,
+        help="epochs of both runs; enough that the faulty run lasts > 60 s and sees 3 kills "
+        "(an epoch of the digits takes about 1 s; start-up and the final save about 20 s)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="for both runs")
     parser.add_argument("--records-per-task", type=int, default=64, help="for both runs")
@@ -361,6 +406,14 @@ def main(argv: list[str] | None = None) -> int:
     if ratio is not None:
         verdict = "PASS" if ratio <= TARGET else "MISS"
         print(f"ratio faulty / clean wall time: {ratio:.3f}   target <= {TARGET}: {verdict}")
+    for name, r in [*(("clean", c) for c in clean), ("faulty", faulty)]:
+        m = r["milestones"]
+        replacements = ", ".join(f"{x['worker']} {x['start_s']:.0f} s" for x in m["replacements"])
+        print(
+            f"  {name}: master up at {m.get('master_ready_s')} s, trained at "
+            f"{m.get('trained_s')} s, done at {m.get('done_s')} s (from the start of train)"
+            + (f"; replacements launch -> Register: {replacements}" if replacements else "")
+        )
     for name, r in [*(("clean", c) for c in clean), ("faulty", faulty)]:
         print(
             f"  {name}: job CPU {r['job_cpu_s']:.0f} s; machine {r['machine_busy_cores']:.2f} "
