@@ -338,6 +338,13 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
     return result
 
 
+def training_s(run: dict) -> float | None:
+    m = run["milestones"]
+    if "trained_s" in m and "master_ready_s" in m:
+        return m["trained_s"] - m["master_ready_s"]
+    return None
+
+
 # -- main --
 
 
@@ -421,9 +428,19 @@ def main(argv: list[str] | None = None) -> int:
     if ratio is not None:
         verdict = "PASS" if ratio <= TARGET else "MISS"
         print(f"ratio faulty / clean wall time: {ratio:.3f}   target <= {TARGET}: {verdict}")
+    training = {name: training_s(r) for name, r in runs}
+    clean_training = [training_s(c) for c in clean]
+    if training["faulty"] and all(clean_training):
+        mean = sum(clean_training) / len(clean_training)
+        print(
+            f"training phase only (master up -> all epochs trained): faulty "
+            f"{training['faulty']:.0f} s, clean {mean:.0f} s, ratio {training['faulty'] / mean:.3f}"
+        )
     for name, r in runs:
         m = r["milestones"]
-        replacements = ", ".join(f"{x['worker']} {x['start_s']:.0f} s" for x in m["replacements"])
+        replacements = ", ".join(
+            f"{x['worker']} {x['start_s']:.0f} s" for x in m.get("replacements", [])
+        )
         print(
             f"  {name}: master up at {m.get('master_ready_s')} s, trained at "
             f"{m.get('trained_s')} s, done at {m.get('done_s')} s (from the start of train)"
