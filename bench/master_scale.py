@@ -1081,6 +1081,7 @@ class Bench:
                 self.tell_exit([victim.name], reason, None, "preempted (simulated)")
         killed_at = time.monotonic()
         self.marks["kill"] = killed_at - self.started
+        master0, self0, machine0 = proc_cpu_s(self.master_pid), proc_cpu_s(), machine_busy_s()
         by_reason = {r: reasons[:count].count(r) for r in sorted(set(reasons[:count]))}
         how = ", ".join(f"{n} {r}" for r, n in by_reason.items())
         log(f"phase 2: killed {count} workers ({how}), {mid_task} of them mid-task")
@@ -1101,11 +1102,17 @@ class Bench:
                 f"replaced by {names[0]} .. {names[-1]}, all registered {recovery} s after the kill"
             )
         await self.until("the end of the job", self.finished.done, timeout=self.left())
+        wall = time.monotonic() - killed_at
+        master_cpu = proc_cpu_s(self.master_pid) - master0
+        bench_cpu, machine = proc_cpu_s() - self0, machine_busy_s() - machine0
         self.send({"op": "window", "on": False})
         inside = await self.reply("window")
         bucket = self.bucket
         return {
             "master": inside,
+            "bench_cores": round(bench_cpu / wall, 3),
+            "machine_cores": round(machine / wall, 3),
+            "other_cores": round((machine - master_cpu - bench_cpu) / wall, 3),
             "killed": count,
             "killed_by_reason": by_reason,
             "killed_mid_task": mid_task,
@@ -1273,8 +1280,8 @@ def print_result(args, result: dict) -> dict:
         )
         inside = p2["master"]
         print(
-            f"  master CPU {inside['cores']:.2f} cores; "
-            f"journal {inside['records_journaled_per_s']:.0f} records/s"
+            f"  master CPU {inside['cores']:.2f} cores, bench {p2['bench_cores']:.2f}, others "
+            f"{p2['other_cores']:.2f}; journal {inside['records_journaled_per_s']:.0f} records/s"
         )
         for name, p in inside["lock_holders"].items():
             print(f"    {name:<26}{lat(p)}")
