@@ -362,10 +362,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--epochs",
         type=int,
-        default=80,
+        default=160,
         help="epochs of both runs: enough that even the undisturbed run lasts > 60 s and the "
-        "faulty one sees 3 kills (an epoch of the digits takes 0.5-0.8 s here; start-up and "
-        "the final save about 15 s)",
+        "faulty one sees 3 kills (an epoch of the digits takes 0.4-0.8 s here, depending on "
+        "the load; start-up and the final save 5-15 s)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="for both runs")
     parser.add_argument("--records-per-task", type=int, default=64, help="for both runs")
