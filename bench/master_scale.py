@@ -1125,6 +1125,7 @@ class Bench:
             "handouts": bucket.handouts,
             "reports": bucket.reports,
             "waits": bucket.waits,
+            "job_ended": self.finished.done(),
             "seconds_to_end": round(time.monotonic() - killed_at, 2),
         }
 
@@ -1274,8 +1275,9 @@ def print_result(args, result: dict) -> dict:
         )
         print(f"  GetTask latency (client)      {lat(p2['get_task'])}")
         print(f"  ReportTask latency (client)   {lat(p2['report_task'])}")
+        ended = "end of the job" if p2["job_ended"] else "TIMEOUT, the job still running,"
         print(
-            f"  end of the job {p2['seconds_to_end']} s after the kill; {p2['waits']} WAIT "
+            f"  {ended} {p2['seconds_to_end']} s after the kill; {p2['waits']} WAIT "
             "answers (workers without a task ask again every 0.3 s)"
         )
         inside = p2["master"]
@@ -1310,11 +1312,14 @@ def print_result(args, result: dict) -> dict:
         complete = final["phase"] == "succeeded"
         for e in final["accounting"]:
             print(f"  epoch {e['epoch']}: {e['records_trained']}/{e['records_expected']} records")
-        verdicts["accounting"] = exact and complete
-        print(
-            f"  accounting exact: {'PASS' if exact and complete else 'FAIL'}"
-            + ("" if complete else f" (the job did not finish: {result.get('reached')})")
-        )
+        if complete:
+            verdicts["accounting"] = exact
+            print(f"  accounting exact: {'PASS' if exact else 'FAIL'}")
+        else:
+            print(
+                f"  accounting: INCOMPLETE, the job did not finish (reached "
+                f"{result.get('reached')}, phase {final['phase']})"
+            )
         print(
             f"  state: {final['records_journaled']} records journaled, {final['snapshots']} "
             f"snapshots (build under the lock: {lat(final['snapshot_build'])})"
