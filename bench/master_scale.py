@@ -1397,7 +1397,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--kill-fraction",
         type=float,
         default=0.1,
-        help="phase 2: fraction of the workers killed at random, mid-task (0: no phase 2)",
+        help="phase 2: fraction of the workers killed at random while they train, i.e. "
+        "mid-task (0: none; the job still runs to its end)",
     )
     parser.add_argument(
         "--kill-reason",
