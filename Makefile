@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit test-e2e test-k8s cluster lint format proto bench clean
+.PHONY: setup demo test test-unit test-e2e test-k8s cluster lint format proto clean \
+	bench bench-throughput bench-master bench-goodput
 
 setup: $(STAMP)
 
@@ -51,8 +52,17 @@ format: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python elastic_step/rpc/generate.py
 
-bench: $(STAMP)
+# Benchmarks print their figures (see bench/README.md); none fails on a missed target.
+bench: bench-throughput bench-master bench-goodput
+
+bench-throughput: $(STAMP)
 	$(BIN)/python bench/throughput.py
+
+bench-master: $(STAMP)
+	$(BIN)/python bench/master_scale.py
+
+bench-goodput: $(STAMP)
+	$(BIN)/python bench/goodput.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
