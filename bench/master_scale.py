@@ -157,8 +157,9 @@ def _master_main(config: dict) -> int:
     from elastic_step.data import storage
     from elastic_step.master import job as job_module
     from elastic_step.master.config import TrainConfig
-    from elastic_step.master.persistence import Replay
+    from elastic_step.master.persistence import SavedJob
     from elastic_step.master.servicer import MasterServicer
+    from elastic_step.master.state_store import create_state_store
 
     emit = Emitter()
     logging.basicConfig(
@@ -195,7 +196,7 @@ def _master_main(config: dict) -> int:
                     "slot": spec.index,
                     "pid": pid,
                     # What a real backend hands the process in its environment.
-                    "secret": spec.env[auth.SECRET_ENV],
+                    "credentials": spec.secret_env,
                 }
             )
             self._events.put(InstanceEvent(spec.name, EventKind.STARTED, pid=pid))
@@ -235,8 +236,11 @@ def _master_main(config: dict) -> int:
                 pass
             return events
 
-        def master_host(self) -> str:
+        def listen_host(self) -> str:
             return "127.0.0.1"
+
+        def advertise_master(self, port: int) -> str:
+            return f"127.0.0.1:{port}"
 
         def close(self) -> None:
             pass
@@ -518,6 +522,7 @@ def _master_main(config: dict) -> int:
 
         def serve(self) -> int:
             storage.makedirs(self.output)
+            self.store = create_state_store("file", self.output)
             token = self.store.acquire(f"bench-master:{os.getpid()}", timeout_s=5)
             append = self.store.append
 
@@ -537,9 +542,10 @@ def _master_main(config: dict) -> int:
             os.fsync = counted_fsync
             code = None
             try:
-                replay = Replay.of(self.store.load())
+                self._secret = self.store.job_secret()
+                saved = SavedJob.of(self.store.load())
                 self.backend = SimBackend()
-                self._build(replay, None, token)
+                self._build(saved, None, token)
                 coordinator = self.coordinator
                 snapshot = coordinator.snapshot
 
@@ -618,12 +624,13 @@ class Bucket:
 class Sim:
     """One simulated worker or PS: its coroutines and what it holds."""
 
-    def __init__(self, name: str, role: str, slot: int, pid: int, secret: str) -> None:
+    def __init__(self, name: str, role: str, slot: int, pid: int, credentials: dict) -> None:
         self.name = name
         self.role = role
         self.slot = slot
         self.pid = pid
-        self.credentials = auth.Credentials.for_instance(secret, name)
+        # A worker gets its own token, a PS the secret: as the master launches them.
+        self.credentials = auth.Credentials.from_env(name, credentials)
         self.lease = 0
         self.batches = 0
         self.task_started = 0.0
@@ -773,7 +780,9 @@ class Bench:
     # -- simulated instances --
 
     def start_sim(self, launch: dict) -> None:
-        sim = Sim(launch["name"], launch["role"], launch["slot"], launch["pid"], launch["secret"])
+        sim = Sim(
+            launch["name"], launch["role"], launch["slot"], launch["pid"], launch["credentials"]
+        )
         self.sims[sim.name] = sim
         body = self.run_worker(sim) if sim.role == "worker" else self.run_ps(sim)
         sim.main = asyncio.create_task(body, name=sim.name)
