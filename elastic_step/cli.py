@@ -139,15 +139,16 @@ def _add_train(commands) -> None:
         type=_int,
         metavar="N",
         default=3,
-        help="relaunches of a process that exits with an error (default 3); "
-        "killed processes are always relaunched",
+        help="relaunches per slot of a process that crashed or was OOM-killed (default 3); "
+        "deleted, preempted and evicted ones are always relaunched",
     )
     p.add_argument(
         "--max-task-retries",
         type=_int,
         metavar="N",
         default=3,
-        help="retries of a task that fails in user code before the job fails (default 3)",
+        help="retries of a task that fails in user code, or whose worker dies on it, before "
+        "the job fails (default 3)",
     )
     p.add_argument(
         "--task-timeout",
@@ -162,7 +163,8 @@ def _add_train(commands) -> None:
         type=float,
         default=300.0,
         metavar="SECONDS",
-        help="how long workers and PS wait for an absent master (default 300)",
+        help="how long workers and PS wait for an absent master, and how long the job may "
+        "run with no worker or a PS missing before it fails (default 300)",
     )
     p.add_argument(
         "--staleness-modulation",
