@@ -428,6 +428,16 @@ class KubernetesBackend(Backend):
         self._ensure_setup()
         return dict(self._owner)
 
+    def _read_master_pod(self) -> dict[str, Any]:
+        return self._kube.call(
+            "get",
+            "pods",
+            self._kube.core.read_namespaced_pod,
+            self._master_pod,
+            self._namespace,
+            retry_for_s=30,
+        )
+
     # -- set-up: owner, image, Secret, Service --
 
     def _ensure_setup(self) -> None:
@@ -437,14 +447,7 @@ class KubernetesBackend(Backend):
                 return
             owner = None
             if self._master_pod is not None:
-                pod = self._kube.call(
-                    "get",
-                    "pods",
-                    self._kube.core.read_namespaced_pod,
-                    self._master_pod,
-                    self._namespace,
-                    retry_for_s=30,
-                )
+                pod = self._read_master_pod()
                 owner = self._run_owner(pod)
                 if self._image is None:
                     containers = pod["spec"]["containers"]
@@ -642,14 +645,7 @@ class KubernetesBackend(Backend):
             return address_toward(self._api_client)
         deadline = time.monotonic() + 30
         while True:
-            pod = self._kube.call(
-                "get",
-                "pods",
-                self._kube.core.read_namespaced_pod,
-                self._master_pod,
-                self._namespace,
-                retry_for_s=30,
-            )
+            pod = self._read_master_pod()
             ip = (pod.get("status") or {}).get("podIP")
             if ip:
                 return ip

@@ -23,10 +23,10 @@ import threading
 
 from elastic_step.master.state_store.api import (
     SavedState,
-    StateStore,
     StateStoreError,
     StateStoreSettings,
 )
+from elastic_step.master.state_store.committed_store import CommittedStore
 from elastic_step.master.state_store.file_lease import FileLease
 from elastic_step.master.state_store.group_commit import GroupCommitter, PendingSnapshot
 from elastic_step.master.state_store.journal import SegmentWriter, encode_json, list_segments
@@ -48,7 +48,7 @@ log = logging.getLogger("elastic_step.master.state_store")
 SECRET_FILE = "secret"
 
 
-class FileStateStore(StateStore):
+class FileStateStore(CommittedStore):
     def __init__(self, directory: str, settings: StateStoreSettings | None = None) -> None:
         self._dir = local_dir(directory)
         self._settings = settings or StateStoreSettings()
@@ -128,28 +128,6 @@ class FileStateStore(StateStore):
         return SavedState(replay.snapshot, replay.records)
 
     # -- writing --
-
-    def _owner(self) -> GroupCommitter:
-        committer = self._committer
-        if committer is None:
-            raise StateStoreError(f"{self._dir}: acquire the lease before writing")
-        return committer
-
-    def append(self, record: dict) -> None:
-        if not isinstance(record, dict):
-            raise TypeError(f"a record must be a dict, got {type(record).__name__}")
-        self._owner().append(record)
-
-    def snapshot(self, state: dict) -> None:
-        if not isinstance(state, dict):
-            raise TypeError(f"a snapshot's state must be a dict, got {type(state).__name__}")
-        self._owner().snapshot(state)
-
-    def snapshot_due(self) -> bool:
-        committer = self._committer
-        return committer is not None and (
-            committer.since_snapshot >= self._settings.snapshot_every_records
-        )
 
     def flush(self, timeout_s: float) -> None:
         committer = self._owner()

@@ -76,11 +76,11 @@ from kubernetes import client, config
 from elastic_step.errors import InputError
 from elastic_step.master.state_store.api import (
     SavedState,
-    StateStore,
     StateStoreError,
     StateStoreFencedError,
     StateStoreSettings,
 )
+from elastic_step.master.state_store.committed_store import CommittedStore
 from elastic_step.master.state_store.group_commit import GroupCommitter, PendingSnapshot
 from elastic_step.master.state_store.journal import encode_json
 from elastic_step.master.state_store.kube_api import ApiError, KubeApi
@@ -271,7 +271,7 @@ def default_namespace() -> str:
         return "default"
 
 
-class KubernetesStateStore(StateStore):
+class KubernetesStateStore(CommittedStore):
     """The state of job ``job_name`` in ConfigMaps of ``namespace``, fenced by a Lease."""
 
     def __init__(
@@ -625,28 +625,6 @@ class KubernetesStateStore(StateStore):
         return state, seq
 
     # -- writing --
-
-    def _owner(self) -> GroupCommitter:
-        committer = self._committer
-        if committer is None:
-            raise StateStoreError(f"{self.describe()}: acquire the lease before writing")
-        return committer
-
-    def append(self, record: dict) -> None:
-        if not isinstance(record, dict):
-            raise TypeError(f"a record must be a dict, got {type(record).__name__}")
-        self._owner().append(record)
-
-    def snapshot(self, state: dict) -> None:
-        if not isinstance(state, dict):
-            raise TypeError(f"a snapshot's state must be a dict, got {type(state).__name__}")
-        self._owner().snapshot(state)
-
-    def snapshot_due(self) -> bool:
-        committer = self._committer
-        return committer is not None and (
-            committer.since_snapshot >= self._settings.snapshot_every_records
-        )
 
     def flush(self, timeout_s: float) -> None:
         committer = self._owner()
