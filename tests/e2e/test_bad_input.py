@@ -153,7 +153,9 @@ def test_unknown_backend_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--model-def", "m.py", "--data", "d", "--output", "o", "--backend", "k8s"])
     assert exit_info.value.code == 2
-    assert "--backend: invalid choice: 'k8s' (choose from 'local')" in capsys.readouterr().err
+    assert "--backend: invalid choice: 'k8s' (choose from 'kubernetes', 'local')" in (
+        capsys.readouterr().err
+    )
 
 
 def test_train_flag_rule_names_the_value(tmp_path, data_dir, capsys):
