@@ -179,6 +179,7 @@ def test_a_master_pod_replaced_mid_job_is_found_again_by_its_service(
         for name in workers:  # owned by the job's ConfigMap, not by the master's pod
             owners = core.read_namespaced_pod(name, ns).metadata.owner_references
             assert [(o.kind, o.name) for o in owners] == [("ConfigMap", f"{job}-owner")]
+        _strangers_are_refused(cluster, core, ns, status()["master"])
 
         core.delete_namespaced_pod(first, ns, grace_period_seconds=0)
         poll("the first master gone", lambda: not _exists(core, first, ns), timeout=30)
@@ -203,6 +204,47 @@ def test_a_master_pod_replaced_mid_job_is_found_again_by_its_service(
         assert not core.list_namespaced_pod(ns, label_selector=selector).items
         assert not core.list_namespaced_service(ns, label_selector=selector).items
     clean_namespace(cluster, ns)
+
+
+# Calls each RPC of the master, by its Service name, with no credentials.
+STRANGER = """
+import sys, grpc
+from elastic_step.rpc import master_pb2, master_pb2_grpc
+stub = master_pb2_grpc.MasterStub(grpc.insecure_channel(sys.argv[1]))
+calls = [
+    ("Register", master_pb2.RegisterRequest(role=master_pb2.PS, name="ps-0", address="x:1")),
+    ("GetPSAddresses", master_pb2.GetPSAddressesRequest()),
+    ("GetTask", master_pb2.GetTaskRequest(worker="worker-0")),
+    ("ReportTask", master_pb2.ReportTaskRequest(worker="worker-0", task_id=0, ok=True)),
+    ("Heartbeat", master_pb2.HeartbeatRequest(name="worker-0")),
+]
+for method, request in calls:
+    try:
+        getattr(stub, method)(request, timeout=20)
+        print(method, "OK")
+    except grpc.RpcError as e:
+        print(method, e.code().name)
+"""
+
+
+def _strangers_are_refused(cluster, core: client.CoreV1Api, ns: str, master: str) -> None:
+    """A pod without the job's Secret reaches the master's port and is refused every call."""
+    name = f"stranger-{new_job_name()}"
+    command = [sys.executable, "-c", STRANGER, master]
+    env = [{"name": "PYTHONPATH", "value": str(REPO)}]
+    core.create_namespaced_pod(ns, restricted_pod(name, command, env=env))
+
+    def done():
+        pod = core.read_namespaced_pod(name, ns)
+        return pod if pod.status.phase in ("Succeeded", "Failed") else None
+
+    pod = poll("the stranger pod to finish", done, timeout=120)
+    log = container_log(cluster.workdir, pod)
+    methods = ("Register", "GetPSAddresses", "GetTask", "ReportTask", "Heartbeat")
+    words = [line.split() for line in log.splitlines()]
+    codes = dict(w for w in words if len(w) == 2 and w[0] in methods)
+    assert pod.status.phase == "Succeeded", log
+    assert codes == dict.fromkeys(methods, "UNAUTHENTICATED"), log
 
 
 def _exists(core: client.CoreV1Api, name: str, ns: str) -> bool:
