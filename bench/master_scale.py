@@ -153,6 +153,7 @@ def _master_main(config: dict) -> int:
         InstanceEvent,
         InstanceInfo,
         LaunchSpec,
+        take_events,
     )
     from elastic_step.data import storage
     from elastic_step.master import job as job_module
@@ -227,14 +228,7 @@ def _master_main(config: dict) -> int:
                 return list(self._live.values())
 
         def next_events(self, timeout_s: float) -> list[InstanceEvent]:
-            events = []
-            try:
-                events.append(self._events.get(timeout=timeout_s))
-                while True:
-                    events.append(self._events.get_nowait())
-            except queue.Empty:
-                pass
-            return events
+            return take_events(self._events, timeout_s)
 
         def listen_host(self) -> str:
             return "127.0.0.1"

@@ -10,6 +10,7 @@ A backend runs *instances*: one worker or parameter server each, named uniquely 
 from __future__ import annotations
 
 import enum
+import queue
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -113,6 +114,19 @@ class InstanceEvent:
     #: A human-readable detail: the signal, the pod's reason.
     message: str = ""
     pid: int | None = None
+
+
+def take_events(events: queue.Queue[InstanceEvent], timeout_s: float) -> list[InstanceEvent]:
+    """Every event queued now, waiting up to ``timeout_s`` for the first: how a backend whose
+    watcher queues events answers :meth:`Backend.next_events`."""
+    taken = []
+    try:
+        taken.append(events.get(timeout=timeout_s))
+        while True:
+            taken.append(events.get_nowait())
+    except queue.Empty:
+        pass
+    return taken
 
 
 class Backend(ABC):

@@ -82,6 +82,7 @@ from elastic_step.backends.api import (
     InstanceInfo,
     LaunchSpec,
     Role,
+    take_events,
 )
 from elastic_step.backends.kubernetes_client import (
     Kube,
@@ -321,14 +322,7 @@ class KubernetesBackend(Backend):
 
     def next_events(self, timeout_s: float) -> list[InstanceEvent]:
         self._end_stuck_terminating()
-        events = []
-        try:
-            events.append(self._events.get(timeout=timeout_s))
-            while True:
-                events.append(self._events.get_nowait())
-        except queue.Empty:
-            pass
-        return events
+        return take_events(self._events, timeout_s)
 
     def listen_host(self) -> str:
         if self._listen_host is None:

@@ -26,6 +26,7 @@ from elastic_step.backends.api import (
     InstanceInfo,
     LaunchSpec,
     Role,
+    take_events,
 )
 from elastic_step.data import storage
 
@@ -117,14 +118,7 @@ class LocalBackend(Backend):
             return [InstanceInfo(i.name, i.role, i.index, i.pid) for i in self._instances.values()]
 
     def next_events(self, timeout_s: float) -> list[InstanceEvent]:
-        events = []
-        try:
-            events.append(self._events.get(timeout=timeout_s))
-            while True:
-                events.append(self._events.get_nowait())
-        except queue.Empty:
-            pass
-        return events
+        return take_events(self._events, timeout_s)
 
     def listen_host(self) -> str:
         return "127.0.0.1"

@@ -3,6 +3,9 @@ snapshots are queued to the committer, which the store creates when it acquires 
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 from elastic_step.master.state_store.api import StateStore, StateStoreError, StateStoreSettings
 from elastic_step.master.state_store.group_commit import GroupCommitter
 
@@ -12,6 +15,29 @@ class CommittedStore(StateStore):
 
     _committer: GroupCommitter | None
     _settings: StateStoreSettings
+    _mutex: threading.Lock
+    _closed: bool
+    _lease: Any  # the store's lease: release() gives it up
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            committer = self._committer
+            if committer is None:
+                return
+            try:
+                committer.flush(self._settings.close_timeout_s)
+            finally:
+                # A writer stuck in I/O keeps the lease (until the process ends): no
+                # successor starts while this owner may still write.
+                committer.stop(self._settings.close_timeout_s)
+                self._after_writer_stopped()
+                self._lease.release()
+
+    def _after_writer_stopped(self) -> None:
+        """Releases what the writer held, before the lease goes; nothing by default."""
 
     def _owner(self) -> GroupCommitter:
         committer = self._committer

@@ -178,22 +178,8 @@ class FileStateStore(CommittedStore):
 
     # -- the end --
 
-    def close(self) -> None:
-        with self._mutex:
-            if self._closed:
-                return
-            self._closed = True
-            committer = self._committer
-            if committer is None:
-                return
-            try:
-                committer.flush(self._settings.close_timeout_s)
-            finally:
-                # A writer stuck in I/O keeps the lease (the process's exit releases it):
-                # a successor must not start while this owner may still write.
-                committer.stop(self._settings.close_timeout_s)
-                self._segment.close()
-                self._lease.release()
+    def _after_writer_stopped(self) -> None:
+        self._segment.close()
 
     def job_secret(self) -> str:
         path = os.path.join(self._dir, SECRET_FILE)

@@ -836,22 +836,6 @@ class KubernetesStateStore(CommittedStore):
 
     # -- the end --
 
-    def close(self) -> None:
-        with self._mutex:
-            if self._closed:
-                return
-            self._closed = True
-            committer = self._committer
-            if committer is None:
-                return
-            try:
-                committer.flush(self._settings.close_timeout_s)
-            finally:
-                # A writer stuck in I/O keeps the lease renewed (until the process ends): no
-                # successor starts while this owner may still write.
-                committer.stop(self._settings.close_timeout_s)
-                self._lease.release()
-
     def _crash(self) -> None:
         """Stops as a killed process would: no more renewals or writes, nothing released, no
         flush. For tests."""
