@@ -17,33 +17,21 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from k8s_helpers import container_log, pid_of
 from k8s_helpers import wait_for as poll
 from kubernetes import client
 from test_k8s_backend_support import (
     REPO,
     clean_namespace,
+    digits_fixture,  # noqa: F401 - the fixture digits
+    master_pod_manifest,
     new_job_name,
     restricted_fixture,  # noqa: F401 - the fixture restricted
     restricted_pod,
 )
 
 from elastic_step.backends import kubernetes_pods as pods
-from elastic_step.demo import write_digits_csv
 from elastic_step.examples import path_of
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("digits")
-    write_digits_csv(str(root / "digits.csv"))
-    subprocess.run(
-        [sys.executable, "-m", "elastic_step", "preprocess", "--input", str(root / "digits.csv"),
-         "--label", "digit", "--output", str(root / "data")],
-        cwd=REPO, check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    return root / "data"
 
 
 def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, tmp_path):
@@ -111,23 +99,6 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
     clean_namespace(cluster, ns)
 
 
-def _master_pod(name: str, argv: list[str]) -> dict:
-    """The master's pod, as a pipeline step or a Kubernetes Job would run it: the project's
-    ServiceAccount (its token mounted), its own name and IP from the downward API."""
-    env = [
-        {
-            "name": "ELASTIC_STEP_POD_NAME",
-            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
-        },
-        {"name": "ELASTIC_STEP_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "PYTHONPATH", "value": str(REPO)},
-    ]
-    pod = restricted_pod(name, argv, env=env, workingDir=str(REPO))
-    pod["spec"]["serviceAccountName"] = "elastic-step-master"
-    pod["spec"]["automountServiceAccountToken"] = True
-    return pod
-
-
 def test_a_master_pod_replaced_mid_job_is_found_again_by_its_service(
     cluster, restricted, digits, tmp_path
 ):
@@ -161,7 +132,7 @@ def test_a_master_pod_replaced_mid_job_is_found_again_by_its_service(
                 return f"<no log: {e}>"
 
         first = f"{job}-step-1"
-        core.create_namespaced_pod(ns, _master_pod(first, argv))
+        core.create_namespaced_pod(ns, master_pod_manifest(first, argv))
 
         def training() -> bool:
             phase = core.read_namespaced_pod(first, ns).status.phase
@@ -184,7 +155,7 @@ def test_a_master_pod_replaced_mid_job_is_found_again_by_its_service(
         core.delete_namespaced_pod(first, ns, grace_period_seconds=0)
         poll("the first master gone", lambda: not _exists(core, first, ns), timeout=30)
         second = f"{job}-step-2"
-        core.create_namespaced_pod(ns, _master_pod(second, argv))
+        core.create_namespaced_pod(ns, master_pod_manifest(second, argv))
 
         def finished() -> bool:
             phase = core.read_namespaced_pod(second, ns).status.phase
@@ -268,7 +239,7 @@ def _start_master_pod_job(cluster, core, ns: str, digits: Path, output: Path) ->
         "--env", f"PYTHONPATH={REPO}",
     ]  # fmt: skip
     name = f"{job}-step"
-    core.create_namespaced_pod(ns, _master_pod(name, argv))
+    core.create_namespaced_pod(ns, master_pod_manifest(name, argv))
 
     def training() -> bool:
         pod = core.read_namespaced_pod(name, ns)

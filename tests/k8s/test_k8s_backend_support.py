@@ -4,6 +4,7 @@ its ServiceAccounts, and a stand-in master pod."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from elastic_step.backends.kubernetes import KubernetesBackend
 from elastic_step.backends.kubernetes_options import KubernetesOptions
+from elastic_step.demo import write_digits_csv
 
 REPO = Path(__file__).resolve().parents[2]
 RESTRICTED_NAMESPACE = "es-restricted"
@@ -187,3 +189,33 @@ def make_backend(
 def admin_core(cluster) -> Iterator[client.CoreV1Api]:
     with cluster.admin() as api:
         yield client.CoreV1Api(api)
+
+
+@pytest.fixture(scope="session", name="digits")
+def digits_fixture(tmp_path_factory) -> Path:
+    """scikit-learn's digits, preprocessed; import into a test module (its name is ``digits``)."""
+    root = tmp_path_factory.mktemp("digits")
+    write_digits_csv(str(root / "digits.csv"))
+    subprocess.run(
+        [sys.executable, "-m", "elastic_step", "preprocess", "--input", str(root / "digits.csv"),
+         "--label", "digit", "--output", str(root / "data")],
+        cwd=REPO, check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    return root / "data"
+
+
+def master_pod_manifest(name: str, argv: list[str]) -> dict:
+    """The master's pod, as a pipeline step or a Kubernetes Job would run it: the project's
+    ServiceAccount (its token mounted), its own name and IP from the downward API."""
+    env = [
+        {
+            "name": "ELASTIC_STEP_POD_NAME",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+        },
+        {"name": "ELASTIC_STEP_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "PYTHONPATH", "value": str(REPO)},
+    ]
+    pod = restricted_pod(name, argv, env=env, workingDir=str(REPO))
+    pod["spec"]["serviceAccountName"] = "elastic-step-master"
+    pod["spec"]["automountServiceAccountToken"] = True
+    return pod
