@@ -182,6 +182,17 @@ def _add_train(commands) -> None:
         "the same job (a DNS-1123 label; default: derived from --output)",
     )
     p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default=None,
+        help="a local directory for the master's state and the logs of workers and PS; "
+        "needed where --output is an object store (s3://, gs://, minio://), since the state "
+        "needs flock, fsync and atomic rename. Running again with the same one resumes "
+        "(default: --output itself when it is local, else "
+        "$XDG_STATE_HOME/elastic-step/JOB_NAME, ~/.local/state/... when unset; not with "
+        "--backend kubernetes, which keeps the state on the cluster)",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="with --backend kubernetes: print, as YAML, every object the master would create "
@@ -280,6 +291,7 @@ def _run(args: argparse.Namespace) -> int:
             staleness_modulation=args.staleness_modulation,
             port=args.port,
             job_name=args.job_name,
+            state_dir=args.state_dir,
         )
         backend_options = _backend_options(args)
         if args.dry_run:

@@ -16,6 +16,7 @@ The file defines (a feed must map every record to exactly one example):
 
 from __future__ import annotations
 
+import linecache
 import traceback
 import types
 from collections.abc import Callable
@@ -106,6 +107,9 @@ def load_model_definition(path: str) -> ModelDefinition:
         raise ModelDefinitionError(path, f"cannot read it: {e}") from e
     module = types.ModuleType("elastic_step_user_model")
     module.__file__ = path
+    # The source as run, for inspect (AutoGraph converts functions from their source) and
+    # tracebacks, also where ``path`` is not a local file (s3://).
+    linecache.cache[path] = (len(source), None, source.splitlines(keepends=True), path)
     try:
         code = compile(source, path, "exec")
         exec(code, module.__dict__)

@@ -16,6 +16,8 @@ Parsing of the repeatable flags:
   mounted at /PATH in every worker and PS pod (shared data and checkpoints)
 - ``--env NAME=VALUE``
 - ``--image-pull-secret NAME``
+- ``--storage-secret NAME``: a Secret whose object-store credentials every worker and PS pod
+  gets as environment variables (see ``kubernetes_pods.storage_secret_env``)
 """
 
 from __future__ import annotations
@@ -164,6 +166,8 @@ class KubernetesOptions:
     pod_template_path: str | None = None
     #: None: in-cluster configuration inside a pod, the default kubeconfig otherwise.
     kubeconfig: str | None = None
+    #: A Secret with the object store's credentials, for s3:// and minio:// data and output.
+    storage_secret: str | None = None
 
     def __post_init__(self) -> None:
         if self.namespace is not None and not is_dns_label(self.namespace):
@@ -246,6 +250,10 @@ class KubernetesOptions:
                 raise _bad("--env", f"{name}={value}", "sets a variable that elastic-step sets")
         if self.pod_template is not None:
             check_pod_template(self.pod_template, self.pod_template_path or "--pod-template")
+        if self.storage_secret is not None and not is_dns_subdomain(self.storage_secret):
+            raise _bad(
+                "--storage-secret", self.storage_secret, "must be a Secret's name (DNS-1123)"
+            )
         if self.kubeconfig is not None and not os.path.isfile(self.kubeconfig):
             raise _bad("--kubeconfig", self.kubeconfig, "must be an existing file")
 
@@ -410,6 +418,14 @@ def add_kubernetes_flags(parser: argparse.ArgumentParser) -> None:
         "elastic-step container is 'main'",
     )
     g.add_argument("--kubeconfig", metavar="FILE", help="(default: in-cluster, or ~/.kube/config)")
+    g.add_argument(
+        "--storage-secret",
+        metavar="NAME",
+        help="a Secret with the object store's credentials, given to every worker and PS as "
+        "env: keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, optional AWS_SESSION_TOKEN, "
+        "AWS_ENDPOINT_URL and AWS_REGION; KFP's mlpipeline-minio-artifact is read by its keys "
+        "accesskey and secretkey",
+    )
 
 
 #: argparse destinations of the Kubernetes flags, with the value that means "not given".
@@ -433,6 +449,7 @@ _FLAG_DEFAULTS: dict[str, Any] = {
     "env": [],
     "pod_template": None,
     "kubeconfig": None,
+    "storage_secret": None,
 }
 
 
@@ -466,6 +483,7 @@ def options_from_args(args: argparse.Namespace) -> KubernetesOptions:
         pod_template=template,
         pod_template_path=args.pod_template,
         kubeconfig=args.kubeconfig,
+        storage_secret=args.storage_secret,
     )
 
 

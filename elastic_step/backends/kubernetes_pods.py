@@ -47,6 +47,8 @@ CONTAINER = "main"
 ISTIO_INJECT = "sidecar.istio.io/inject"
 SECRET_PLACEHOLDER = "<generated when the job starts>"
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+#: Kubeflow Pipelines' Secret for its MinIO artifact store.
+KFP_MINIO_SECRET = "mlpipeline-minio-artifact"
 
 
 def pod_name(job_name: str, instance: str) -> str:
@@ -69,6 +71,36 @@ def secret_key(instance: str, variable: str) -> str:
     """The key of the job's Secret that holds ``variable`` for ``instance``: credentials may
     differ per instance (each worker has its own token)."""
     return f"{instance}.{variable}"
+
+
+def storage_secret_env(secret: str) -> list[dict[str, Any]]:
+    """The env entries that give a pod the object store's credentials from Secret ``secret``
+    (``--storage-secret``), under the variables object_storage.py reads.
+
+    KFP's ``mlpipeline-minio-artifact`` holds them under ``accesskey`` and ``secretkey``
+    (minio:// then finds KFP's MinIO by its default endpoint). Any other Secret holds them
+    under the variables' own names; AWS_SESSION_TOKEN, AWS_ENDPOINT_URL and AWS_REGION may
+    be absent. A missing required key keeps the pod from starting, and its event names it.
+    """
+    if secret == KFP_MINIO_SECRET:
+        keys = {"AWS_ACCESS_KEY_ID": "accesskey", "AWS_SECRET_ACCESS_KEY": "secretkey"}
+        optional: tuple[str, ...] = ()
+    else:
+        optional = ("AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION")
+        keys = {v: v for v in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", *optional)}
+    return [
+        {
+            "name": variable,
+            "valueFrom": {
+                "secretKeyRef": {
+                    "name": secret,
+                    "key": key,
+                    **({"optional": True} if variable in optional else {}),
+                }
+            },
+        }
+        for variable, key in keys.items()
+    ]
 
 
 def job_selector(job_name: str) -> str:
@@ -232,8 +264,13 @@ def _from_flags(spec: LaunchSpec, options: KubernetesOptions, image: str) -> dic
         if quantities:
             container["resources"]["requests"] = dict(quantities)
     env = {**options.env, **spec.env}
-    if env:
-        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    env_entries = [{"name": k, "value": v} for k, v in env.items()]
+    if options.storage_secret:
+        # A variable that --env sets (an endpoint, say) is not taken from the Secret.
+        secret_entries = storage_secret_env(options.storage_secret)
+        env_entries += [e for e in secret_entries if e["name"] not in env]
+    if env_entries:
+        container["env"] = env_entries
     if options.volumes:
         container["volumeMounts"] = [
             {

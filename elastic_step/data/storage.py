@@ -1,8 +1,10 @@
 """The one storage layer: every file elastic-step reads or writes goes through here.
 
 Paths are local paths or fsspec-style URIs (``file:///data/x``, ``s3://bucket/x``). A URI's
-scheme picks a :class:`Storage` from a small registry; ``file`` (and plain paths) is built in.
-Object stores plug in with :func:`register_storage` without touching any caller.
+scheme picks a :class:`Storage` from a small registry; ``file`` (and plain paths) is built in,
+and ``s3``, ``minio`` and ``gs`` are object stores (see object_storage.py, which documents
+their configuration). Other schemes plug in with :func:`register_storage` without touching
+any caller.
 """
 
 from __future__ import annotations
@@ -54,6 +56,21 @@ class Storage(ABC):
     def size(self, path: str) -> int:
         """Size of a file in bytes."""
 
+    @abstractmethod
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes of ``path`` from byte ``offset``, without reading the rest
+        of the file; fewer only where the file ends."""
+
+    @abstractmethod
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replaces the file at ``path`` with ``data``: a reader sees the old content or the
+        new, never a half-written file."""
+
+    @abstractmethod
+    def publish_directory(self, tmp: str, path: str) -> None:
+        """Puts the complete directory ``tmp`` in the place of ``path`` (replacing what is
+        there) and removes ``tmp``; see :func:`atomic_directory`."""
+
 
 class LocalStorage(Storage):
     """The local file system, for plain paths and ``file://`` URIs."""
@@ -90,8 +107,50 @@ class LocalStorage(Storage):
     def size(self, path: str) -> int:
         return os.path.getsize(self._local(path))
 
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        with open(self._local(path), "rb") as f:
+            f.seek(offset)
+            return f.read(length)
 
-_REGISTRY: dict[str, Callable[[], Storage]] = {"file": LocalStorage}
+    def write_atomic(self, path: str, data: bytes) -> None:
+        # A temporary file beside it, made durable, then renamed over it (atomic on POSIX).
+        local = self._local(path)
+        tmp = f"{local}.tmp-{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, local)
+
+    def publish_directory(self, tmp: str, path: str) -> None:
+        # Two renames: between them ``path`` is briefly absent, never a mix of old and new.
+        if self.exists(path):
+            old = f"{path.rstrip('/')}.old-{uuid.uuid4().hex[:8]}"
+            self.rename(path, old)
+            self.rename(tmp, path)
+            self.remove(old)
+        else:
+            self.rename(tmp, path)
+
+
+#: The object stores that object_storage.py implements.
+OBJECT_STORE_SCHEMES = ("gs", "minio", "s3")
+
+
+def _object_store(scheme: str) -> Callable[[], Storage]:
+    def build() -> Storage:
+        # Imported on first use: s3fs and gcsfs are slow to import, and most runs need neither.
+        from elastic_step.data.object_storage import object_storage_for
+
+        return object_storage_for(scheme)
+
+    return build
+
+
+_REGISTRY: dict[str, Callable[[], Storage]] = {
+    "file": LocalStorage,
+    **{scheme: _object_store(scheme) for scheme in OBJECT_STORE_SCHEMES},
+}
 _INSTANCES: dict[str, Storage] = {}
 
 
@@ -182,28 +241,18 @@ def read_text(path: str) -> str:
 
 
 def read_range(path: str, offset: int, length: int) -> bytes:
-    """Reads ``length`` bytes of ``path`` from byte ``offset``; no scan from the start."""
-    with open_file(path, "rb") as f:
-        f.seek(offset)
-        data = f.read(length)
+    """Reads ``length`` bytes of ``path`` from byte ``offset``; no scan from the start (a
+    ranged GET on an object store)."""
+    data = storage_for(path).read_range(path, offset, length)
     if len(data) != length:
         raise InputError(f"{path}: wanted {length} bytes at offset {offset}, file ends early")
     return data
 
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
-    """Writes ``data`` to a temporary file beside ``path``, then renames it into place.
-
-    A reader sees the old content or the new, never a half-written file.
-    """
-    store = storage_for(path)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with store.open(tmp, "wb") as f:
-        f.write(data)
-        if is_local(path):
-            f.flush()
-            os.fsync(f.fileno())
-    store.rename(tmp, path)
+    """Replaces ``path`` with ``data``: a reader sees the old content or the new, never a
+    half-written file (a local file is written beside it and renamed; an object is one PUT)."""
+    storage_for(path).write_atomic(path, data)
 
 
 def write_text_atomic(path: str, text: str) -> None:
@@ -214,7 +263,10 @@ def write_text_atomic(path: str, text: str) -> None:
 def atomic_directory(path: str) -> Iterator[str]:
     """Yields a temporary directory beside ``path``; on success it replaces ``path``.
 
-    On an exception the temporary directory is removed and ``path`` is left as it was.
+    On an exception the temporary directory is removed and ``path`` is left as it was. How
+    the finished directory takes the place of ``path`` is the storage's
+    :meth:`Storage.publish_directory`: two renames locally; on an object store, which cannot
+    rename a prefix, copies that publish the top-level files last.
     """
     store = storage_for(path)
     store.makedirs(parent(path))
@@ -225,13 +277,7 @@ def atomic_directory(path: str) -> Iterator[str]:
     except BaseException:
         store.remove(tmp)
         raise
-    if store.exists(path):
-        old = f"{path.rstrip('/')}.old-{uuid.uuid4().hex[:8]}"
-        store.rename(path, old)
-        store.rename(tmp, path)
-        store.remove(old)
-    else:
-        store.rename(tmp, path)
+    store.publish_directory(tmp, path)
 
 
 def local_temp_dir(prefix: str = "elastic-step-") -> str:

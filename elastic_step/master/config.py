@@ -6,9 +6,11 @@ Each rule's error names the flag, the value and the rule it broke.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 
+from elastic_step.data import storage
 from elastic_step.errors import InputError
 
 #: Pod names add up to 23 characters to the job name, within Kubernetes' 63.
@@ -54,6 +56,9 @@ class TrainConfig:
     port: int = 0
     #: Names the job's objects and state on a cluster; None: derived from ``output``.
     job_name: str | None = None
+    #: A local directory for the master's state and the local backend's logs; None: see
+    #: :attr:`local_dir`.
+    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -84,6 +89,16 @@ class TrainConfig:
                 "(lower-case letters, digits and '-', starting with a letter and ending with a "
                 f"letter or digit), got '{self.job_name}'"
             )
+        if self.state_dir is not None and not storage.is_local(self.state_dir):
+            raise InputError(
+                "--state-dir must be a local directory (the master's state needs flock, fsync "
+                f"and atomic rename), got '{self.state_dir}'"
+            )
+        if self.state_dir is not None and self.backend == "kubernetes":
+            raise InputError(
+                "--state-dir applies to --backend local only (on Kubernetes the master keeps "
+                f"its state on the cluster), got '{self.state_dir}'"
+            )
         if self.min_workers > self.workers:
             raise InputError(
                 f"--min-workers ({self.min_workers}) must be <= --workers ({self.workers})"
@@ -107,6 +122,20 @@ class TrainConfig:
             return self.job_name
         digest = hashlib.sha256(self.output.rstrip("/").encode()).hexdigest()[:10]
         return f"es-{digest}"
+
+    @property
+    def local_dir(self) -> str:
+        """The local directory that holds the master's own state (``master-state/``) and the
+        local backend's records and logs (``backend/``). The state needs a POSIX file system
+        (flock, fsync, atomic rename), which an object store is not: ``--state-dir``, else
+        ``--output`` when it is local, else ``$XDG_STATE_HOME/elastic-step/JOB_NAME``
+        (``~/.local/state/...``), which the same ``--output`` finds again."""
+        if self.state_dir is not None:
+            return storage.local_path(self.state_dir)
+        if storage.is_local(self.output):
+            return self.output
+        root = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+        return os.path.join(root, "elastic-step", self.resolved_job_name)
 
     @property
     def worker_limit(self) -> int:

@@ -174,7 +174,8 @@ class Job:
                 f"{self.output} holds a job of an older elastic-step version, which cannot be "
                 "resumed; use a new --output"
             )
-        work_dir = storage.local_path(self.paths.backend_dir)
+        # The backend's records and logs, like the master's state, stay on local disk.
+        work_dir = storage.local_path(OutputLayout(self.config.local_dir).backend_dir)
         self.backend = create_backend(
             self.config.backend,
             BackendParams(self.config.resolved_job_name, work_dir, self.backend_options),
@@ -188,9 +189,10 @@ class Job:
 
     def _default_store(self) -> StateStore:
         """On Kubernetes the state lives on the cluster (a Lease and ConfigMaps owned by the
-        run's object), so a master pod on another node finds it; elsewhere under --output."""
+        run's object), so a master pod on another node finds it; elsewhere in the local
+        directory of TrainConfig.local_dir (--output itself when it is local)."""
         if self.config.backend != "kubernetes":
-            return create_state_store("file", self.output)
+            return create_state_store("file", self.config.local_dir)
         return create_state_store(
             "kubernetes",
             self.output,
