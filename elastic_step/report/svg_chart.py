@@ -12,8 +12,10 @@ from html import escape
 WIDTH, HEIGHT = 520, 260
 #: Space around the plot area for the title, tick labels and axis labels.
 LEFT, RIGHT, TOP, BOTTOM = 60, 18, 30, 44
-#: Marks drawn on the points of a series with at most this many points.
+#: Marks drawn on the points of a series with at most this many points; smaller ones on
+#: a series of more than ``SMALL_MARKS_ABOVE`` points, so the line stays visible.
 MAX_MARKED_POINTS = 120
+SMALL_MARKS_ABOVE = 30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,7 +152,9 @@ def render_chart(chart: Chart, *, plot_id: str) -> str:
             f'<line class="diagonal" x1="{sx(x_low)}" y1="{sy(y_low)}" '
             f'x2="{sx(x_high)}" y2="{sy(y_high)}"/>'
         )
-    for event in chart.events:
+    for series in chart.series:
+        out.append(_render_series(series, sx, sy))
+    for event in chart.events:  # over the series: a restart's line must not hide behind it
         x = sx(event.x)
         out.append(
             f'<g class="event" data-kind="{escape(event.kind)}">'
@@ -158,8 +162,6 @@ def render_chart(chart: Chart, *, plot_id: str) -> str:
             f'<line x1="{x}" x2="{x}" y1="{top}" y2="{bottom}" stroke="{chart.event_color}"/>'
             f'<path d="M{x - 5} {top - 8}h10l-5 8z" fill="{chart.event_color}"/></g>'
         )
-    for series in chart.series:
-        out.append(_render_series(series, sx, sy))
     out.append("</svg>")
     return "\n".join(out)
 
@@ -176,10 +178,11 @@ def _render_series(series: Series, sx, sy) -> str:
         path = " ".join(f"{x},{y}" for x, y in coordinates)
         out.append(f'<polyline class="line" points="{path}" stroke="{series.color}"/>')
     if (series.marked and len(points) <= MAX_MARKED_POINTS) or len(points) == 1:
+        radius = 2 if len(points) > SMALL_MARKS_ABOVE else 3.5
         for point in points:
             tooltip = f"<title>{escape(point.tooltip)}</title>" if point.tooltip else ""
             out.append(
-                f'<circle cx="{sx(point.x)}" cy="{sy(point.y)}" r="3.5" '
+                f'<circle cx="{sx(point.x)}" cy="{sy(point.y)}" r="{radius}" '
                 f'fill="{series.color}">{tooltip}</circle>'
             )
     out.append("</g>")
