@@ -7,6 +7,7 @@ Both may come from files a user handed over; a value of the wrong shape is an
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ class _Fields:
             raise InputError(f"{where} must be a JSON object, got {_show(obj)}")
         self.obj, self.where = obj, where
 
-    def _get(self, key: str, rule: str, ok, optional: bool) -> Any:
+    def _get(self, key: str, rule: str, ok: Callable[[Any], bool], optional: bool) -> Any:
         if key not in self.obj or (optional and self.obj[key] is None):
             if optional:
                 return None
@@ -43,8 +44,7 @@ class _Fields:
         return None if value is None else float(value)
 
     def integer(self, key: str, *, optional: bool = False) -> int | None:
-        ok = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
-        return self._get(key, "an integer", ok, optional)
+        return self._get(key, "an integer", is_integer, optional)
 
     def text(self, key: str, *, optional: bool = False) -> str | None:
         return self._get(key, "a string", lambda v: isinstance(v, str), optional)
@@ -60,7 +60,7 @@ class _Fields:
     def counts(self, key: str) -> dict[str, int]:
         counts = self.mapping(key)
         for name, value in counts.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not is_integer(value) or value < 0:
                 raise InputError(
                     f"{self.where}: '{key}' must map names to counts, got {_show({name: value})}"
                 )
@@ -70,6 +70,10 @@ class _Fields:
 def is_number(value: Any) -> bool:
     """A JSON number (NaN and infinities included: a diverged loss is still reported)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _scalars(metrics: dict) -> dict[str, float]:
@@ -137,7 +141,7 @@ def _confusion_matrix(obj: Any, where: str) -> ConfusionMatrix:
     square = len(counts) == size and all(
         isinstance(row, list)
         and len(row) == size
-        and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in row)
+        and all(is_integer(count) and count >= 0 for count in row)
         for row in counts
     )
     if not square or size == 0:
@@ -210,7 +214,7 @@ class TrainingSummary:
                 isinstance(point, list)
                 and len(point) == 2
                 and is_number(point[0])
-                and isinstance(point[1], int)
+                and is_integer(point[1])
             ):
                 raise InputError(
                     f"{where}: workers_timeline[{i}] must be [seconds, workers], got {_show(point)}"
