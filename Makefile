@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-unit test-e2e test-k8s cluster lint format proto clean \
+.PHONY: setup browser demo test test-unit test-e2e test-k8s cluster lint format proto clean \
 	bench bench-throughput bench-master bench-goodput
 
 setup: $(STAMP)
@@ -21,13 +21,18 @@ $(STAMP): requirements.lock pyproject.toml
 demo: $(STAMP)
 	$(BIN)/elastic-step demo
 
-test: $(STAMP)
+# Headless Chromium, for the report's browser test (Debian's package; needs root and apt).
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q tests/unit tests/e2e
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
-test-e2e: $(STAMP)
+test-e2e: $(STAMP) browser
 	$(BIN)/python -m pytest -q tests/e2e
 
 # Tests against a real Kubernetes control plane built from source (needs Go; cached after

@@ -205,14 +205,23 @@ def _add_evaluate(commands) -> None:
     p = commands.add_parser(
         "evaluate",
         help="compute the loss and metrics of a trained model on one split",
-        description="Computes the loss and the model definition's metrics, and a confusion "
-        "matrix for classifiers, on one split of what `preprocess` wrote.",
+        description="Computes the loss and the model definition's metrics, a confusion "
+        "matrix for classifiers and a ROC curve for binary ones, on one split of what "
+        "`preprocess` wrote.",
     )
     p.add_argument("--model", required=True, metavar="DIR", help="what `train` wrote")
     p.add_argument("--data", required=True, metavar="DIR", help="what `preprocess` wrote")
     p.add_argument("--split", default="validation", help="(default validation)")
     p.add_argument("--metrics-output", required=True, metavar="FILE.json")
     p.add_argument("--batch-size", type=_int, metavar="N", default=256, help="(default 256)")
+    p.add_argument(
+        "--report",
+        metavar="FILE.html",
+        help="also write a self-contained HTML report (no network needed to view it): the "
+        "evaluation's scalars, confusion matrix and ROC curve, and, from --model's "
+        "summary.json when it has one, the training's loss and metrics by model version "
+        "and its live workers and restarts over time",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -303,7 +312,10 @@ def _run(args: argparse.Namespace) -> int:
         return train(config, backend_options)
     if args.command == "evaluate":
         from elastic_step.evaluate import evaluate
+        from elastic_step.report import load_summary, write_report
 
+        # Read first: a malformed summary.json fails before the evaluation runs.
+        summary = load_summary(args.model) if args.report else None
         result = evaluate(
             model_dir=args.model,
             data_dir=args.data,
@@ -311,7 +323,11 @@ def _run(args: argparse.Namespace) -> int:
             metrics_output=args.metrics_output,
             batch_size=args.batch_size,
         )
-        print(json.dumps({k: v for k, v in result.items() if k != "confusion_matrix"}, indent=2))
+        if args.report:
+            write_report(evaluation=result, summary=summary, path=args.report)
+            log.info("wrote the report: %s", args.report)
+        shown = {k: v for k, v in result.items() if k not in ("confusion_matrix", "roc")}
+        print(json.dumps(shown, indent=2))
         return 0
     if args.command == "status":
         from elastic_step.master.reports import print_status

@@ -1,4 +1,4 @@
-"""``elastic-step evaluate``: loss, metrics and a confusion matrix of a trained model."""
+"""``elastic-step evaluate``: loss, metrics, a confusion matrix and ROC of a trained model."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 
 import numpy as np
 
+from elastic_step.classification import ClassifierOutputs
 from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
@@ -17,19 +18,15 @@ from elastic_step.output_layout import MODEL_FILE, OutputLayout
 log = logging.getLogger("elastic_step")
 
 
-def _predicted_classes(outputs: np.ndarray) -> np.ndarray:
-    if outputs.ndim > 1 and outputs.shape[-1] > 1:
-        return outputs.argmax(axis=-1)
-    scores = outputs.reshape(-1)
-    # One output: a probability in [0, 1], or a logit.
-    threshold = 0.5 if scores.min() >= 0 and scores.max() <= 1 else 0.0
-    return (scores > threshold).astype(np.int64)
-
-
 def evaluate(
     *, model_dir: str, data_dir: str, split: str, metrics_output: str, batch_size: int = 256
 ) -> dict:
-    """Evaluates ``model_dir``'s model on ``split``; writes and returns the result."""
+    """Evaluates ``model_dir``'s model on ``split``; writes and returns the result.
+
+    The result holds ``split``, ``records``, ``loss`` and ``metrics``; for a class label also
+    ``confusion_matrix``, and for two classes ``roc``: points ``{threshold, tpr, fpr}`` with
+    class 1 (the label vocabulary's second value) positive.
+    """
     import keras
 
     from elastic_step.data.feed import make_dataset
@@ -56,7 +53,9 @@ def evaluate(
     model.load_weights(local_model)
     metrics = definition.build_metrics()
     loss_sum, count = 0.0, 0
-    labels_all, predicted_all = [], []
+    classifier = None
+    if schema.label_kind == "class":
+        classifier = ClassifierOutputs(num_classes=schema.num_classes)
     for shard, records in shards:
         dataset = make_dataset(
             read_records(shard, 0, records),
@@ -72,23 +71,24 @@ def evaluate(
             count += n
             for metric in metrics.values():
                 metric.update_state(labels, outputs)
-            if schema.label_kind == "class":
-                labels_all.append(np.asarray(labels).reshape(-1))
-                predicted_all.append(_predicted_classes(keras.ops.convert_to_numpy(outputs)))
+            if classifier is not None:
+                classifier.add(np.asarray(labels), keras.ops.convert_to_numpy(outputs))
     result: dict = {"split": split, "records": count, "loss": loss_sum / count, "metrics": {}}
     for name, metric in metrics.items():
         value = np.asarray(metric.result())
         result["metrics"][name] = float(value) if value.ndim == 0 else value.tolist()
-    if schema.label_kind == "class":
-        classes = schema.num_classes
-        matrix = np.zeros((classes, classes), dtype=np.int64)
-        np.add.at(matrix, (np.concatenate(labels_all), np.concatenate(predicted_all)), 1)
+    if classifier is not None:
         result["confusion_matrix"] = {
             "labels": schema.label_vocabulary,
             "rows": "true label",
             "columns": "predicted label",
-            "matrix": matrix.tolist(),
+            "matrix": classifier.confusion_matrix().tolist(),
         }
+        roc = classifier.roc()
+        if roc is not None:
+            result["roc"] = roc
+        elif schema.num_classes == 2:
+            log.warning("no ROC curve: the %s split holds one class only", split)
     storage.write_text_atomic(metrics_output, json.dumps(result, indent=2) + "\n")
     log.info("wrote %s", metrics_output)
     return result

@@ -53,6 +53,8 @@ MAX_LAUNCH_ERRORS = 8
 KEEP_ENDED = 100
 #: Points kept in the workers timeline; past that the oldest (but the first) are dropped.
 MAX_TIMELINE = 1000
+#: Restart events kept (when, which instance, why); past that the oldest are dropped.
+MAX_RESTART_EVENTS = 1000
 #: Launches per reconcile: the master launches under its lock, so a job of 1,000 workers
 #: starts over a few seconds of ticks instead of holding every RPC for one long pass.
 MAX_LAUNCHES_PER_RECONCILE = 32
@@ -140,6 +142,9 @@ class InstanceManager:
         self.restarts = {Role.WORKER.value: 0, Role.PS.value: 0}
         #: Restarts by how the replaced instance ended (ExitReason values).
         self.restarts_by_reason: dict[str, int] = {}
+        #: Each restart: ``{"at_s", "instance", "role", "reason"}``, on the timeline's clock.
+        self.restart_events: list[dict] = []
+        self._new_restart_events: list[dict] = []
         #: Per slot: failures in a row of instances that finished no task, and when the
         #: slot may be relaunched.
         self.failures_in_a_row: dict[str, int] = {}
@@ -361,6 +366,7 @@ class InstanceManager:
             "error_restarts": dict(self.error_restarts),
             "restarts": dict(self.restarts),
             "restarts_by_reason": dict(self.restarts_by_reason),
+            "restart_events": [dict(event) for event in self.restart_events],
             "failures_in_a_row": dict(self.failures_in_a_row),
             "retired": sorted(self.retired),
             "started_at": self.started_at,
@@ -377,6 +383,8 @@ class InstanceManager:
         self.error_restarts = dict(state["error_restarts"])
         self.restarts = dict(state["restarts"])
         self.restarts_by_reason = dict(state["restarts_by_reason"])
+        # Absent from the state of versions that did not record when restarts happened.
+        self.restart_events = [dict(event) for event in state.get("restart_events", [])]
         self.failures_in_a_row = dict(state["failures_in_a_row"])
         self.retired = set(state["retired"])
         self.started_at = state["started_at"]
@@ -413,6 +421,8 @@ class InstanceManager:
                 self.failure = record["failure"]
             case "timeline":
                 self._add_point(record["point"])
+            case "restart":
+                self._add_restart_event(record["event"])
             case op:
                 raise ValueError(f"unknown instance record kind {op!r}")
 
@@ -449,8 +459,11 @@ class InstanceManager:
                 self._journal({"op": "failure", "failure": self.failure})
         for point in self._new_points:
             self._journal({"op": "timeline", "point": point})
+        for event in self._new_restart_events:
+            self._journal({"op": "restart", "event": event})
         self._changed.clear()
         self._new_points.clear()
+        self._new_restart_events.clear()
 
     def _add(self, instance: Instance) -> None:
         """Puts ``instance`` on record, notes its name, and forgets the oldest ended ones."""
@@ -472,6 +485,15 @@ class InstanceManager:
         self.timeline.append(list(point))
         if len(self.timeline) > MAX_TIMELINE:
             del self.timeline[1]
+
+    def _add_restart_event(self, event: dict) -> None:
+        self.restart_events.append(dict(event))
+        if len(self.restart_events) > MAX_RESTART_EVENTS:
+            del self.restart_events[0]
+
+    def elapsed_s(self) -> float:
+        """Seconds since the job first started, on the timeline's clock."""
+        return round(self._clock() - self.started_at, 3)
 
     # -- internals --
 
@@ -549,6 +571,14 @@ class InstanceManager:
         self.restarts_by_reason[instance.reason] = (
             self.restarts_by_reason.get(instance.reason, 0) + 1
         )
+        event = {
+            "at_s": self.elapsed_s(),
+            "instance": instance.name,
+            "role": instance.role.value,
+            "reason": instance.reason,
+        }
+        self._add_restart_event(event)
+        self._new_restart_events.append(event)
 
     def _back_off(self, key: str) -> float:
         """The delay before relaunching a slot after a failure; 0 after its first one.
@@ -586,6 +616,6 @@ class InstanceManager:
         self._last_change = self._clock()
         running = self.running_workers()
         if self.timeline[-1][1] != running:
-            point = [round(self._clock() - self.started_at, 3), running]
+            point = [self.elapsed_s(), running]
             self._add_point(point)
             self._new_points.append(point)

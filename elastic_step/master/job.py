@@ -515,6 +515,8 @@ class Job:
                 "restarts_by_reason": instances.restarts_by_reason,
                 "ps_restores": record.ps_restores,
                 "workers_timeline": instances.timeline,
+                "restart_events": instances.restart_events,
+                "elapsed_s": instances.elapsed_s(),
                 "examples_per_second": round(rate, 2) if rate else None,
                 "model_version": tasks.model_version,
             }

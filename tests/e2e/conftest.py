@@ -56,11 +56,13 @@ def pid_alive(pid: int) -> bool:
 class TrainRun:
     """One `elastic-step train` process and the files it writes."""
 
-    def __init__(self, data: Path, output: Path, *extra: str) -> None:
+    def __init__(
+        self, data: Path, output: Path, *extra: str, model_def: str = path_of("digits")
+    ) -> None:
         self.output = output
         self.argv = [
             sys.executable, "-m", "elastic_step", "train",
-            "--model-def", path_of("digits"), "--data", str(data), "--output", str(output),
+            "--model-def", model_def, "--data", str(data), "--output", str(output),
             "--batch-size", "32", "--records-per-task", "64", "--seed", "7",
             *extra,
         ]  # fmt: skip

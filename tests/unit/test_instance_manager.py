@@ -408,6 +408,36 @@ def test_timeline_records_changes_in_running_workers() -> None:
     assert manager.timeline == [[0.0, 0], [1.5, 1], [1.5, 2], [5.0, 1], [6.25, 2]]
 
 
+def test_each_restart_is_recorded_with_its_time_instance_and_reason() -> None:
+    clock = FakeClock(100.0)
+    backend = FakeBackend()
+    records: list[dict] = []
+    manager = make(backend, clock)
+    manager._journal = records.append
+    base = round_trip(manager.snapshot())
+    started(manager)
+    clock.now = 104.0
+    kill(manager, "worker-0")
+    manager.reconcile()
+    pump(manager)
+    clock.now = 107.5
+    crash(manager, "ps-0")
+
+    assert manager.restart_events == [
+        {"at_s": 4.0, "instance": "worker-0", "role": "worker", "reason": "preempted"},
+        {"at_s": 7.5, "instance": "ps-0", "role": "ps", "reason": "crashed"},
+    ]
+    # A restarted master has them, from its snapshot or by replaying the journal.
+    assert restarted(backend, round_trip(manager.snapshot())).restart_events == (
+        manager.restart_events
+    )
+    replayed = make(FakeBackend(), clock)
+    replayed.restore(base)
+    for record in round_trip(records):
+        replayed.apply(record)
+    assert replayed.restart_events == manager.restart_events
+
+
 # -- persistence and the transition table --
 
 
@@ -663,6 +693,8 @@ def test_records_stay_small_and_the_state_bounded_at_scale() -> None:
     assert len(state) < 400_000, len(state)
     assert len(manager.timeline) <= 1000 and manager.timeline[0] == [0.0, 0]
     assert manager.restarts["worker"] == 3000
+    assert len(manager.restart_events) == 1000
+    assert manager.restart_events[-1]["at_s"] == 3000.0
     assert manager.next_worker == 4000  # names are never reused, though old ones are forgotten
     replayed = make(FakeBackend(), clock, workers=1000, max_workers=1000, max_restarts=10**6)
     replayed.restore(base)
