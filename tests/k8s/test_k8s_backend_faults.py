@@ -251,6 +251,9 @@ def test_a_job_rides_out_a_small_node_preemption_a_second_master_and_a_lost_ps(
         assert all(e["records_trained"] == e["records_expected"] for e in summary["epochs"])
         assert summary["restarts_by_reason"] == {"preempted": 1, "deleted": 1}, summary
         assert summary["restarts"] == {"worker": 1, "ps": 1, "master": 0}, summary
+        # The preempted worker's tasks went back to the queue, not as failures of theirs.
+        log = container_log(cluster.workdir, core.read_namespaced_pod(first, ns))
+        assert "counts as a failure" not in log, log[-3000:]
         [restore] = summary["ps_restores"]
         assert restore["restored_version"] > 0, restore
         assert (output / "model.keras").exists()

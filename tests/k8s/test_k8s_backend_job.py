@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,6 +83,10 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
         assert summary["phase"] == "succeeded"
         assert all(e["records_trained"] == e["records_expected"] for e in summary["epochs"])
         assert summary["restarts_by_reason"] == {"deleted": 1}, summary["restarts_by_reason"]
+        # Its tasks went back to the queue, and not as failures of theirs.
+        log = log_path.read_text()
+        assert re.search(r"re-queued .+ of worker-0\n", log), log[-3000:]
+        assert "counts as a failure" not in log, log[-3000:]
         assert summary["metrics"]["accuracy"] > 0.8
         assert (output / "model.keras").exists()
 
