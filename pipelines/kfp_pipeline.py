@@ -1,8 +1,9 @@
 """An example Kubeflow Pipelines pipeline: preprocess -> elastic-train -> evaluate.
 
 Upload pipelines/kfp_pipeline.yaml in the KFP UI (or with ``kfp.Client().upload_pipeline``)
-and start a run with the CSV's URI, its label column and a model definition's source. The
-run's service account needs the Role in manifests/rbac.yaml (see the README).
+and start a run with the URIs of a CSV file and of a model definition, and the CSV's label
+column (for example elastic_step/examples/breast_cancer.py, for scikit-learn's breast cancer
+data). The run's service account needs the Role in manifests/rbac.yaml (see the README).
 """
 
 from kfp import dsl, kubernetes
@@ -18,7 +19,7 @@ from elastic_step.components.kfp_components import elastic_train, evaluate, prep
 def elastic_step_pipeline(
     csv_uri: str,
     label: str,
-    model_def_text: str,
+    model_def_uri: str,
     epochs: int = 5,
     batch_size: int = 64,
     workers: int = 2,
@@ -33,10 +34,13 @@ def elastic_step_pipeline(
     storage_secret: str = "mlpipeline-minio-artifact",
 ) -> None:
     csv = dsl.importer(artifact_uri=csv_uri, artifact_class=dsl.Dataset, reimport=False)
+    model_def = dsl.importer(
+        artifact_uri=model_def_uri, artifact_class=dsl.Artifact, reimport=False
+    ).set_display_name("model-definition")
     data = preprocess(csv=csv.output, label=label)
     train = elastic_train(
         dataset=data.outputs["data"],
-        model_def_text=model_def_text,
+        model_def=model_def.output,
         epochs=epochs,
         batch_size=batch_size,
         workers=workers,

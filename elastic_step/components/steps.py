@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from elastic_step.backends.kubernetes_options import parse_volume
 from elastic_step.components.identity import kfp_job_name
@@ -102,12 +103,20 @@ def model_def_file(model_def, model_def_text: str) -> str:
     return path
 
 
-def train_step(
+@dataclass(frozen=True, kw_only=True)
+class TrainCommand:
+    """The ``elastic-step train`` command of a train step."""
+
+    argv: list[str]
+    #: Where the job writes the model and summary.json.
+    output: str
+    job_name: str
+
+
+def train_command(
     *,
     dataset,
     model,
-    metrics,
-    summary,
     model_def=None,
     model_def_text: str,
     epochs: int,
@@ -129,8 +138,8 @@ def train_step(
     volumes: list[str] | None,
     job_name: str,
     task_name: str,
-) -> str:
-    """Runs the training job; returns its job name."""
+) -> TrainCommand:
+    """The command that trains on ``dataset`` into ``model``, with the component's settings."""
     if backend not in BACKENDS:
         raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got '{backend}'")
     mounts = [parse_volume(text) for text in volumes or []]
@@ -172,9 +181,22 @@ def train_step(
         )
         for text in volumes or []:
             argv += ["--volume", text]
-    run_cli(argv)
-    record_training(output=output, model=model, metrics=metrics, summary=summary, job_name=name)
-    return name
+    return TrainCommand(argv=argv, output=output, job_name=name)
+
+
+def train_step(*, metrics, summary, **parameters) -> str:
+    """Runs the training job (``parameters``: those of :func:`train_command`); returns its
+    job name."""
+    command = train_command(**parameters)
+    run_cli(command.argv)
+    record_training(
+        output=command.output,
+        model=parameters["model"],
+        metrics=metrics,
+        summary=summary,
+        job_name=command.job_name,
+    )
+    return command.job_name
 
 
 def record_training(*, output: str, model, metrics, summary, job_name: str) -> None:
