@@ -3,6 +3,7 @@ engines that read it (kfp's pipeline_spec protos and loader, Argo's JSON schema)
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from pathlib import Path
@@ -74,6 +75,7 @@ def test_the_example_pipeline_names_the_training_job_by_its_task() -> None:
     assert train["retryPolicy"]["maxRetryCount"] == 2
 
 
+@functools.cache
 def argo_schema() -> dict:
     with gzip.open(ARGO_SCHEMA, "rt") as f:
         return json.load(f)
