@@ -2,7 +2,7 @@
 
 The master keeps its state on the cluster under ``--job-name``; a retried step (a new pod in
 the same run) that finds the same name resumes the job and adopts its pods. Runs and steps
-are told apart by a hash, so two runs never share a name.
+are told apart by a hash of 48 bits, so two runs do not share a name.
 
 - Kubeflow Pipelines: the run's id (the ``pipeline/runid`` label that KFP puts on every pod
   of a run, read from the step's own pod) and the task's name (an input whose value is

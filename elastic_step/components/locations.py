@@ -19,24 +19,12 @@ Steps that run in one pod (preprocess, evaluate) use the local path.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+
+from kfp.dsl import Artifact
 
 from elastic_step.backends.kubernetes_options import Volume
 from elastic_step.data import storage
 from elastic_step.errors import InputError
-
-#: The object stores whose URIs the KFP launcher maps to local paths.
-REMOTE_SCHEMES = ("s3", "gs", "minio")
-
-
-class ArtifactLike(Protocol):
-    """What a KFP artifact offers here (``kfp.dsl.Artifact``)."""
-
-    name: str
-    uri: str
-
-    @property
-    def path(self) -> str: ...
 
 
 def _under(path: str, mount: str) -> bool:
@@ -44,14 +32,16 @@ def _under(path: str, mount: str) -> bool:
     return path == mount or path.startswith(mount + "/")
 
 
-def shared_location(artifact: ArtifactLike, *, backend: str, volumes: Sequence[Volume]) -> str:
+def shared_location(artifact: Artifact, *, backend: str, volumes: Sequence[Volume]) -> str:
     """Where the master, its workers and its PS all reach ``artifact`` (see the module)."""
     if backend == "local" or any(_under(artifact.path, v.mount) for v in volumes):
         return artifact.path
-    if storage.scheme_of(artifact.uri) in REMOTE_SCHEMES:
+    # The object stores that KFP's launcher maps to local paths are the storage layer's.
+    if storage.scheme_of(artifact.uri) in storage.OBJECT_STORE_SCHEMES:
         return artifact.uri
+    stores = ", ".join(storage.OBJECT_STORE_SCHEMES)
     raise InputError(
         f"artifact '{artifact.name}' is at {artifact.uri}, which worker and PS pods cannot "
-        f"reach: use an object-store pipeline root ({', '.join(REMOTE_SCHEMES)}), or mount a "
+        f"reach: use an object-store pipeline root ({stores}), or mount a "
         f"PersistentVolumeClaim holding {artifact.path} in the step and pass it in volumes"
     )

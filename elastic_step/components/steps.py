@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kfp.dsl import HTML, Artifact, ClassificationMetrics, Dataset, Metrics, Model
+
 from elastic_step.backends.kubernetes_options import parse_volume
 from elastic_step.components.identity import kfp_job_name
 from elastic_step.components.locations import shared_location
@@ -46,15 +48,16 @@ def flags(values: Mapping[str, object]) -> list[str]:
 
 def preprocess_step(
     *,
-    csv,
+    csv: Dataset,
     label: str,
-    data,
+    data: Dataset,
     shards: int,
     validation_fraction: float,
     seed: int,
     categorical: str,
     label_type: str,
 ) -> None:
+    """Preprocesses the CSV into ``data``; the record counts go into its metadata."""
     run_cli(
         [
             "preprocess",
@@ -86,7 +89,7 @@ def preprocess_step(
     )
 
 
-def model_def_file(model_def, model_def_text: str) -> str:
+def model_def_file(model_def: Artifact | None, model_def_text: str) -> str:
     """The model definition's file: the artifact's, or ``model_def_text`` written to one."""
     if (model_def is None) == (not model_def_text):
         given = "both" if model_def is not None else "neither"
@@ -115,9 +118,9 @@ class TrainCommand:
 
 def train_command(
     *,
-    dataset,
-    model,
-    model_def=None,
+    dataset: Dataset,
+    model: Model,
+    model_def: Artifact | None = None,
     model_def_text: str,
     epochs: int,
     batch_size: int,
@@ -139,7 +142,8 @@ def train_command(
     job_name: str,
     task_name: str,
 ) -> TrainCommand:
-    """The command that trains on ``dataset`` into ``model``, with the component's settings."""
+    """The command that trains on ``dataset`` into ``model``, with the component's settings
+    (``model_def_text`` is written to a file for it)."""
     if backend not in BACKENDS:
         raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got '{backend}'")
     mounts = [parse_volume(text) for text in volumes or []]
@@ -184,7 +188,7 @@ def train_command(
     return TrainCommand(argv=argv, output=output, job_name=name)
 
 
-def train_step(*, metrics, summary, **parameters) -> str:
+def train_step(*, metrics: Metrics, summary: Artifact, **parameters) -> str:
     """Runs the training job (``parameters``: those of :func:`train_command`); returns its
     job name."""
     command = train_command(**parameters)
@@ -199,9 +203,11 @@ def train_step(*, metrics, summary, **parameters) -> str:
     return command.job_name
 
 
-def record_training(*, output: str, model, metrics, summary, job_name: str) -> None:
+def record_training(
+    *, output: str, model: Model, metrics: Metrics, summary: Artifact, job_name: str
+) -> None:
     """The job's summary.json as the summary artifact, its final metrics and throughput as
-    metrics, and where the model is."""
+    metrics, and the job's name and model version on the model."""
     document = json.loads(storage.read_text(OutputLayout(output).summary))
     with open(summary.path, "w") as f:
         json.dump(document, f, indent=2)
@@ -220,7 +226,14 @@ def record_training(*, output: str, model, metrics, summary, job_name: str) -> N
 
 
 def evaluate_step(
-    *, model, dataset, metrics, classification, report, split: str, batch_size: int
+    *,
+    model: Model,
+    dataset: Dataset,
+    metrics: Metrics,
+    classification: ClassificationMetrics,
+    report: HTML,
+    split: str,
+    batch_size: int,
 ) -> None:
     """Evaluates the model; the whole evaluation is the metrics artifact's file, and the
     report (with the training's summary.json from the model) is the HTML artifact."""
@@ -244,7 +257,9 @@ def evaluate_step(
     record_evaluation(evaluation, metrics=metrics, classification=classification)
 
 
-def record_evaluation(evaluation: dict, *, metrics, classification) -> None:
+def record_evaluation(
+    evaluation: dict, *, metrics: Metrics, classification: ClassificationMetrics
+) -> None:
     """Scalars as metrics; the confusion matrix and, for binary labels, the ROC curve as
     classification metrics (what the KFP UI draws)."""
     metrics.log_metric("loss", evaluation["loss"])
