@@ -20,6 +20,9 @@ from elastic_step.examples import path_of
 from pipelines.kfp_pipeline import elastic_step_pipeline
 
 LABEL = "benign"
+# kfp.local warns that the components' image does not look like a Python image: it runs them
+# in this environment instead, which is the point.
+pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")
 
 
 def write_breast_cancer_csv(path: Path) -> None:
