@@ -57,6 +57,10 @@ format: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python elastic_step/rpc/generate.py
 
+# The committed KFP and Argo YAML under components/ and pipelines/, from their Python.
+components: $(STAMP)
+	$(BIN)/python -m elastic_step.components.render
+
 # Benchmarks print their figures (see bench/README.md); none fails on a missed target.
 bench: bench-throughput bench-master bench-goodput
 
