@@ -154,7 +154,7 @@ class Job:
 
     def _check_metric_names(self) -> None:
         """--early-stopping and --keep-best name a metric the evaluation reports."""
-        names = {"loss", *self._metrics}
+        names = {"loss", *self.definition.build_metrics()}
         if self.config.stopping is not None:
             self.config.stopping.goal.check_known("--early-stopping", names)
         if self.config.best_goal is not None:
@@ -194,6 +194,7 @@ class Job:
 
     def run(self) -> int:
         """Runs the job to its end; returns the exit status (raises JobFailedError on failure)."""
+        self._check_metric_names()  # before anything is written or started
         storage.makedirs(self.output)
         if storage.exists(self.paths.legacy_state_file):
             raise InputError(
@@ -272,7 +273,6 @@ class Job:
             return 0
         keras.utils.set_random_seed(self.config.seed)
         self._metrics = self.definition.build_metrics()
-        self._check_metric_names()
         self._build(saved, record, token)
         if record is not None:
             # Before serving: a call from an instance that is not adopted yet would be

@@ -64,16 +64,16 @@ def _metrics(url: str) -> dict[tuple[str, tuple], float]:
 
 def _scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every tf.summary scalar series in the event files, as (step, value) pairs."""
+    import tensorflow as tf
+
     accumulator = event_accumulator.EventAccumulator(
         str(logdir), size_guidance={event_accumulator.TENSORS: 0}
     )
     accumulator.Reload()
     return {
-        tag: [(e.step, float(np.frombuffer(e.tensor_proto.tensor_content, np.float32)[0])
-               if e.tensor_proto.tensor_content else float(e.tensor_proto.float_val[0]))
-              for e in accumulator.Tensors(tag)]
+        tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in accumulator.Tensors(tag)]
         for tag in accumulator.Tags()["tensors"]
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +188,18 @@ def test_tensorboard_events_hold_the_evaluation_series(watched) -> None:
         assert np.allclose([v for _, v in series], [v for _, v in expected], rtol=1e-6)
     assert max(v for _, v in scalars["job/live_workers"]) >= 1
     assert all(v > 0 for _, v in scalars["job/examples_per_second"])
+
+
+def test_a_metric_the_model_does_not_report_is_one_line_and_exit_status_2(
+    digits_data, tmp_path, capsys
+) -> None:
+    from elastic_step.cli import main
+    from elastic_step.examples import path_of
+
+    args = ["train", "--model-def", path_of("digits"), "--data", str(digits_data)]
+    assert main([*args, "--output", str(tmp_path / "run"), "--keep-best", "auc"]) == 2
+    assert capsys.readouterr().err == (
+        "elastic-step: error: --keep-best names metric 'auc', but the evaluation reports only "
+        "accuracy, loss\n"
+    )
+    assert not (tmp_path / "run").exists()  # nothing was written or started
