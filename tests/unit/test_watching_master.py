@@ -182,6 +182,23 @@ def test_train_loss_windows_reach_status_summary_and_tensorboard(tmp_path, clock
     again.close()
 
 
+def test_events_for_an_object_store_output_are_copied_there(tmp_path, clock, s3_env) -> None:
+    from elastic_step.data import storage
+
+    bucket = s3_env.new_bucket()
+    master = Master(tmp_path, clock)
+    master.run_epoch("worker-0", 0, round_loss=0.5)
+    events = TrainingEvents(f"s3://{bucket}/run", str(tmp_path / "local"))
+    events.write(JobView.of(master.coordinator))
+    events.close()
+    [key] = s3_env.keys(bucket, "run/tensorboard/")
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / key.rsplit("/", 1)[1]).write_bytes(storage.read_bytes(f"s3://{bucket}/{key}"))
+    assert _tensorboard(copy)["eval/loss"] == [(TRAIN_TASKS, 0.5)]
+    master.close()
+
+
 def test_early_stopping_ends_after_the_epoch_under_way_and_survives_a_restart(
     tmp_path, clock
 ) -> None:
