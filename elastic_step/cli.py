@@ -193,6 +193,30 @@ def _add_train(commands) -> None:
         "--backend kubernetes, which keeps the state on the cluster)",
     )
     p.add_argument(
+        "--early-stopping",
+        metavar="METRIC[:PATIENCE[:min|max]]",
+        default=None,
+        help="end training after the epoch under way once PATIENCE evaluation rounds in a "
+        "row (default 2) have not beaten the best; METRIC is loss or a name from the model "
+        "definition's metrics(); min or max says which way is better (default: max for "
+        "names with acc, auc, precision, recall or f1, else min)",
+    )
+    p.add_argument(
+        "--keep-best",
+        metavar="METRIC[:min|max]",
+        default=None,
+        help="save the model of the best evaluation round instead of the last; each round "
+        "then runs with training paused, so that it measures one model",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=_int,
+        metavar="N",
+        default=None,
+        help="serve Prometheus metrics at http://HOST:N/metrics, where HOST is where the "
+        "master listens (0: any free port, named in status.json; default: no endpoint)",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="with --backend kubernetes: print, as YAML, every object the master would create "
@@ -301,6 +325,9 @@ def _run(args: argparse.Namespace) -> int:
             port=args.port,
             job_name=args.job_name,
             state_dir=args.state_dir,
+            early_stopping=args.early_stopping,
+            keep_best=args.keep_best,
+            metrics_port=args.metrics_port,
         )
         backend_options = _backend_options(args)
         if args.dry_run:
