@@ -115,7 +115,7 @@ def _after_the_master(signum: int, frame: object) -> None:
 
 
 class BenchError(Exception):
-    """A step of the bench did not happen in time; the message says which."""
+    """A step of the bench did not happen, or not in time; the message says which."""
 
 
 def own_cpu_s() -> float:
