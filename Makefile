@@ -6,7 +6,7 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
 .PHONY: setup browser demo test test-unit test-e2e test-k8s cluster lint format proto clean \
-	bench bench-throughput bench-master bench-goodput
+	bench bench-throughput bench-master bench-goodput bench-k8s
 
 setup: $(STAMP)
 
@@ -72,6 +72,10 @@ bench-master: $(STAMP)
 
 bench-goodput: $(STAMP)
 	$(BIN)/python bench/goodput.py
+
+# Kept out of `make bench`: like test-k8s, it needs Go for the test control plane.
+bench-k8s: $(STAMP) cluster
+	GO=$(GO) $(BIN)/python bench/k8s_recovery.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
