@@ -44,7 +44,7 @@ def evaluate(
     total = sum(records for _, records in shards)
     if total == 0:
         raise InputError(f"{data_dir}: the {split} split holds no records")
-    definition = load_model_definition(paths.model_def)
+    definition = load_model_definition(paths.model_def, schema)
     model = definition.build_model()
     scratch = storage.local_temp_dir()
     local_model = f"{scratch}/{MODEL_FILE}"

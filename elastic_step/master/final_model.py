@@ -30,6 +30,11 @@ def save_final_model(
         ModelParameters(model).pull(ps)
     finally:
         ps.close()
+    if model.compiled and model.optimizer is not None:
+        # Saved with its compile() settings, so that keras.models.load_model gives a model
+        # that evaluates at once. The optimizer's state stays with the PS checkpoints; built
+        # here, its variables are saved (as new), and loading warns of no missing ones.
+        model.optimizer.build(model.trainable_variables)
     save_model(model, output)
 
 
