@@ -67,6 +67,14 @@ def compiled_parts(model: keras.Model) -> CompiledParts | None:
     return CompiledParts(loss=loss, optimizer=model.optimizer, metrics=given["metrics"])
 
 
+def build_compiled_optimizer(model: keras.Model) -> None:
+    """Builds the optimizer of a compiled model (fresh: training's optimizer state is the
+    PS's). model.keras then holds its variables, as keras.models.load_model builds them, and
+    neither loading nor load_weights() warns of a mismatch."""
+    if model.compiled and model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+
+
 def _is_nested(value: Any) -> bool:
     return isinstance(value, list | tuple) and any(isinstance(v, list | tuple) for v in value)
 

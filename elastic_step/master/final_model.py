@@ -23,6 +23,8 @@ def save_final_model(
 ) -> None:
     import keras
 
+    from elastic_step.keras_parts import build_compiled_optimizer
+
     keras.utils.set_random_seed(seed)
     model = definition.build_model()
     ps = PSClient(ps_addresses, credentials)
@@ -30,11 +32,9 @@ def save_final_model(
         ModelParameters(model).pull(ps)
     finally:
         ps.close()
-    if model.compiled and model.optimizer is not None:
-        # Saved with its compile() settings, so that keras.models.load_model gives a model
-        # that evaluates at once. The optimizer's state stays with the PS checkpoints; built
-        # here, its variables are saved (as new), and loading warns of no missing ones.
-        model.optimizer.build(model.trainable_variables)
+    # A compiled model is saved with its compile() settings: keras.models.load_model gives a
+    # model that evaluates at once.
+    build_compiled_optimizer(model)
     save_model(model, output)
 
 
