@@ -106,12 +106,10 @@ def loss_from(value: Any, origin: str, shapes: ShapesOf) -> Callable:
 
     A loss that still gives per-example values (``reduction=None``) is reduced by its mean too.
     """
-    if isinstance(value, str):
+    if isinstance(value, str | keras.losses.Loss | type):  # a class: Keras makes one
         identifier = value
-    elif isinstance(value, keras.losses.Loss) or callable(value):
-        identifier = (
-            value if isinstance(value, keras.losses.Loss | type) else _tensor_checked(value)
-        )
+    elif callable(value):
+        identifier = _tensor_checked(value)
     else:
         raise PartError(
             f"{origin}: got {type(value).__name__}, expected a function, a keras.losses.Loss "
@@ -119,8 +117,10 @@ def loss_from(value: Any, origin: str, shapes: ShapesOf) -> Callable:
         )
     try:
         loss = get_loss(identifier, *_shapes_for(identifier, shapes))
-    except ValueError:
-        raise PartError(f"{origin}: '{value}' is not a Keras loss name") from None
+    except ValueError as e:
+        if isinstance(value, str):
+            raise PartError(f"{origin}: '{value}' is not a Keras loss name") from None
+        raise PartError(f"{origin}: {e}") from None
 
     def scalar_loss(labels, outputs):
         return keras.ops.mean(loss(labels, outputs))
@@ -179,8 +179,10 @@ def _metric(item: Any, origin: str, shapes: ShapesOf) -> keras.metrics.Metric:
         )
     try:
         return get_metric(item, *_shapes_for(item, shapes))
-    except ValueError:
-        raise PartError(f"{origin}: '{item}' is not a Keras metric name") from None
+    except ValueError as e:
+        if isinstance(item, str):
+            raise PartError(f"{origin}: '{item}' is not a Keras metric name") from None
+        raise PartError(f"{origin}: {e}") from None
 
 
 def _shapes_for(identifier: Any, shapes: ShapesOf) -> tuple[Any, Any]:

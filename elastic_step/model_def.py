@@ -46,12 +46,17 @@ import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.errors import ModelDefinitionError
 from elastic_step.user_errors import describe_error
+
+if TYPE_CHECKING:
+    import keras
+
+    from elastic_step.keras_parts import CompiledParts
 
 #: The name the definition runs under; the latest one loaded in a process holds it.
 MODULE_NAME = "elastic_step_user_model"
@@ -77,7 +82,7 @@ class ModelDefinition:
     module: types.ModuleType
     schema: Schema | None = None
     #: What compile() set on the model that model() returned last (None: not compiled).
-    _compiled: Any = field(default=None, init=False, repr=False)
+    _compiled: CompiledParts | None = field(default=None, init=False, repr=False)
     _model_called: bool = field(default=False, init=False, repr=False)
     _output_shape: Any = field(default=None, init=False, repr=False)
 
@@ -89,7 +94,7 @@ class ModelDefinition:
                 self.path, f"{what} raised {describe_error(e, self.path)}"
             ) from e
 
-    def _new_model(self):
+    def _new_model(self) -> keras.Model:
         import keras
 
         from elastic_step.keras_parts import PartError, compiled_parts
@@ -106,7 +111,7 @@ class ModelDefinition:
         self._model_called = True
         return model
 
-    def build_model(self):
+    def build_model(self) -> keras.Model:
         """Builds the model, with its variables. Keras's name counters are reset first, so
         that variable paths (``dense/kernel``) are the same in every process, however many
         models it built."""
@@ -176,7 +181,7 @@ class ModelDefinition:
         if self.schema is None:
             raise RuntimeError("resolving a shape-dependent loss or metric name needs the schema")
         labels = tf.nest.flatten(self._feed_spec[1])[0]
-        if self._output_shape is None:
+        if self._output_shape is None:  # no model built yet in this process
             self.build_model()
         return labels, tf.TensorSpec(self._output_shape)
 
@@ -210,7 +215,7 @@ class ModelDefinition:
         except PartError as e:
             raise ModelDefinitionError(self.path, str(e)) from None
 
-    def build_optimizer(self):
+    def build_optimizer(self) -> keras.optimizers.Optimizer:
         """The optimizer: the file's, or else the one the model was compiled with."""
         from elastic_step.keras_parts import optimizer_from
 
@@ -223,7 +228,7 @@ class ModelDefinition:
             )
         return self._part(optimizer_from, value, origin)
 
-    def build_metrics(self) -> dict:
+    def build_metrics(self) -> dict[str, keras.metrics.Metric]:
         """The metrics by name: the file's, or else the model's compile() metrics, or none."""
         from elastic_step.keras_parts import metrics_from
 
