@@ -390,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except ElasticStepError as e:
+        log.debug("the error's traceback:", exc_info=e)
         print(f"elastic-step: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

@@ -44,6 +44,11 @@ def pull_model(
 
 def save_model(model, output: str) -> None:
     """Writes ``model.keras`` and a TF Serving ``saved_model/`` through the storage layer."""
+    from elastic_step.keras_parts import build_compiled_optimizer
+
+    # A compiled model is saved with its compile() settings: keras.models.load_model gives a
+    # model that evaluates at once.
+    build_compiled_optimizer(model)
     scratch = storage.local_temp_dir()
     try:
         model.save(os.path.join(scratch, MODEL_FILE))

@@ -73,8 +73,8 @@ class Worker:
         )
         self.settings = reply.settings
         self.master.timeout_s = self.settings.master_timeout_s
-        self.definition = load_model_definition(self.settings.model_def)
         self.schema = Schema.load(self.settings.data_dir)
+        self.definition = load_model_definition(self.settings.model_def, self.schema)
         # The same seed in every worker: the first to reach an empty PS gives the initial values.
         keras.utils.set_random_seed(self.settings.seed)
         self.model = self.definition.build_model()
