@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Sequence
 from types import TracebackType
 
 import numpy as np
@@ -32,6 +33,8 @@ INDEX_SUFFIX = ".index"
 _HEADER = 12  # uint64 length + uint32 crc of the length
 _FOOTER = 4  # uint32 crc of the data
 _MASK_DELTA = 0xA282EAD8
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
 
 
 def _make_table() -> list[int]:
@@ -95,19 +98,25 @@ class ShardWriter:
 
     def write(self, record: bytes) -> None:
         """Appends one record."""
+        self.write_all([record])
+
+    def write_all(self, records: Sequence[bytes]) -> None:
+        """Appends ``records``, in order, with one write to the file."""
         if self._closed:
             raise ValueError(f"{self.path}: write after close")
-        length = struct.pack("<Q", len(record))
-        frame = b"".join(
-            (
+        frames = []
+        end = self._offsets[-1]
+        for record in records:
+            length = _LENGTH.pack(len(record))
+            frames += (
                 length,
-                struct.pack("<I", masked_crc32c(length)),
+                _CRC.pack(masked_crc32c(length)),
                 record,
-                struct.pack("<I", masked_crc32c(record)),
+                _CRC.pack(masked_crc32c(record)),
             )
-        )
-        self._file.write(frame)
-        self._offsets.append(self._offsets[-1] + len(frame))
+            end += _HEADER + len(record) + _FOOTER
+            self._offsets.append(end)
+        self._file.write(b"".join(frames))
 
     def close(self) -> None:
         """Publishes the shard, then its index. Closing twice is a no-op."""
