@@ -39,6 +39,9 @@ class ModelDefinition:
     path: str
     source: str
     module: types.ModuleType
+    # The default feed in the input form of the model built last (a dict of columns, or one
+    # vector); None until a model is built.
+    default_feed: Callable | None = None
 
     def _call(self, name: str, *args: Any) -> Any:
         try:
@@ -60,6 +63,9 @@ class ModelDefinition:
             raise ModelDefinitionError(
                 self.path, f"model() returned {type(model).__name__}, expected a keras.Model"
             )
+        from elastic_step.data.feed import default_feed_for_model
+
+        self.default_feed = default_feed_for_model(model)
         return model
 
     def build_optimizer(self):
@@ -94,7 +100,7 @@ class ModelDefinition:
 
     @property
     def feed(self) -> Callable | None:
-        return getattr(self.module, "feed", None)
+        return getattr(self.module, "feed", None) or self.default_feed
 
 
 def load_model_definition(path: str) -> ModelDefinition:
