@@ -26,7 +26,11 @@ import pyarrow.csv as pacsv
 from elastic_step.data import storage
 from elastic_step.errors import InputError
 
-BLOCK_BYTES = 16 << 20  # bytes of CSV text parsed at a time
+# Arrow parses blocks of this many bytes, and reads a few dozen ahead: their size bounds the
+# memory that reading takes. Batches handed on gather blocks up to BATCH_BYTES of text, so
+# that per-batch costs in Python stay small.
+BLOCK_BYTES = 1 << 20
+BATCH_BYTES = 8 << 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,12 +97,29 @@ def _utf8_error(path: str) -> str:
     return f"{path}: not UTF-8 text"
 
 
+def _gather(reader: pacsv.CSVStreamingReader, batch_bytes: int) -> Iterator[list[pa.RecordBatch]]:
+    """Consecutive non-empty record batches of ``reader``, in groups of about ``batch_bytes``."""
+    group, size = [], 0
+    for block in reader:
+        if block.num_rows:
+            group.append(block)
+            size += block.nbytes
+        if size >= batch_bytes:
+            yield group
+            group, size = [], 0
+    if group:
+        yield group
+
+
 class CsvSource:
     """One CSV file with a header row. ``header`` is read on construction."""
 
-    def __init__(self, path: str, *, block_bytes: int = BLOCK_BYTES) -> None:
+    def __init__(
+        self, path: str, *, block_bytes: int = BLOCK_BYTES, batch_bytes: int = BATCH_BYTES
+    ) -> None:
         self.path = path
         self.block_bytes = block_bytes
+        self.batch_bytes = batch_bytes
         self.total_bytes = storage.size(path)
         rows = _python_rows(path)
         first = next(rows, None)
@@ -136,12 +157,14 @@ class CsvSource:
                     convert_options=convert_options,
                 )
                 row = 0
-                for batch in reader:
-                    if batch.num_rows == 0:
-                        continue
-                    columns = [pc.utf8_trim_whitespace(c) for c in batch.columns]
-                    yield CsvBatch(first_row=row, columns=columns)
-                    row += batch.num_rows
+                for blocks in _gather(reader, self.batch_bytes):
+                    columns = [
+                        pc.utf8_trim_whitespace(pa.concat_arrays([b.column(j) for b in blocks]))
+                        for j in range(width)
+                    ]
+                    batch = CsvBatch(first_row=row, columns=columns)
+                    yield batch
+                    row += batch.rows
                     if progress is not None:
                         progress(raw.tell(), row)
             except (pa.ArrowInvalid, OSError) as e:

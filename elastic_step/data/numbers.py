@@ -6,6 +6,9 @@ A number is what Arrow's string-to-double cast accepts and is finite: ``1``, ``-
 
 from __future__ import annotations
 
+from fractions import Fraction
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -45,3 +48,30 @@ def to_numbers(values: pa.Array) -> tuple[pa.Array, int | None]:
 def is_number(text: str) -> bool:
     """Whether one (stripped, non-empty) value is a number."""
     return to_numbers(pa.array([text], pa.string()))[1] is None
+
+
+def exact_sum(values: np.ndarray) -> Fraction:
+    """The sum of the float64 ``values`` without rounding, so that sums of batches add up to the
+    same total however the values were batched.
+
+    Each value is an integer mantissa times a power of two; the mantissas are summed exactly
+    in int64 per power (split in halves so that the sums cannot overflow).
+    """
+    if values.size == 0:
+        return Fraction(0)
+    mantissas, exponents = np.frexp(values)
+    integers = (mantissas * float(1 << 53)).astype(np.int64)  # exact: |mantissa| < 1
+    order = np.argsort(exponents, kind="stable")
+    exponents, integers = exponents[order], integers[order]
+    starts = np.flatnonzero(np.r_[True, exponents[1:] != exponents[:-1]])
+    high = integers >> 26
+    low = integers - (high << 26)
+    total = Fraction(0)
+    for exponent, high_sum, low_sum in zip(
+        exponents[starts].tolist(),
+        np.add.reduceat(high, starts).tolist(),
+        np.add.reduceat(low, starts).tolist(),
+        strict=True,
+    ):
+        total += Fraction((high_sum << 26) + low_sum) * Fraction(2) ** (exponent - 53)
+    return total

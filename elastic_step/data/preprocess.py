@@ -30,6 +30,7 @@ import math
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 import pyarrow as pa
@@ -37,10 +38,10 @@ import pyarrow.compute as pc
 
 from elastic_step.data import storage
 from elastic_step.data.csv_scan import Scan, scan
-from elastic_step.data.csv_source import BLOCK_BYTES, CsvBatch, CsvSource
+from elastic_step.data.csv_source import BATCH_BYTES, BLOCK_BYTES, CsvBatch, CsvSource
 from elastic_step.data.example_encoding import BytesColumn, FloatColumn, encode_examples
 from elastic_step.data.input_names import input_names
-from elastic_step.data.numbers import to_numbers
+from elastic_step.data.numbers import exact_sum, to_numbers
 from elastic_step.data.progress import Progress
 from elastic_step.data.row_random import Permutation, row_keys, stream_key
 from elastic_step.data.schema import Column, Schema, Shard
@@ -57,9 +58,10 @@ FILL_RULES = "mean, zero or a number"
 class MemoryBudget:
     """How much of the data is held at once. The output does not depend on it."""
 
-    block_bytes: int = BLOCK_BYTES  # CSV text parsed at a time
+    block_bytes: int = BLOCK_BYTES  # CSV text parsed at a time (a few dozen are read ahead)
+    batch_bytes: int = BATCH_BYTES  # CSV text checked and encoded at a time
     spill_bytes: int = FLUSH_BYTES  # encoded records held before they go to bucket files
-    bucket_bytes: int = 64 << 20  # encoded records sorted at a time while writing a shard
+    bucket_bytes: int = 32 << 20  # encoded records sorted at a time while writing a shard
 
 
 def preprocess(
@@ -110,7 +112,7 @@ def preprocess(
     if storage.isdir(input_path):
         raise InputError(f"{input_path}: is a directory, expected a CSV file")
 
-    source = CsvSource(input_path, block_bytes=memory.block_bytes)
+    source = CsvSource(input_path, block_bytes=memory.block_bytes, batch_bytes=memory.batch_bytes)
     _check_header(input_path, source.header, label, set(categorical))
     found = scan(
         source,
@@ -311,12 +313,12 @@ def encode_batch(
 
 @dataclass
 class _Stats:
-    """Running train-split sums of one numeric column, shifted by its first value for the
-    numerical stability of the variance."""
+    """Exact running train-split sums of one numeric column, shifted by its first value for
+    the numerical stability of the variance; exact, so batching cannot change the result."""
 
     shift: float | None = None
-    total: float = 0.0
-    squares: float = 0.0
+    total: Fraction = Fraction(0)
+    squares: Fraction = Fraction(0)
     count: int = 0
 
     def add(self, values: np.ndarray) -> None:
@@ -325,16 +327,16 @@ class _Stats:
         if self.shift is None:
             self.shift = float(values[0])
         shifted = values - self.shift
-        self.total += float(shifted.sum())
-        self.squares += float(np.square(shifted).sum())
+        self.total += exact_sum(shifted)
+        self.squares += exact_sum(np.square(shifted))
         self.count += values.size
 
     def mean_std(self) -> tuple[float, float]:
         if self.count == 0 or self.shift is None:
             return 0.0, 1.0
         mean_shifted = self.total / self.count
-        std = math.sqrt(max(self.squares / self.count - mean_shifted**2, 0.0))
-        return self.shift + mean_shifted, std if std > 0 and math.isfinite(std) else 1.0
+        std = math.sqrt(max(float(self.squares / self.count - mean_shifted**2), 0.0))
+        return self.shift + float(mean_shifted), std if std > 0 and math.isfinite(std) else 1.0
 
 
 @dataclass

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-FLUSH_BYTES = 64 << 20
+FLUSH_BYTES = 32 << 20
 
 
 class Spill:
@@ -64,19 +64,22 @@ class Spill:
         self._pending.clear()
         self._pending_bytes = 0
 
-    def sorted_bucket(self, bucket: int) -> list[bytes]:
+    def sorted_bucket(self, bucket: int) -> pa.Array:
         """The records of ``bucket`` in the order of their keys (after :meth:`flush`)."""
         path = self._path(bucket)
         if not os.path.exists(path):
-            return []
-        keys, records = [], []
+            return pa.array([], pa.large_binary())
+        keys, blocks = [], []
         with open(path, "rb") as f:
             while header := f.read(8):
-                (n,) = np.frombuffer(header, dtype="<u8")
-                n = int(n)
+                n = int(np.frombuffer(header, dtype="<u8")[0])
                 keys.append(np.frombuffer(f.read(8 * n), dtype="<u8"))
-                offsets = np.frombuffer(f.read(8 * (n + 1)), dtype="<u8").astype(np.int64)
+                offsets = np.frombuffer(f.read(8 * (n + 1)), dtype="<i8")
                 data = f.read(int(offsets[-1]))
-                records.extend(data[offsets[i] : offsets[i + 1]] for i in range(n))
+                blocks.append(
+                    pa.Array.from_buffers(
+                        pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+                    )
+                )
         order = np.argsort(np.concatenate(keys), kind="stable")
-        return [records[i] for i in order]
+        return pa.concat_arrays(blocks).take(pa.array(order))
