@@ -159,7 +159,7 @@ def _infer_kind(
 ) -> str:
     if name in categorical:
         return "categorical"
-    given = [(i, v) for i, v in enumerate(values.to_pylist()) if v != ""]
+    given = [(i, v.strip()) for i, v in enumerate(values.to_pylist()) if v.strip()]
     numbers = [is_number(v) for _, v in given]
     if given and all(numbers):
         return "numeric"
@@ -192,6 +192,7 @@ def _check_batch(
     for j, values in enumerate(batch.columns):
         name = header[j]
         if j == result.label_index:
+            values = pc.utf8_trim_whitespace(values)
             empty = first_true(pc.equal(values, ""))
             if empty is not None:
                 raise InputError(
@@ -209,7 +210,7 @@ def _check_batch(
             if bad is not None:
                 raise InputError(
                     f"{path}: line {line(bad)}: column '{name}' has non-numeric value "
-                    f"{values[bad].as_py()!r}, but was inferred numeric from its first "
+                    f"{values[bad].as_py().strip()!r}, but was inferred numeric from its first "
                     f"{INFER_ROWS} values (pass --categorical {name} to treat it as categorical)"
                 )
             if not fill_missing and floats.null_count:
@@ -219,7 +220,7 @@ def _check_batch(
                     f"(pass --fill-missing mean|zero|VALUE, or --categorical {name})"
                 )
         else:
-            _add_counts(result.value_counts[j], values)
+            _add_counts(result.value_counts[j], pc.utf8_trim_whitespace(values))
 
 
 def _label_not_a_number(path: str, line: int, label: str, value: str, label_kind: str) -> None:

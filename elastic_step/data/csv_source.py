@@ -1,7 +1,7 @@
 """A CSV file (local path or URI, optionally ``.gz``) read as a stream of batches of text columns.
 
-Arrow's streaming CSV reader parses the file block by block in C++, so memory holds one block
-whatever the file's size. Every value arrives as text with surrounding whitespace removed.
+Arrow's streaming CSV reader parses the file block by block in C++, so memory holds a few
+blocks whatever the file's size. Every value arrives as text.
 
 Arrow does not know line numbers (a quoted value may span lines, blank lines are skipped), so
 error messages find them by reading the file again with Python's ``csv`` module, up to the row
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from elastic_step.data import storage
@@ -35,7 +34,8 @@ BATCH_BYTES = 8 << 20
 
 @dataclass(frozen=True, kw_only=True)
 class CsvBatch:
-    """Consecutive data rows: ``columns[j]`` holds column ``j``'s stripped text values."""
+    """Consecutive data rows: ``columns[j]`` holds column ``j``'s text values as they are in the
+    file (surrounding whitespace included)."""
 
     first_row: int  # 0-based number of the batch's first data row in the file
     columns: list[pa.Array]
@@ -159,8 +159,7 @@ class CsvSource:
                 row = 0
                 for blocks in _gather(reader, self.batch_bytes):
                     columns = [
-                        pc.utf8_trim_whitespace(pa.concat_arrays([b.column(j) for b in blocks]))
-                        for j in range(width)
+                        pa.concat_arrays([b.column(j) for b in blocks]) for j in range(width)
                     ]
                     batch = CsvBatch(first_row=row, columns=columns)
                     yield batch

@@ -33,16 +33,24 @@ def _first_failing_cast(values: pa.Array) -> int:
 
 
 def to_numbers(values: pa.Array) -> tuple[pa.Array, int | None]:
-    """``(floats, first_bad)``: float64 values with nulls where ``values`` is empty, and the
-    index of the first non-empty value that is not a number (None if there is none; then
-    ``floats`` is complete)."""
-    with_nulls = pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
+    """``(floats, first_bad)``: float64 values with nulls where ``values`` is empty (or blank),
+    and the index of the first other value that is not a number (None if there is none; then
+    ``floats`` is complete). Surrounding whitespace is ignored."""
     try:
-        floats = pc.cast(with_nulls, pa.float64())
+        floats = pc.cast(values, pa.float64())  # most columns: no blanks, no spaces
     except pa.ArrowInvalid:
-        return pa.nulls(len(values), pa.float64()), _first_failing_cast(with_nulls)
-    # is_finite is null where the value is missing; first_true skips nulls.
-    return floats, first_true(pc.invert(pc.is_finite(floats)))
+        trimmed = pc.utf8_trim_whitespace(values)
+        values = pc.if_else(pc.equal(trimmed, ""), pa.scalar(None, pa.string()), trimmed)
+        try:
+            floats = pc.cast(values, pa.float64())
+        except pa.ArrowInvalid:
+            return pa.nulls(len(values), pa.float64()), _first_failing_cast(values)
+    numbers = floats.to_numpy(zero_copy_only=False)  # NaN where null
+    infinite = ~np.isfinite(numbers)
+    if floats.null_count:
+        infinite &= floats.is_valid().to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(infinite)
+    return floats, int(bad[0]) if bad.size else None
 
 
 def is_number(text: str) -> bool:
@@ -50,28 +58,37 @@ def is_number(text: str) -> bool:
     return to_numbers(pa.array([text], pa.string()))[1] is None
 
 
-def exact_sum(values: np.ndarray) -> Fraction:
-    """The sum of the float64 ``values`` without rounding, so that sums of batches add up to the
-    same total however the values were batched.
+class ExactSum:
+    """A sum of float64 values without rounding, so that batches add up to the same total
+    however the values were batched.
 
-    Each value is an integer mantissa times a power of two; the mantissas are summed exactly
-    in int64 per power (split in halves so that the sums cannot overflow).
+    Each value is an integer mantissa (53 bits) times a power of two. Mantissas are cut in
+    three 21-bit pieces whose sums per power, over fewer than 2**32 values, are integers below
+    2**53: float64 adds them exactly, and numpy's bincount adds them fast.
     """
-    if values.size == 0:
-        return Fraction(0)
-    mantissas, exponents = np.frexp(values)
-    integers = (mantissas * float(1 << 53)).astype(np.int64)  # exact: |mantissa| < 1
-    order = np.argsort(exponents, kind="stable")
-    exponents, integers = exponents[order], integers[order]
-    starts = np.flatnonzero(np.r_[True, exponents[1:] != exponents[:-1]])
-    high = integers >> 26
-    low = integers - (high << 26)
-    total = Fraction(0)
-    for exponent, high_sum, low_sum in zip(
-        exponents[starts].tolist(),
-        np.add.reduceat(high, starts).tolist(),
-        np.add.reduceat(low, starts).tolist(),
-        strict=True,
-    ):
-        total += Fraction((high_sum << 26) + low_sum) * Fraction(2) ** (exponent - 53)
-    return total
+
+    def __init__(self) -> None:
+        self._by_exponent: dict[int, int] = {}
+
+    def add(self, values: np.ndarray) -> None:
+        if values.size == 0:
+            return
+        mantissas, exponents = np.frexp(values)
+        integers = (mantissas * float(1 << 53)).astype(np.int64)  # exact: |mantissa| < 1
+        base = int(exponents.min())
+        bins = exponents - base
+        pieces = (integers & 0x1FFFFF, (integers >> 21) & 0x1FFFFF, integers >> 42)
+        sums = [np.bincount(bins, weights=p.astype(np.float64)) for p in pieces]
+        for offset in np.flatnonzero(np.bincount(bins)).tolist():
+            low, middle, high = (int(s[offset]) for s in sums)
+            exponent = base + offset
+            self._by_exponent[exponent] = (
+                self._by_exponent.get(exponent, 0) + low + (middle << 21) + (high << 42)
+            )
+
+    def value(self) -> Fraction:
+        return sum(
+            (Fraction(total) * Fraction(2) ** (exponent - 53)
+             for exponent, total in self._by_exponent.items()),
+            Fraction(0),
+        )  # fmt: skip

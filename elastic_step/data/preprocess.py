@@ -30,7 +30,6 @@ import math
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +40,7 @@ from elastic_step.data.csv_scan import Scan, scan
 from elastic_step.data.csv_source import BATCH_BYTES, BLOCK_BYTES, CsvBatch, CsvSource
 from elastic_step.data.example_encoding import BytesColumn, FloatColumn, encode_examples
 from elastic_step.data.input_names import input_names
-from elastic_step.data.numbers import exact_sum, to_numbers
+from elastic_step.data.numbers import ExactSum, to_numbers
 from elastic_step.data.progress import Progress
 from elastic_step.data.row_random import Permutation, row_keys, stream_key
 from elastic_step.data.schema import Column, Schema, Shard
@@ -114,19 +113,21 @@ def preprocess(
 
     source = CsvSource(input_path, block_bytes=memory.block_bytes, batch_bytes=memory.batch_bytes)
     _check_header(input_path, source.header, label, set(categorical))
+
+    def progress_of(what: str) -> Progress:
+        return Progress(say, what=what, total_bytes=source.total_bytes, every_s=progress_every_s)
+
     found = scan(
         source,
         label=label,
         categorical=set(categorical),
         label_kind=label_kind,
         fill_missing=fill is not None,
-        progress=Progress(
-            say, what="reading", total_bytes=source.total_bytes, every_s=progress_every_s
-        ),
+        progress=progress_of("reading"),
     )
     say(f"read {found.rows} rows, {len(found.header)} columns from {input_path}")
-
     plan = _SplitPlan.make(found, validation_fraction, shards, seed)
+    layout = _BucketLayout.make(found, plan, memory.bucket_bytes)
     features = [j for j in range(len(found.header)) if j != found.label_index]
     names = input_names([found.header[j] for j in features])
     renamed = [
@@ -138,54 +139,46 @@ def preprocess(
     with storage.atomic_directory(output) as tmp:
         scratch = storage.local_temp_dir()
         try:
-            buckets = _buckets_per_shard(found, plan, memory.bucket_bytes)
-            spill = Spill(
-                scratch,
-                sum(plan.shards[s] * buckets[s] for s in SPLITS),
-                flush_bytes=memory.spill_bytes,
-            )
-            encoder = _Encoder(found, plan, buckets, seed)
-            for batch in source.batches(
-                Progress(
-                    say, what="encoding", total_bytes=source.total_bytes, every_s=progress_every_s
-                )
-            ):
+            spill = Spill(scratch, layout.total, flush_bytes=memory.spill_bytes)
+            encoder = _Encoder(found, plan, layout, seed)
+            for batch in source.batches(progress_of("encoding")):
                 spill.add(*encoder.encode(batch))
             spill.flush()
             if encoder.rows != found.rows:
                 raise InputError(f"{input_path}: the file changed while it was being read")
-            columns = _columns(found, encoder.stats, names, fill)
             schema = Schema(
                 label=label,
                 label_kind=found.label_kind,  # type: ignore[arg-type]
                 label_vocabulary=found.label_vocabulary,
-                columns=columns,
+                columns=_columns(found, encoder.stats, names, fill),
                 one_hot=one_hot,
             )
-            numeric = sum(c.kind == "numeric" for c in columns)
-            label_desc = (
-                f"class label with {schema.num_classes} classes"
-                if schema.label_kind == "class"
-                else "numeric label"
-            )
-            say(
-                f"columns: {numeric} numeric, {len(columns) - numeric} categorical; "
-                f"'{label}' is a {label_desc}"
-            )
-            first_bucket = 0
+            say(_describe(schema))
             for split in SPLITS:
-                written = _write_split(
-                    tmp, split, spill, first_bucket, plan.shards[split], buckets[split]
-                )
-                first_bucket += plan.shards[split] * buckets[split]
-                schema.splits[split] = written
+                schema.splits[split] = _write_split(tmp, split, spill, layout)
                 schema.records[split] = plan.records[split]
-                say(f"wrote {split}: {plan.records[split]} records in {len(written)} shards")
+                say(
+                    f"wrote {split}: {plan.records[split]} records in "
+                    f"{len(schema.splits[split])} shards"
+                )
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         schema.save(tmp)
     say(f"wrote {output}")
     return schema
+
+
+def _describe(schema: Schema) -> str:
+    numeric = sum(c.kind == "numeric" for c in schema.columns)
+    label = (
+        f"class label with {schema.num_classes} classes"
+        if schema.label_kind == "class"
+        else "numeric label"
+    )
+    return (
+        f"columns: {numeric} numeric, {len(schema.columns) - numeric} categorical; "
+        f"'{schema.label}' is a {label}"
+    )
 
 
 def _check_arguments(
@@ -264,19 +257,38 @@ class _SplitPlan:
         )
 
 
-def _buckets_per_shard(found: Scan, plan: _SplitPlan, bucket_bytes: int) -> dict[str, int]:
-    """Buckets per shard of each split, so that one bucket holds about ``bucket_bytes``."""
-    sample = encode_batch(found, found.sample)[0]
-    record_bytes = sample.nbytes / max(len(sample), 1)
-    return {
-        split: max(
-            1,
-            math.ceil(
-                record_bytes * plan.records[split] / max(plan.shards[split], 1) / bucket_bytes
-            ),
-        )
-        for split in SPLITS
-    }
+@dataclass(frozen=True)
+class _BucketLayout:
+    """The spill's buckets: ``per_shard[split]`` consecutive buckets for each shard of each
+    split, train first. A shard's buckets are ranges of sort keys, in key order."""
+
+    shards: dict[str, int]
+    per_shard: dict[str, int]
+
+    @classmethod
+    def make(cls, found: Scan, plan: _SplitPlan, bucket_bytes: int) -> _BucketLayout:
+        """About ``bucket_bytes`` of records per bucket, from the size of the sample's."""
+        sample = encode_batch(found, found.sample)[0]
+        record_bytes = sample.nbytes / max(len(sample), 1)
+        per_shard = {
+            split: max(
+                1,
+                math.ceil(
+                    record_bytes * plan.records[split] / max(plan.shards[split], 1) / bucket_bytes
+                ),
+            )
+            for split in SPLITS
+        }
+        return cls(shards=plan.shards, per_shard=per_shard)
+
+    @property
+    def total(self) -> int:
+        return sum(self.shards[s] * self.per_shard[s] for s in SPLITS)
+
+    def first(self, split: str, shard: int | np.ndarray = 0) -> int | np.ndarray:
+        """The first bucket of ``shard`` of ``split``."""
+        before = 0 if split == SPLITS[0] else self.shards[SPLITS[0]] * self.per_shard[SPLITS[0]]
+        return before + shard * self.per_shard[split]
 
 
 def encode_batch(
@@ -294,7 +306,7 @@ def encode_batch(
             numbers[j] = to_numbers(values)[0]
             columns.append(FloatColumn(key=header[j], values=numbers[j]))
         else:
-            columns.append(BytesColumn(key=header[j], values=values))
+            columns.append(BytesColumn(key=header[j], values=pc.utf8_trim_whitespace(values)))
     label = batch.columns[label_index]
     classes = None
     if found.label_kind == "numeric":
@@ -305,6 +317,7 @@ def encode_batch(
             floats = to_numbers(label)[0]
             classes = pc.index_in(floats, value_set=pa.array([float(v) for v in vocabulary]))
         else:
+            label = pc.utf8_trim_whitespace(label)
             classes = pc.index_in(label, value_set=pa.array(vocabulary, pa.string()))
         names = pc.take(pa.array(vocabulary, pa.string()), classes)
         columns.append(BytesColumn(key=header[label_index], values=names))
@@ -317,8 +330,8 @@ class _Stats:
     the numerical stability of the variance; exact, so batching cannot change the result."""
 
     shift: float | None = None
-    total: Fraction = Fraction(0)
-    squares: Fraction = Fraction(0)
+    total: ExactSum = field(default_factory=ExactSum)
+    squares: ExactSum = field(default_factory=ExactSum)
     count: int = 0
 
     def add(self, values: np.ndarray) -> None:
@@ -327,15 +340,16 @@ class _Stats:
         if self.shift is None:
             self.shift = float(values[0])
         shifted = values - self.shift
-        self.total += exact_sum(shifted)
-        self.squares += exact_sum(np.square(shifted))
+        self.total.add(shifted)
+        self.squares.add(np.square(shifted))
         self.count += values.size
 
     def mean_std(self) -> tuple[float, float]:
         if self.count == 0 or self.shift is None:
             return 0.0, 1.0
-        mean_shifted = self.total / self.count
-        std = math.sqrt(max(float(self.squares / self.count - mean_shifted**2), 0.0))
+        mean_shifted = self.total.value() / self.count
+        variance = self.squares.value() / self.count - mean_shifted**2
+        std = math.sqrt(max(float(variance), 0.0))
         return self.shift + float(mean_shifted), std if std > 0 and math.isfinite(std) else 1.0
 
 
@@ -346,7 +360,7 @@ class _Encoder:
 
     found: Scan
     plan: _SplitPlan
-    buckets: dict[str, int]
+    layout: _BucketLayout
     seed: int
     rows: int = 0
     stats: dict[int, _Stats] = field(default_factory=dict)
@@ -355,10 +369,6 @@ class _Encoder:
         self._seen = np.zeros(len(self.plan.sizes), dtype=np.int64)  # rows per stratum so far
         self._dealt = {split: 0 for split in SPLITS}  # rows per split so far
         self._order_key = stream_key(self.seed, "order")
-        self._first_bucket = {
-            "train": 0,
-            "validation": self.plan.shards["train"] * self.buckets["train"],
-        }
         self.stats = {
             j: _Stats()
             for j, k in enumerate(self.found.kinds)
@@ -384,12 +394,12 @@ class _Encoder:
             self._dealt[split] += index.size
             if index.size == 0:
                 continue
-            per_shard = self.buckets[split]
+            per_shard = self.layout.per_shard[split]
             shard = dealt % self.plan.shards[split]
             # The top 53 bits of the key as a fraction: buckets are ranges of keys.
             fraction = (keys[index] >> np.uint64(11)).astype(np.float64) / float(1 << 53)
             within = np.minimum((fraction * per_shard).astype(np.int64), per_shard - 1)
-            bucket[index] = self._first_bucket[split] + shard * per_shard + within
+            bucket[index] = self.layout.first(split, shard) + within
         train = ~validation
         for j, values in numbers.items():
             present = values.is_valid().to_numpy(zero_copy_only=False) & train
@@ -446,18 +456,17 @@ def _columns(
     return columns
 
 
-def _write_split(
-    out_dir: str, split: str, spill: Spill, first_bucket: int, shards: int, per_shard: int
-) -> list[Shard]:
-    """Writes the ``shards`` shards of ``split`` from their buckets, in key order."""
-    if shards == 0:
+def _write_split(out_dir: str, split: str, spill: Spill, layout: _BucketLayout) -> list[Shard]:
+    """Writes the shards of ``split``, each from its buckets in key order."""
+    if layout.shards[split] == 0:
         return []
     storage.makedirs(storage.join(out_dir, split))
     written = []
-    for k in range(shards):
+    for k in range(layout.shards[split]):
         relative = f"{split}/part-{k:05d}.tfrecord"
+        first = layout.first(split, k)
         with ShardWriter(storage.join(out_dir, relative)) as writer:
-            for b in range(per_shard):
-                writer.write_all(spill.sorted_bucket(first_bucket + k * per_shard + b))
+            for bucket in range(first, first + layout.per_shard[split]):
+                writer.write_all(spill.sorted_bucket(bucket))
             written.append(Shard(path=relative, records=writer.records))
     return written
