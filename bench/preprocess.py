@@ -32,6 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RSS_TARGET_MB = 1024
 SPEED_TARGET = 3.0
+# What TensorFlow's C++ prints at import in the pandas child: noise in the progress display.
+TF_BANNER = ("I0000", "E0000", "W0000", "WARNING: All log messages", "To enable the following")
 CATEGORIES = ["red", "green", "blue", "amber", "violet", "cyan", "black", "white"]
 
 
@@ -134,7 +136,8 @@ def run_child(name: str, command: list[str], rows: int) -> dict:
     watcher.start()
     assert process.stdout is not None
     for line in process.stdout:
-        print("    | " + line.rstrip(), flush=True)
+        if not line.startswith(TF_BANNER):
+            print("    | " + line.rstrip(), flush=True)
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
     process.returncode = os.waitstatus_to_exitcode(status)

@@ -154,8 +154,11 @@ def preprocess(
                 one_hot=one_hot,
             )
             say(_describe(schema))
+            writing = Progress(
+                say, what="writing", total_bytes=spill.bytes_written, every_s=progress_every_s
+            )
             for split in SPLITS:
-                schema.splits[split] = _write_split(tmp, split, spill, layout)
+                schema.splits[split] = _write_split(tmp, split, spill, layout, writing)
                 schema.records[split] = plan.records[split]
                 say(
                     f"wrote {split}: {plan.records[split]} records in "
@@ -456,7 +459,9 @@ def _columns(
     return columns
 
 
-def _write_split(out_dir: str, split: str, spill: Spill, layout: _BucketLayout) -> list[Shard]:
+def _write_split(
+    out_dir: str, split: str, spill: Spill, layout: _BucketLayout, progress: Progress
+) -> list[Shard]:
     """Writes the shards of ``split``, each from its buckets in key order."""
     if layout.shards[split] == 0:
         return []
@@ -467,6 +472,8 @@ def _write_split(out_dir: str, split: str, spill: Spill, layout: _BucketLayout) 
         first = layout.first(split, k)
         with ShardWriter(storage.join(out_dir, relative)) as writer:
             for bucket in range(first, first + layout.per_shard[split]):
-                writer.write_all(spill.sorted_bucket(bucket))
+                records = spill.sorted_bucket(bucket)
+                writer.write_all(records)
+                progress.add(records.nbytes, len(records))
             written.append(Shard(path=relative, records=writer.records))
     return written

@@ -15,8 +15,17 @@ class Progress:
         self._total = total_bytes
         self._every = every_s
         self._last = time.monotonic()
+        self._done_bytes = 0
+        self._rows = 0
+
+    def add(self, done_bytes: int, rows: int) -> None:
+        """Counts ``done_bytes`` and ``rows`` more, and reports the totals when it is time."""
+        self._done_bytes += done_bytes
+        self._rows += rows
+        self(self._done_bytes, self._rows)
 
     def __call__(self, done_bytes: int, rows: int) -> None:
+        """Reports ``done_bytes`` of the total and ``rows`` so far, when it is time."""
         now = time.monotonic()
         if now - self._last < self._every:
             return

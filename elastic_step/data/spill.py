@@ -27,6 +27,7 @@ class Spill:
         self._pending: dict[int, list[tuple[np.ndarray, pa.Array]]] = {}
         self._pending_bytes = 0
         self.buckets = buckets
+        self.bytes_written = 0  # record bytes in all bucket files
 
     def _path(self, bucket: int) -> str:
         return os.path.join(self._directory, f"bucket-{bucket:06d}")
@@ -61,6 +62,7 @@ class Spill:
                 f.write(keys.tobytes())
                 f.write((offsets - base).astype("<u8").tobytes())
                 f.write(memoryview(data)[base:end])
+            self.bytes_written += end - base
         self._pending.clear()
         self._pending_bytes = 0
 
