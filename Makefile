@@ -6,7 +6,7 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
 .PHONY: setup browser demo test test-unit test-e2e test-k8s cluster lint format proto clean \
-	bench bench-throughput bench-master bench-goodput
+	bench bench-throughput bench-master bench-goodput bench-preprocess
 
 setup: $(STAMP)
 
@@ -58,7 +58,7 @@ proto: $(STAMP)
 	$(BIN)/python elastic_step/rpc/generate.py
 
 # Benchmarks print their figures (see bench/README.md); none fails on a missed target.
-bench: bench-throughput bench-master bench-goodput
+bench: bench-throughput bench-master bench-goodput bench-preprocess
 
 bench-throughput: $(STAMP)
 	$(BIN)/python bench/throughput.py
@@ -68,6 +68,9 @@ bench-master: $(STAMP)
 
 bench-goodput: $(STAMP)
 	$(BIN)/python bench/goodput.py
+
+bench-preprocess: $(STAMP)
+	$(BIN)/python bench/preprocess.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
