@@ -271,7 +271,7 @@ class _BucketLayout:
     @classmethod
     def make(cls, found: Scan, plan: _SplitPlan, bucket_bytes: int) -> _BucketLayout:
         """About ``bucket_bytes`` of records per bucket, from the size of the sample's."""
-        sample = encode_batch(found, found.sample)[0]
+        sample = _encode_batch(found, found.sample)[0]
         record_bytes = sample.nbytes / max(len(sample), 1)
         per_shard = {
             split: max(
@@ -294,7 +294,7 @@ class _BucketLayout:
         return before + shard * self.per_shard[split]
 
 
-def encode_batch(
+def _encode_batch(
     found: Scan, batch: CsvBatch
 ) -> tuple[pa.Array, dict[int, pa.Array], pa.Array | None]:
     """``(records, numbers, classes)`` of ``batch``: its serialized Examples, the float values
@@ -380,7 +380,7 @@ class _Encoder:
 
     def encode(self, batch: CsvBatch) -> tuple[np.ndarray, np.ndarray, pa.Array]:
         """``(bucket, key, record)`` of each row of ``batch``."""
-        records, numbers, classes = encode_batch(self.found, batch)
+        records, numbers, classes = _encode_batch(self.found, batch)
         n = batch.rows
         strata = (
             np.zeros(n, dtype=np.int64)
