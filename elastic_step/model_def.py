@@ -85,6 +85,9 @@ class ModelDefinition:
     _compiled: CompiledParts | None = field(default=None, init=False, repr=False)
     _model_called: bool = field(default=False, init=False, repr=False)
     _output_shape: Any = field(default=None, init=False, repr=False)
+    #: The default feed in the input form of the model built last (a dict of columns, or one
+    #: vector); None until a model is built.
+    default_feed: Callable | None = field(default=None, init=False, repr=False)
 
     def _run_user(self, what: str, fn: Callable, *args: Any) -> Any:
         try:
@@ -97,6 +100,7 @@ class ModelDefinition:
     def _new_model(self) -> keras.Model:
         import keras
 
+        from elastic_step.data.feed import default_feed_for_model
         from elastic_step.keras_parts import PartError, compiled_parts
 
         model = self._run_user("model()", self.module.model)
@@ -109,6 +113,7 @@ class ModelDefinition:
         except PartError as e:
             raise ModelDefinitionError(self.path, str(e)) from None
         self._model_called = True
+        self.default_feed = default_feed_for_model(model)
         return model
 
     def build_model(self) -> keras.Model:
@@ -254,7 +259,7 @@ class ModelDefinition:
 
     @property
     def feed(self) -> Callable | None:
-        return getattr(self.module, "feed", None)
+        return getattr(self.module, "feed", None) or self.default_feed
 
 
 def _keep_tracebacks_whole() -> None:
