@@ -236,7 +236,9 @@ def load_trained_model(definition: ModelDefinition, model_file: str) -> keras.Mo
 
     model = definition.build_model()
     build_compiled_optimizer(model)  # as saved
-    servable_model(model, definition).load_weights(model_file)
+    servable = servable_model(model, definition)
+    build_compiled_optimizer(servable)
+    servable.load_weights(model_file)
     return model
 
 
