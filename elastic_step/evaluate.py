@@ -30,7 +30,7 @@ def evaluate(
     import keras
 
     from elastic_step.data.feed import make_dataset
-    from elastic_step.keras_parts import build_compiled_optimizer
+    from elastic_step.serving import load_trained_model
 
     paths = OutputLayout(model_dir)
     for path in (paths.model_file, paths.model_def):
@@ -46,13 +46,11 @@ def evaluate(
     if total == 0:
         raise InputError(f"{data_dir}: the {split} split holds no records")
     definition = load_model_definition(paths.model_def, schema)
-    model = definition.build_model()
     scratch = storage.local_temp_dir()
     local_model = f"{scratch}/{MODEL_FILE}"
     with open(local_model, "wb") as f:
         f.write(storage.read_bytes(paths.model_file))
-    build_compiled_optimizer(model)  # as saved
-    model.load_weights(local_model)
+    model = load_trained_model(definition, local_model)
     metrics = definition.build_metrics()
     loss_sum, count = 0.0, 0
     classifier = None

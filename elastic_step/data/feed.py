@@ -152,7 +152,10 @@ class DefaultFeed:
             return tf.one_hot(ids, column.num_ids, dtype=tf.float32)
         return ids
 
-    def _features(self, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor] | tf.Tensor:
+    def features(self, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor] | tf.Tensor:
+        """The features of ``parsed``: raw values keyed by the CSV's column names (numeric
+        ones float32 ``[batch]`` with no value absent, categorical ones strings). The serving
+        model (:mod:`elastic_step.serving`) calls it too, so serving encodes as training."""
         numeric = [c for c in self.columns if c.kind == "numeric"]
         standardized = None
         if numeric:
@@ -199,7 +202,7 @@ class DefaultFeed:
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
         def parse(serialized: tf.Tensor) -> tuple[dict[str, tf.Tensor] | tf.Tensor, tf.Tensor]:
             parsed = tf.io.parse_example(serialized, spec)
-            features = self._features(parsed)
+            features = self.features(parsed)
             labels = parsed[label]
             if self._label_table is not None:
                 labels = self._label_table.lookup(labels)

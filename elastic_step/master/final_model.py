@@ -22,7 +22,7 @@ def save_final_model(
     seed: int,
 ) -> None:
     model, _ = pull_model(definition, ps_addresses, credentials, seed)
-    save_model(model, output)
+    save_model(model, output, definition)
 
 
 def pull_model(
@@ -42,25 +42,24 @@ def pull_model(
         ps.close()
 
 
-def save_model(model, output: str) -> None:
-    """Writes ``model.keras`` and a TF Serving ``saved_model/`` through the storage layer."""
+def save_model(model, output: str, definition: ModelDefinition) -> None:
+    """Writes ``model.keras`` and a TF Serving ``saved_model/`` through the storage layer:
+    ``model`` behind the schema's preprocessing (see :mod:`elastic_step.serving`)."""
     from elastic_step.keras_parts import build_compiled_optimizer
+    from elastic_step.serving import save_servable
 
     # A compiled model is saved with its compile() settings: keras.models.load_model gives a
     # model that evaluates at once.
     build_compiled_optimizer(model)
     scratch = storage.local_temp_dir()
     try:
-        model.save(os.path.join(scratch, MODEL_FILE))
         # The export logs "Assets written to <scratch dir>" twice, naming a directory about
         # to be removed; the master logs where the model really went.
         tf_log = logging.getLogger("tensorflow")
         level = tf_log.level
         tf_log.setLevel(logging.WARNING)
         try:
-            model.export(
-                os.path.join(scratch, SAVED_MODEL_DIR), format="tf_saved_model", verbose=False
-            )
+            save_servable(model, definition, scratch)
         finally:
             tf_log.setLevel(level)
         paths = OutputLayout(output)

@@ -535,7 +535,7 @@ class Job:
                 self.config.keep_best,
             )
             model = load_round_model(self.definition, best["weights"], self.config.seed)
-            save_model(model, self.output)
+            save_model(model, self.output, self.definition)
             return True
         addresses = coordinator.ps_addresses()
         now = time.monotonic()

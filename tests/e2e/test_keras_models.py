@@ -21,10 +21,11 @@ import tensorflow as tf
 from conftest import TrainRun, records_exact
 
 from elastic_step.cli import main
-from elastic_step.data.feed import make_dataset
+from elastic_step.data.feed import make_dataset, records_dataset
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
 from elastic_step.evaluate import evaluate
+from elastic_step.serving import raw_examples  # also registers RawFeatures for load_model
 
 pytestmark = pytest.mark.e2e
 
@@ -102,16 +103,20 @@ def import_file(path: Path) -> types.ModuleType:
 
 
 def validation_set(data: Path, module: types.ModuleType) -> tf.data.Dataset:
-    """The validation split through the definition's feed (the default feed without one)."""
+    """The validation split as model.keras takes it: through the definition's feed, or with
+    the default feed as the records' raw values (model.keras then holds the preprocessing)."""
     schema = Schema.load(str(data))
     records = [
         record
         for shard, count in schema.shard_paths(str(data), "validation")
         for record in read_records(shard, 0, count)
     ]
-    return make_dataset(
-        records, batch_size=64, mode="evaluate", schema=schema, feed=getattr(module, "feed", None)
-    )
+    feed = getattr(module, "feed", None)
+    dataset = make_dataset(records, batch_size=64, mode="evaluate", schema=schema, feed=feed)
+    if feed is not None:
+        return dataset
+    raw = records_dataset(records, 64).map(lambda batch: raw_examples(batch, schema))
+    return tf.data.Dataset.zip(raw, dataset.map(lambda features, labels: labels))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.model_def.removesuffix(".py") for c in CASES])

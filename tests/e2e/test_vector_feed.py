@@ -96,11 +96,13 @@ def test_sequential_vector_model_with_missing_values(tmp_path):
     # What training and evaluate read for an empty acidity: the mean, standardized to 0.
     import tensorflow as tf
 
+    import elastic_step.serving  # noqa: F401 - registers the raw-input model's layer
     from elastic_step.data.feed import default_feed_for_model, records_dataset
     from elastic_step.data.schema import Schema
     from elastic_step.data.tfrecord import read_records
 
-    model = tf.keras.models.load_model(run / "model.keras")
+    # model.keras holds the raw-input model; its last layer is the trained model.
+    model = tf.keras.models.load_model(run / "model.keras").layers[-1]
     loaded = Schema.load(str(data))
     records = [r for path, n in loaded.shard_paths(str(data), "validation")
                for r in read_records(path, 0, n)]  # fmt: skip

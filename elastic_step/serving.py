@@ -1,0 +1,263 @@
+"""The model as it is served: the schema's preprocessing and the trained model in one graph.
+
+A trained model takes what the feed makes of the records (standardized numbers, vocabulary
+ids), not the CSV's values. With the default feed the saved model puts that encoding in front
+of it, so that it takes raw values:
+
+- :func:`raw_input_model`: a Keras model with one input per CSV column, named by its input
+  name: float32 for a numeric column (NaN where the cell is empty), strings for a categorical
+  one. Its :class:`RawFeatures` layer fills empty cells with the schema's fill value and then
+  encodes as the default feed does, by calling the feed's own code
+  (:meth:`elastic_step.data.feed.DefaultFeed.features`); the trained model follows.
+  ``model.keras`` holds it.
+- :func:`export_saved_model`: ``saved_model/`` with two signatures that call that model:
+  ``serving_default`` on serialized ``tf.train.Example`` records of raw values (the records'
+  own format; an absent feature is an empty cell), and ``predict_raw`` on one raw tensor per
+  column, keyed by the CSV's column names. Both return named outputs: ``probabilities``,
+  ``class_ids`` and ``classes`` (the label's class names) for a class label, ``predictions``
+  for a numeric one.
+
+A feed() of the definition's own maps datasets of records, which a serving graph cannot take
+in general; with one, both files hold the trained model, taking the feed's features.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from elastic_step.data.feed import DefaultFeed, InputForm, input_form
+from elastic_step.data.schema import Schema
+from elastic_step.model_def import ModelDefinition
+
+log = logging.getLogger("elastic_step")
+
+RAW_FEATURES_LAYER = "raw_features"
+#: The input of ``serving_default``, as TFX names it: serialized ``tf.train.Example``s.
+EXAMPLES_INPUT = "examples"
+#: Raw rows the output probe runs; enough that logits fall outside [0, 1] somewhere.
+PROBE_ROWS = 256
+
+
+@keras.saving.register_keras_serializable(package="elastic_step")
+class RawFeatures(keras.layers.Layer):
+    """Raw column values (a dict keyed by input name) to the default feed's features.
+
+    ``schema_json``: the data's schema (``Schema.to_json``); ``vector``: whether the model
+    takes the feed's vector form. An empty numeric cell (NaN) reads as the column's fill
+    value; categorical values are stripped of surrounding whitespace, as ``preprocess``
+    strips them, and an unseen one gets the out-of-vocabulary id.
+    """
+
+    def __init__(self, *, schema_json: str, vector: bool, **kwargs) -> None:
+        kwargs.setdefault("trainable", False)  # it has no weights; a loaded config sets it
+        super().__init__(**kwargs)
+        self.schema_json = schema_json
+        self.vector = vector
+        schema = Schema.from_json(schema_json)
+        self._feed = DefaultFeed(schema, InputForm(vector=vector))
+        self._columns = schema.columns
+
+    @property
+    def tables(self) -> list[tf.lookup.StaticHashTable]:
+        """The vocabulary tables, which a SavedModel must track."""
+        return list(self._feed._tables.values())
+
+    def call(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor] | tf.Tensor:
+        parsed = {}
+        for column in self._columns:
+            value = raw[column.input_name]
+            if column.kind == "numeric":
+                value = tf.cast(value, tf.float32)
+                if column.fill is not None:
+                    value = tf.where(tf.math.is_nan(value), tf.constant(column.fill), value)
+            else:
+                value = tf.strings.strip(value)
+            parsed[column.name] = value
+        return self._feed.features(parsed)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "schema_json": self.schema_json, "vector": self.vector}
+
+
+def serves_raw_inputs(definition: ModelDefinition) -> bool:
+    """Whether the saved model takes raw values: it does with the default feed."""
+    return getattr(definition.module, "feed", None) is None
+
+
+def _feature_schema(schema: Schema) -> Schema:
+    """``schema`` without its shards and record counts, which serving does not need."""
+    return dataclasses.replace(schema, splits={}, records={})
+
+
+def raw_input_model(model: keras.Model, schema: Schema) -> keras.Model:
+    """``model`` behind the schema's preprocessing: a model of the CSV's raw values."""
+    inputs = {
+        c.input_name: keras.Input(
+            shape=(), dtype="float32" if c.kind == "numeric" else "string", name=c.input_name
+        )
+        for c in schema.columns
+    }
+    features = RawFeatures(
+        schema_json=_feature_schema(schema).to_json(),
+        vector=input_form(model).vector,
+        name=RAW_FEATURES_LAYER,
+    )(inputs)
+    raw = keras.Model(inputs, model(features), name="raw_input_model")
+    if model.compiled:  # so that the loaded model evaluates at once, as model() compiled it
+        # An optimizer of its own: saving writes a shared one once, for the inner model.
+        optimizer = keras.optimizers.deserialize(keras.optimizers.serialize(model.optimizer))
+        raw.compile(**{**model._compile_config.config, "optimizer": optimizer})
+    return raw
+
+
+def servable_model(model: keras.Model, definition: ModelDefinition) -> keras.Model:
+    """What ``model.keras`` holds for ``model``, trained from ``definition``: the raw-input
+    model with the default feed, else ``model`` itself."""
+    if serves_raw_inputs(definition):
+        return raw_input_model(model, definition.schema)
+    return model
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutputHead:
+    """Turns the model's outputs into the signatures' named outputs.
+
+    For a class label, ``logits`` says whether the outputs are logits (else probabilities);
+    one output column is the probability (or logit) of the label vocabulary's second class.
+    """
+
+    classes: list[str] | None  # None: a numeric label
+    logits: bool = False
+
+    def __call__(self, outputs: tf.Tensor) -> dict[str, tf.Tensor]:
+        outputs = tf.cast(outputs, tf.float32)
+        if self.classes is None:
+            if outputs.shape.rank == 2 and outputs.shape[1] == 1:
+                outputs = outputs[:, 0]
+            return {"predictions": outputs}
+        outputs = tf.reshape(outputs, [tf.shape(outputs)[0], -1])
+        if outputs.shape[1] == 1:
+            positive = tf.sigmoid(outputs) if self.logits else outputs
+            probabilities = tf.concat([1.0 - positive, positive], axis=1)
+        else:
+            probabilities = tf.nn.softmax(outputs) if self.logits else outputs
+        class_ids = tf.argmax(probabilities, axis=1)
+        classes = tf.gather(tf.constant(self.classes, tf.string), class_ids)
+        return {"probabilities": probabilities, "class_ids": class_ids, "classes": classes}
+
+
+def probe_rows(schema: Schema, rows: int = PROBE_ROWS) -> dict[str, np.ndarray]:
+    """Raw rows drawn from the schema's statistics (seeded): each column's values around its
+    mean, or its vocabulary with an unseen value; keyed by input name."""
+    rng = np.random.default_rng(0)
+    batch = {}
+    for column in schema.columns:
+        if column.kind == "numeric":
+            values = column.mean + column.std * rng.standard_normal(rows)
+            batch[column.input_name] = values.astype(np.float32)
+        else:
+            choices = [*(column.vocabulary or []), "a value not in the vocabulary"]
+            batch[column.input_name] = np.array([choices[i % len(choices)] for i in range(rows)])
+    return batch
+
+
+def output_head(raw_model: keras.Model, schema: Schema) -> OutputHead:
+    """The head for ``raw_model``'s outputs. A classifier's outputs are probabilities when,
+    over :func:`probe_rows`, all lie in [0, 1] and (two or more columns) each row sums to 1;
+    otherwise they are logits."""
+    if schema.label_kind != "class":
+        return OutputHead(classes=None)
+    outputs = np.asarray(raw_model(probe_rows(schema), training=False), dtype=np.float64)
+    outputs = outputs.reshape(len(outputs), -1)
+    in_unit = outputs.min() >= 0.0 and outputs.max() <= 1.0
+    sums_to_one = outputs.shape[1] == 1 or np.allclose(outputs.sum(axis=1), 1.0, atol=1e-3)
+    return OutputHead(classes=schema.label_vocabulary, logits=not (in_unit and sums_to_one))
+
+
+def _raw_spec(schema: Schema) -> dict[str, tf.TensorSpec]:
+    """``predict_raw``'s input: one ``[batch]`` tensor per column, keyed by its input name
+    (a signature's keys must be valid op names; the CSV's name where it is one)."""
+    return {
+        c.input_name: tf.TensorSpec(
+            [None], tf.float32 if c.kind == "numeric" else tf.string, name=c.input_name
+        )
+        for c in schema.columns
+    }
+
+
+def raw_examples(examples: tf.Tensor, schema: Schema) -> dict[str, tf.Tensor]:
+    """The raw values of serialized records ``examples``, keyed by input name, as the
+    raw-input model takes them: an absent feature is an empty cell (NaN for a number, ``""``
+    for a category); the label, if present, is left out."""
+    spec = {
+        c.name: tf.io.FixedLenFeature([], tf.float32, float("nan"))
+        if c.kind == "numeric"
+        else tf.io.FixedLenFeature([], tf.string, "")
+        for c in schema.columns
+    }
+    parsed = tf.io.parse_example(examples, spec)
+    return {c.input_name: parsed[c.name] for c in schema.columns}
+
+
+def export_saved_model(raw_model: keras.Model, schema: Schema, path: str) -> None:
+    """Writes ``raw_model`` (from :func:`raw_input_model`) as a SavedModel at the local
+    ``path``, with the signatures ``serving_default`` and ``predict_raw``."""
+    head = output_head(raw_model, schema)
+
+    def serve_examples(examples: tf.Tensor) -> dict[str, tf.Tensor]:
+        return head(raw_model(raw_examples(examples, schema), training=False))
+
+    def predict_raw(features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        return head(raw_model(features, training=False))
+
+    archive = keras.export.ExportArchive()
+    archive.track(raw_model)
+    for table in raw_model.get_layer(RAW_FEATURES_LAYER).tables:
+        archive.track(table)
+    archive.add_endpoint(
+        "serving_default",
+        serve_examples,
+        input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)],
+    )
+    archive.add_endpoint("predict_raw", predict_raw, input_signature=[_raw_spec(schema)])
+    archive.write_out(path, verbose=False)
+
+
+def load_trained_model(definition: ModelDefinition, model_file: str) -> keras.Model:
+    """The trained model (taking the feed's features) of the local ``model_file`` that
+    :func:`save_servable` wrote for ``definition``."""
+    from elastic_step.keras_parts import build_compiled_optimizer
+
+    model = definition.build_model()
+    build_compiled_optimizer(model)  # as saved
+    servable = servable_model(model, definition)
+    build_compiled_optimizer(servable)
+    servable.load_weights(model_file)
+    return model
+
+
+def save_servable(model: keras.Model, definition: ModelDefinition, directory: str) -> None:
+    """Writes ``model.keras`` and ``saved_model/`` for ``model`` into the local
+    ``directory``: the raw-input model and its signatures, or, with a feed() of the
+    definition's own, the trained model as Keras exports it."""
+    from elastic_step.keras_parts import build_compiled_optimizer
+    from elastic_step.output_layout import MODEL_FILE, SAVED_MODEL_DIR
+
+    servable = servable_model(model, definition)
+    build_compiled_optimizer(servable)
+    servable.save(os.path.join(directory, MODEL_FILE))
+    saved_model = os.path.join(directory, SAVED_MODEL_DIR)
+    if servable is model:
+        log.info(
+            "the model definition has a feed() of its own: model.keras and saved_model/ take "
+            "the feed's features, not the CSV's values"
+        )
+        model.export(saved_model, format="tf_saved_model", verbose=False)
+    else:
+        export_saved_model(servable, definition.schema, saved_model)

@@ -1,0 +1,56 @@
+"""The serving graph's preprocessing encodes raw values exactly as the default feed encodes the
+records that preprocess wrote from the same CSV, in every input form."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from elastic_step.data.feed import DefaultFeed, InputForm, records_dataset
+from elastic_step.data.schema import Schema
+from elastic_step.data.tfrecord import read_records
+from elastic_step.serving import RawFeatures, raw_examples
+
+
+@pytest.mark.parametrize("one_hot", [False, True], ids=["ids", "one-hot"])
+def test_raw_features_encode_as_the_feed_does(tmp_path, one_hot):
+    rng = np.random.default_rng(1)
+    rows = ["colour,fixed acidity,depth,kind"]
+    for i in range(120):
+        colour = ["red", "blue", "", "green"][i % 4]  # surrounding spaces: preprocess strips
+        acidity = "" if i % 6 == 0 else f"{rng.normal(8, 2):.3f}"
+        rows.append(f" {colour} ,{acidity},{rng.normal(100, 30):.2f},{['a', 'b'][i % 2]}")
+    (tmp_path / "rows.csv").write_text("\n".join(rows) + "\n")
+    data = tmp_path / "data"
+    args = ["--fill-missing", "mean", "--one-hot"] if one_hot else ["--fill-missing", "mean"]
+    result = subprocess.run(
+        [sys.executable, "-m", "elastic_step", "preprocess", "--input", str(tmp_path / "rows.csv"),
+         "--label", "kind", "--output", str(data), "--validation-fraction", "0.3", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    schema = Schema.load(str(data))
+    records = [r for split in ("train", "validation")
+               for path, n in schema.shard_paths(str(data), split)
+               for r in read_records(path, 0, n)]  # fmt: skip
+    raw = raw_examples(tf.constant(records), schema)
+    assert np.isnan(raw["fixed_acidity"].numpy()).any()
+    for vector in (False, True):
+        feed = DefaultFeed(schema, InputForm(vector=vector))
+        ((expected, _),) = list(feed(records_dataset(records, len(records)), "evaluate"))
+        layer = RawFeatures(schema_json=schema.to_json(), vector=vector)
+        got = layer(raw)
+        tf.nest.map_structure(
+            lambda a, b: np.testing.assert_array_equal(a.numpy(), b.numpy()), got, expected
+        )
+        # A value never seen gets the unknown id, the last one (colour is the first column).
+        unseen = {**{k: v[:1] for k, v in raw.items()}, "colour": tf.constant(["mauve"])}
+        encoded = layer(unseen)
+        colour = (encoded if vector else encoded["colour"]).numpy()[0]
+        unknown = len(schema.feature("colour").vocabulary)
+        want = np.eye(unknown + 1)[unknown] if one_hot else [unknown]
+        assert list(np.atleast_1d(colour)[: len(want)]) == list(want)
