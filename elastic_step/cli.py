@@ -74,6 +74,9 @@ def _add_preprocess(commands) -> None:
 
 
 def _add_train(commands) -> None:
+    from elastic_step.master.config import DEFAULT_LOCAL_STEPS
+    from elastic_step.ps.outer_optimizer import OUTER_OPTIMIZERS
+
     p = commands.add_parser(
         "train",
         help="run elastic, fault-tolerant training (the master runs in this process)",
@@ -170,6 +173,23 @@ def _add_train(commands) -> None:
         "--staleness-modulation",
         action="store_true",
         help="divide the learning rate by the staleness of asynchronous gradients",
+    )
+    p.add_argument(
+        "--local-steps",
+        type=_int,
+        metavar="K",
+        default=DEFAULT_LOCAL_STEPS,
+        help="steps a worker runs on its own copy of the model, with its own optimizer, "
+        "before it pushes the change and pulls fresh parameters; 1 pushes every gradient to "
+        f"the PS's optimizer (default {DEFAULT_LOCAL_STEPS})",
+    )
+    p.add_argument(
+        "--outer-optimizer",
+        choices=OUTER_OPTIMIZERS,
+        default="average",
+        help="how the PS applies a worker's change with --local-steps > 1: average (add it, "
+        "outer SGD with learning rate 1) or nesterov (DiLoCo's outer Nesterov momentum) "
+        "(default average)",
     )
     p.add_argument(
         "--port", type=_int, metavar="N", default=0, help="master port (default: any free)"
@@ -298,6 +318,8 @@ def _run(args: argparse.Namespace) -> int:
             task_timeout_s=args.task_timeout,
             master_timeout_s=args.master_timeout,
             staleness_modulation=args.staleness_modulation,
+            local_steps=args.local_steps,
+            outer_optimizer=args.outer_optimizer,
             port=args.port,
             job_name=args.job_name,
             state_dir=args.state_dir,

@@ -27,7 +27,7 @@ def save_final_model(
     model = definition.build_model()
     ps = PSClient(ps_addresses, credentials)
     try:
-        ModelParameters(model).pull(ps)
+        ModelParameters(model).pull_all(ps)
     finally:
         ps.close()
     save_model(model, output)

@@ -159,6 +159,8 @@ class Job:
             keep_checkpoints=c.keep_checkpoints,
             staleness_modulation=c.staleness_modulation,
             master_timeout_s=c.master_timeout_s,
+            local_steps=c.local_steps,
+            outer_optimizer=c.outer_optimizer,
         )
 
     def _launch_spec(self, role: Role, slot: int, name: str) -> LaunchSpec:

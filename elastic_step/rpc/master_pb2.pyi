@@ -32,7 +32,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., shard: _Optional[int] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class JobSettings(_message.Message):
-    __slots__ = ("model_def", "data_dir", "output_dir", "batch_size", "num_ps", "seed", "checkpoint_steps", "keep_checkpoints", "staleness_modulation", "master_timeout_s")
+    __slots__ = ("model_def", "data_dir", "output_dir", "batch_size", "num_ps", "seed", "checkpoint_steps", "keep_checkpoints", "staleness_modulation", "master_timeout_s", "local_steps", "outer_optimizer")
     MODEL_DEF_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,8 @@ class JobSettings(_message.Message):
     KEEP_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     STALENESS_MODULATION_FIELD_NUMBER: _ClassVar[int]
     MASTER_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     model_def: str
     data_dir: str
     output_dir: str
@@ -53,7 +55,9 @@ class JobSettings(_message.Message):
     keep_checkpoints: int
     staleness_modulation: bool
     master_timeout_s: float
-    def __init__(self, model_def: _Optional[str] = ..., data_dir: _Optional[str] = ..., output_dir: _Optional[str] = ..., batch_size: _Optional[int] = ..., num_ps: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_steps: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., staleness_modulation: _Optional[bool] = ..., master_timeout_s: _Optional[float] = ...) -> None: ...
+    local_steps: int
+    outer_optimizer: str
+    def __init__(self, model_def: _Optional[str] = ..., data_dir: _Optional[str] = ..., output_dir: _Optional[str] = ..., batch_size: _Optional[int] = ..., num_ps: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_steps: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., staleness_modulation: _Optional[bool] = ..., master_timeout_s: _Optional[float] = ..., local_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("settings", "model_version")

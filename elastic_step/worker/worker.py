@@ -1,8 +1,14 @@
 """The worker process: asks the master for tasks and runs them.
 
-A training task reads its record range, and for each batch computes gradients with
-``tf.GradientTape`` inside ``tf.function``, pushes them to the PS and takes back the new
-parameters. An evaluation task reports the loss and the metrics' states, not predictions.
+A training task reads its record range and trains on it in windows of up to K batches
+(``--local-steps K``). Before a window the worker holds the PS's dense values and the table
+rows of the window's ids. With K = 1 it computes the batch's gradients and pushes them; the
+PS applies its optimizer. With K > 1 it runs K steps of its own optimizer on its copy and
+pushes the change (negated: a pseudo-gradient), which the PS applies with the outer optimizer.
+Each push also answers the next window's values: one round trip per window. A window never
+spans tasks: a task is reported only after its last push, so a worker that dies loses at most
+one window, and its task is re-queued. An evaluation task reports the loss and the metrics'
+states, not predictions.
 
 An error in the user's code fails the task (the master retries it elsewhere, up to its
 limit); a PS that goes away is waited for and reconnected, and the batch is pushed again.
@@ -16,7 +22,6 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -27,7 +32,7 @@ from elastic_step.rpc.master_client import (
     MasterRejectedError,
     MasterUnreachableError,
 )
-from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError
+from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, Rows
 from elastic_step.rpc.tensors import to_proto
 from elastic_step.tf_runtime import configure_threads
 
@@ -54,18 +59,16 @@ class Worker:
         #: The lease of the task in hand and the batches finished on it, for heartbeats.
         self._lease_id = 0
         self._batches_done = 0
-        # One push at a time, off the main thread, so it overlaps the next step's compute.
-        self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="push")
 
     # -- setup --
 
     def setup(self) -> None:
         import keras
-        import tensorflow as tf
 
         from elastic_step.data.schema import Schema
         from elastic_step.model_def import load_model_definition
         from elastic_step.worker.parameters import ModelParameters
+        from elastic_step.worker.steps import Steps
 
         reply = self.master.call(
             "Register",
@@ -73,35 +76,21 @@ class Worker:
         )
         self.settings = reply.settings
         self.master.timeout_s = self.settings.master_timeout_s
+        self.local_steps = max(1, self.settings.local_steps)
         self.definition = load_model_definition(self.settings.model_def)
         self.schema = Schema.load(self.settings.data_dir)
-        # The same seed in every worker: the first to reach an empty PS gives the initial values.
+        # The same seed in every worker, as the final model is built on the master.
         keras.utils.set_random_seed(self.settings.seed)
         self.model = self.definition.build_model()
         self.metrics = self.definition.build_metrics()
         self.parameters = ModelParameters(self.model)
-        loss_fn = self.definition.loss
-        model, variables = self.model, self.parameters.variables
-
-        @tf.function(reduce_retracing=True)
-        def train_step(features, labels):
-            with tf.GradientTape() as tape:
-                outputs = model(features, training=True)
-                loss = loss_fn(labels, outputs)
-                if model.losses:
-                    loss += tf.add_n(model.losses)
-            return loss, tape.gradient(loss, variables)
-
-        @tf.function(reduce_retracing=True)
-        def eval_step(features, labels):
-            outputs = model(features, training=False)
-            return outputs, loss_fn(labels, outputs)
-
-        self._train_step, self._eval_step = train_step, eval_step
+        local_optimizer = self.definition.build_optimizer() if self.local_steps > 1 else None
+        self.steps = Steps(self.model, self.definition.loss, self.parameters, local_optimizer)
         self.connect_ps()
 
     def connect_ps(self) -> None:
-        """Waits for every PS shard, offers them this worker's parameters, and pulls theirs.
+        """Waits for every PS shard, and offers an empty one this worker's dense values and
+        the table rows it has pulled (a relaunched shard without a checkpoint).
 
         Retries with capped exponential backoff while a shard is away or empty, and raises
         :class:`PSUnavailableError` after the master timeout. A :class:`PSError` is raised at
@@ -115,15 +104,17 @@ class Worker:
             if reply.ready:
                 ps = PSClient(list(reply.addresses), self.credentials)
                 try:
-                    version = self.ps.model_version if self.ps else 0
-                    accepted = ps.initialize(
-                        self.parameters.dense_values(),
-                        self.parameters.table_specs(),
-                        self.parameters.table_values(),
-                        version,
-                        self.parameters.state_values(),
-                    )
-                    self.parameters.pull(ps)
+                    accepted = []
+                    if not all(ps.initialized()):
+                        accepted = ps.initialize(
+                            self.parameters.dense_values(),
+                            self.parameters.table_specs(),
+                            self.parameters.pulled_rows(),
+                            self.ps.model_version if self.ps else 0,
+                            self.parameters.state_values(),
+                        )
+                    if not all(ps.initialized()):  # refused: the shard waits for a pulled worker
+                        raise PSUnavailableError(accepted.index(False), "holds no parameters")
                 except PSUnavailableError as e:
                     ps.close()
                     if time.monotonic() > deadline:
@@ -224,66 +215,85 @@ class Worker:
         except FeedContractError as e:
             raise UserCodeError(str(e)) from e
 
-    def _refresh(self) -> None:
+    def _pull(self, ids: dict[str, np.ndarray], dense: bool) -> dict[str, np.ndarray]:
+        """Takes the dense values (if ``dense``) and the rows ``ids``, reconnecting while the
+        PS is away; returns the trainable dense values pulled (a window's base)."""
         while True:
             try:
-                self.parameters.pull(self.ps)
-                return
-            except PSUnavailableError as e:
-                log.warning("%s: %s; reconnecting", self.name, e)
-                self.connect_ps()
-
-    def train(self, task) -> None:
-        """Trains on the task's batches; each step's push overlaps the next step's compute.
-
-        Step k is computed on the parameters that push k-2 returned while push k-1 is on
-        the wire: one more step of staleness, which asynchronous updates accept, for about
-        max(compute, round trip) per step instead of their sum.
-        """
-        self._refresh()
-        in_flight = None
-        try:
-            for features, labels in self._batches(task, "train"):
-                try:
-                    _, grads = self._train_step(features, labels)
-                except Exception as e:
-                    raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
-                dense, rows = self.parameters.split_gradients(grads)
-                state = self.parameters.state_values()
-                if in_flight is not None:
-                    self._finish_push(*in_flight)
-                in_flight = (
-                    self._pusher.submit(self.ps.push, dense, rows, True, state),
-                    dense,
-                    rows,
-                    state,
-                )
-                self._batches_done += 1
-        finally:
-            if in_flight is not None:
-                self._finish_push(*in_flight)
-
-    def _finish_push(self, future, dense, rows, state) -> None:
-        """Waits for a push, pushing again after a reconnect, and takes the new values."""
-        while True:
-            try:
-                new_dense, new_rows = future.result()
+                values, rows = self.ps.pull(ids, dense)
                 break
             except PSUnavailableError as e:
                 log.warning("%s: %s; reconnecting", self.name, e)
                 self.connect_ps()
-                future = self._pusher.submit(self.ps.push, dense, rows, True, state)
-        self.parameters.assign_dense(new_dense)
-        self.parameters.assign_rows(new_rows)
+        self.parameters.assign(values, {n: (ids[n], rows[n]) for n in ids})
+        return {n: values[n] for n in self.parameters.dense if n in values}
+
+    def _window(self, batches) -> tuple[list, dict[str, np.ndarray]]:
+        """The next up to K batches of the task, and the row ids they read, by table."""
+        window, ids = [], {}
+        for features, labels in batches:
+            window.append((features, labels))
+            for name, batch_ids in self.parameters.batch_ids(features).items():
+                ids[name] = np.union1d(ids[name], batch_ids) if name in ids else batch_ids
+            if len(window) == self.local_steps:
+                break
+        return window, ids
+
+    def train(self, task) -> None:
+        """Trains on the task's batches, a window of up to K steps per round trip."""
+        batches = self._batches(task, "train")
+        window, ids = self._window(batches)
+        if not window:
+            return
+        base = self._pull(ids, dense=True)
+        while window:
+            dense, rows = self._run_window(window, base, ids)
+            window, ids = self._window(batches)
+            base = self._push(dense, rows, ids, dense_too=bool(window))
+
+    def _run_window(self, window: list, base: dict, ids: dict) -> tuple[dict, Rows]:
+        """Runs the window's steps; its update: the gradients (K = 1) or the negated change of
+        the worker's copy since ``base`` and the rows pulled for ``ids`` (K > 1)."""
+        try:
+            if self.local_steps == 1:
+                ((features, labels),) = window
+                dense, rows = self.steps.gradients(features, labels)
+                self._batches_done += 1
+                return dense, rows
+            base_rows = {n: self.parameters.gather(n, i) for n, i in ids.items()}
+            for features, labels in window:
+                self.steps.local(features, labels)
+                self._batches_done += 1
+        except Exception as e:
+            raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
+        dense = {n: base[n] - v.numpy() for n, v in self.parameters.dense.items()}
+        rows = {n: (i, base_rows[n] - self.parameters.gather(n, i)) for n, i in ids.items()}
+        return dense, rows
+
+    def _push(self, dense: dict, rows: Rows, ids: dict, dense_too: bool) -> dict:
+        """Pushes a window's update and takes the next window's values, pushing again after a
+        reconnect; returns the trainable dense values taken (the next window's base)."""
+        state = self.parameters.state_values()
+        while True:
+            try:
+                values, pulled = self.ps.push(dense, rows, state, ids, dense_too)
+                break
+            except PSUnavailableError as e:
+                log.warning("%s: %s; reconnecting", self.name, e)
+                self.connect_ps()
+        self.parameters.assign(values, {n: (ids[n], pulled[n]) for n in ids})
+        return values
 
     def evaluate(self, task, report: master_pb2.ReportTaskRequest) -> None:
-        self._refresh()
         for metric in self.metrics.values():
             metric.reset_state()
         loss_sum, count = 0.0, 0
         for features, labels in self._batches(task, "evaluate"):
+            ids = self.parameters.batch_ids(features)
+            if count == 0 or ids:
+                self._pull(ids, dense=count == 0)
             try:
-                outputs, loss = self._eval_step(features, labels)
+                outputs, loss = self.steps.evaluate(features, labels)
                 for metric in self.metrics.values():
                     metric.update_state(labels, outputs)
             except Exception as e:
