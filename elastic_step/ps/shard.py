@@ -195,10 +195,10 @@ class ParameterShard:
         try:
             # The rate before the dense step advances a schedule's iteration count.
             lr = float(self._optimizer.learning_rate)
-            for name, (local, grads) in rows.items():
+            for name, (local, row_grads) in rows.items():
                 table = self.tables[name]
                 values = table.values[local]
-                table.optimizer.apply(values, local, grads, lr)
+                table.optimizer.apply(values, local, row_grads, lr)
                 table.values[local] = values
             if grads:
                 apply = self._apply_functions.get(names)

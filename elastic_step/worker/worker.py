@@ -1,13 +1,7 @@
 """The worker process: asks the master for tasks and runs them.
 
-A training task reads its record range and trains on it in windows of up to K batches
-(``--local-steps K``). Before a window the worker holds the PS's dense values and the table
-rows of the window's ids. With K = 1 it computes the batch's gradients and pushes them; the
-PS applies its optimizer. With K > 1 it runs K steps of its own optimizer on its copy and
-pushes the change (negated: a pseudo-gradient), which the PS applies with the outer optimizer.
-Each push also answers the next window's values: one round trip per window. A window never
-spans tasks: a task is reported only after its last push, so a worker that dies loses at most
-one window, and its task is re-queued. An evaluation task reports the loss and the metrics'
+A training task's batches run in windows of ``--local-steps`` steps against the PS (see
+:mod:`elastic_step.worker.windows`). An evaluation task reports the loss and the metrics'
 states, not predictions.
 
 An error in the user's code fails the task (the master retries it elsewhere, up to its
@@ -32,9 +26,10 @@ from elastic_step.rpc.master_client import (
     MasterRejectedError,
     MasterUnreachableError,
 )
-from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, Rows
+from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError
 from elastic_step.rpc.tensors import to_proto
 from elastic_step.tf_runtime import configure_threads
+from elastic_step.worker.windows import UserCodeError, WindowTrainer
 
 log = logging.getLogger("elastic_step.worker")
 
@@ -42,10 +37,6 @@ HEARTBEAT_S = 2.0
 # Waiting for the PS to come back: the first retry is quick, later ones back off to the cap.
 PS_RETRY_FIRST_S = 0.25
 PS_RETRY_MAX_S = 2.0
-
-
-class UserCodeError(Exception):
-    """The model definition's code failed while running a task."""
 
 
 class Worker:
@@ -85,8 +76,14 @@ class Worker:
         self.metrics = self.definition.build_metrics()
         self.parameters = ModelParameters(self.model)
         local_optimizer = self.definition.build_optimizer() if self.local_steps > 1 else None
-        self.steps = Steps(self.model, self.definition.loss, self.parameters, local_optimizer)
+        steps = Steps(self.model, self.definition.loss, self.parameters, local_optimizer)
+        self.trainer = WindowTrainer(
+            self.parameters, steps, self.local_steps, self, on_step=self._count_batch
+        )
         self.connect_ps()
+
+    def _count_batch(self) -> None:
+        self._batches_done += 1
 
     def connect_ps(self) -> None:
         """Waits for every PS shard, and offers an empty one this worker's dense values and
@@ -215,85 +212,16 @@ class Worker:
         except FeedContractError as e:
             raise UserCodeError(str(e)) from e
 
-    def _pull(self, ids: dict[str, np.ndarray], dense: bool) -> dict[str, np.ndarray]:
-        """Takes the dense values (if ``dense``) and the rows ``ids``, reconnecting while the
-        PS is away; returns the trainable dense values pulled (a window's base)."""
-        while True:
-            try:
-                values, rows = self.ps.pull(ids, dense)
-                break
-            except PSUnavailableError as e:
-                log.warning("%s: %s; reconnecting", self.name, e)
-                self.connect_ps()
-        self.parameters.assign(values, {n: (ids[n], rows[n]) for n in ids})
-        return {n: values[n] for n in self.parameters.dense if n in values}
-
-    def _window(self, batches) -> tuple[list, dict[str, np.ndarray]]:
-        """The next up to K batches of the task, and the row ids they read, by table."""
-        window, ids = [], {}
-        for features, labels in batches:
-            window.append((features, labels))
-            for name, batch_ids in self.parameters.batch_ids(features).items():
-                ids[name] = np.union1d(ids[name], batch_ids) if name in ids else batch_ids
-            if len(window) == self.local_steps:
-                break
-        return window, ids
-
     def train(self, task) -> None:
-        """Trains on the task's batches, a window of up to K steps per round trip."""
-        batches = self._batches(task, "train")
-        window, ids = self._window(batches)
-        if not window:
-            return
-        base = self._pull(ids, dense=True)
-        while window:
-            dense, rows = self._run_window(window, base, ids)
-            window, ids = self._window(batches)
-            base = self._push(dense, rows, ids, dense_too=bool(window))
-
-    def _run_window(self, window: list, base: dict, ids: dict) -> tuple[dict, Rows]:
-        """Runs the window's steps; its update: the gradients (K = 1) or the negated change of
-        the worker's copy since ``base`` and the rows pulled for ``ids`` (K > 1)."""
-        try:
-            if self.local_steps == 1:
-                ((features, labels),) = window
-                dense, rows = self.steps.gradients(features, labels)
-                self._batches_done += 1
-                return dense, rows
-            base_rows = {n: self.parameters.gather(n, i) for n, i in ids.items()}
-            for features, labels in window:
-                self.steps.local(features, labels)
-                self._batches_done += 1
-        except Exception as e:
-            raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
-        dense = {n: base[n] - v.numpy() for n, v in self.parameters.dense.items()}
-        rows = {n: (i, base_rows[n] - self.parameters.gather(n, i)) for n, i in ids.items()}
-        return dense, rows
-
-    def _push(self, dense: dict, rows: Rows, ids: dict, dense_too: bool) -> dict:
-        """Pushes a window's update and takes the next window's values, pushing again after a
-        reconnect; returns the trainable dense values taken (the next window's base)."""
-        state = self.parameters.state_values()
-        while True:
-            try:
-                values, pulled = self.ps.push(dense, rows, state, ids, dense_too)
-                break
-            except PSUnavailableError as e:
-                log.warning("%s: %s; reconnecting", self.name, e)
-                self.connect_ps()
-        self.parameters.assign(values, {n: (ids[n], pulled[n]) for n in ids})
-        return values
+        self.trainer.train(self._batches(task, "train"))
 
     def evaluate(self, task, report: master_pb2.ReportTaskRequest) -> None:
         for metric in self.metrics.values():
             metric.reset_state()
         loss_sum, count = 0.0, 0
-        for features, labels in self._batches(task, "evaluate"):
-            ids = self.parameters.batch_ids(features)
-            if count == 0 or ids:
-                self._pull(ids, dense=count == 0)
+        for features, labels in self.trainer.evaluation_batches(self._batches(task, "evaluate")):
             try:
-                outputs, loss = self.steps.evaluate(features, labels)
+                outputs, loss = self.trainer.steps.evaluate(features, labels)
                 for metric in self.metrics.values():
                     metric.update_state(labels, outputs)
             except Exception as e:

@@ -1,0 +1,141 @@
+"""A worker's training and evaluation against the PS, one window of up to K steps at a time.
+
+Before a window the worker holds the PS's dense values and the table rows of the window's
+ids (found by :meth:`ModelParameters.batch_ids`). With K = 1 it computes the batch's
+gradients and pushes them; the PS applies its optimizer. With K > 1 it runs K steps of its
+own optimizer on its copy and pushes the change, negated (a pseudo-gradient), which the PS
+applies with the outer optimizer. Each push also carries the next window's ids and is
+answered with its values: one round trip per shard per window. A window never spans tasks,
+so a task is reported only after its last push: a worker that dies loses at most one
+window, and its task is re-queued.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+import numpy as np
+
+from elastic_step.rpc.ps_client import PSClient, PSUnavailableError, Rows
+from elastic_step.worker.parameters import ModelParameters
+from elastic_step.worker.steps import Steps
+
+log = logging.getLogger("elastic_step.worker")
+
+
+class UserCodeError(Exception):
+    """The model definition's code failed while running a task."""
+
+
+class PSConnection(Protocol):
+    """The worker's current PS client, and how to get a new one when the PS moves."""
+
+    ps: PSClient
+
+    def connect_ps(self) -> None: ...
+
+
+class WindowTrainer:
+    def __init__(
+        self,
+        parameters: ModelParameters,
+        steps: Steps,
+        local_steps: int,
+        connection: PSConnection,
+        on_step: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.parameters = parameters
+        self.steps = steps
+        self.local_steps = local_steps
+        self._connection = connection
+        self._on_step = on_step
+
+    def train(self, batches: Iterable[tuple]) -> None:
+        """Trains on ``batches`` (a task's), a window of up to K steps per round trip."""
+        batches = iter(batches)
+        window, ids = self._window(batches)
+        if not window:
+            return
+        base = self._pull(ids, dense=True)
+        while window:
+            dense, rows = self._run_window(window, base, ids)
+            window, next_ids = self._window(batches)
+            base = self._push(dense, rows, next_ids, dense_too=bool(window))
+            ids = next_ids
+
+    def evaluation_batches(self, batches: Iterable[tuple]) -> Iterator[tuple]:
+        """Yields ``batches`` each once the worker holds the values it reads."""
+        first = True
+        for features, labels in batches:
+            ids = self._ids(features)
+            if first or ids:
+                self._pull(ids, dense=first)
+            first = False
+            yield features, labels
+
+    # -- internals --
+
+    def _ids(self, features) -> dict[str, np.ndarray]:
+        try:
+            return self.parameters.batch_ids(features)
+        except Exception as e:
+            raise UserCodeError(f"the model failed: {type(e).__name__}: {e}") from e
+
+    def _window(self, batches: Iterator[tuple]) -> tuple[list, dict[str, np.ndarray]]:
+        """The next up to K batches, and the row ids they read by table (sorted, unique)."""
+        window, ids = [], {}
+        for features, labels in batches:
+            window.append((features, labels))
+            for name, batch_ids in self._ids(features).items():
+                ids[name] = np.union1d(ids[name], batch_ids) if name in ids else batch_ids
+            if len(window) == self.local_steps:
+                break
+        return window, ids
+
+    def _run_window(self, window: list, base: dict, ids: dict) -> tuple[dict, Rows]:
+        """Runs the window's steps; its update: the gradients (K = 1), or the negated change
+        of the worker's copy since ``base`` and the rows pulled for ``ids`` (K > 1)."""
+        try:
+            if self.local_steps == 1:
+                ((features, labels),) = window
+                dense, rows = self.steps.gradients(features, labels)
+                self._on_step()
+                return dense, rows
+            base_rows = {n: self.parameters.gather(n, i) for n, i in ids.items()}
+            for features, labels in window:
+                self.steps.local(features, labels)
+                self._on_step()
+        except Exception as e:
+            raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
+        dense = {n: base[n] - v.numpy() for n, v in self.parameters.dense.items()}
+        rows = {n: (i, base_rows[n] - self.parameters.gather(n, i)) for n, i in ids.items()}
+        return dense, rows
+
+    def _pull(self, ids: dict[str, np.ndarray], dense: bool) -> dict[str, np.ndarray]:
+        """Takes the dense values (if ``dense``) and the rows ``ids``, reconnecting while the
+        PS is away; returns the trainable dense values pulled (a window's base)."""
+        while True:
+            try:
+                values, rows = self._connection.ps.pull(ids, dense)
+                break
+            except PSUnavailableError as e:
+                log.warning("%s; reconnecting", e)
+                self._connection.connect_ps()
+        self.parameters.assign(values, {n: (ids[n], rows[n]) for n in ids})
+        return {n: values[n] for n in self.parameters.dense if n in values}
+
+    def _push(self, dense: dict, rows: Rows, ids: dict, dense_too: bool) -> dict:
+        """Pushes a window's update and takes the next window's values, pushing again after a
+        reconnect; returns the trainable dense values taken (the next window's base)."""
+        state = self.parameters.state_values()
+        while True:
+            try:
+                values, pulled = self._connection.ps.push(dense, rows, state, ids, dense_too)
+                break
+            except PSUnavailableError as e:
+                log.warning("%s; reconnecting", e)
+                self._connection.connect_ps()
+        self.parameters.assign(values, {n: (ids[n], pulled[n]) for n in ids})
+        return values
