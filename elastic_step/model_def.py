@@ -136,7 +136,10 @@ def check_model_definition(definition: ModelDefinition, schema, records: list[by
     from elastic_step.data.feed import make_dataset
 
     model = definition.build_model()
-    definition.build_optimizer()
+    from elastic_step.worker.parameters import table_optimizer_problem
+
+    if problem := table_optimizer_problem(model, definition.build_optimizer()):
+        raise ModelDefinitionError(definition.path, problem)
     definition.build_metrics()
     try:
         dataset = make_dataset(

@@ -25,6 +25,19 @@ def embedding_layers(model) -> list:
     return [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.Embedding)]
 
 
+def table_optimizer_problem(model, optimizer) -> str | None:
+    """Why ``optimizer`` cannot update ``model``'s embedding tables row by row, or None."""
+    from elastic_step.ps.row_optimizer import UnsupportedOptimizerError, check_optimizer
+
+    if not embedding_layers(model):
+        return None
+    try:
+        check_optimizer(optimizer)
+    except UnsupportedOptimizerError as e:
+        return str(e)
+    return None
+
+
 class ModelParameters:
     def __init__(self, model) -> None:
         self._model = model
