@@ -50,6 +50,7 @@ class Worker:
         #: The lease of the task in hand and the batches finished on it, for heartbeats.
         self._lease_id = 0
         self._batches_done = 0
+        self.steps_trained = 0
 
     # -- setup --
 
@@ -84,6 +85,7 @@ class Worker:
 
     def _count_batch(self) -> None:
         self._batches_done += 1
+        self.steps_trained += 1
 
     def connect_ps(self) -> None:
         """Waits for every PS shard, and offers an empty one this worker's dense values and
@@ -143,7 +145,16 @@ class Worker:
         while True:
             task = self.master.call("GetTask", master_pb2.GetTaskRequest(worker=self.name))
             if task.kind == master_pb2.Task.FINISHED:
-                log.info("%s: the job is finished; exiting", self.name)
+                traffic = self.ps.traffic
+                log.info(
+                    "%s: the job is finished; exiting. PS traffic: %d training steps, %d calls, "
+                    "%d bytes sent, %d bytes received",
+                    self.name,
+                    self.steps_trained,
+                    traffic.calls,
+                    traffic.sent,
+                    traffic.received,
+                )
                 for stream in self._streams.values():
                     stream.close()
                 self.finished.set()
