@@ -369,9 +369,11 @@ def pss_child(args, data_dir: str, out: str) -> None:
     steps_per_epoch = math.ceil(records / args.batch_size)
     definition = load_model_definition(MODEL_DEF)
     keras.utils.set_random_seed(args.seed)
+    # The module's own functions: build_model() clears Keras's session, which would take the
+    # strategy's scope with it.
     with strategy.scope():
-        model = definition.build_model()
-        optimizer = definition.build_optimizer()
+        model = definition.module.model()
+        optimizer = definition.module.optimizer()
     loss_fn = definition.loss
 
     def dataset_fn(context=None):
@@ -405,8 +407,9 @@ def pss_child(args, data_dir: str, out: str) -> None:
     # The steps after the warm-up; the epochs' last batches are partial.
     examples = records * args.epochs - warmup * args.batch_size
     # The trained values, read from the PS into a local model, evaluated like the others'.
+    weights = [variable.numpy() for variable in model.weights]
     local = definition.build_model()
-    local.set_weights([variable.numpy() for variable in model.weights])
+    local.set_weights(weights)
     result = {
         "examples_per_second": examples / (ended - measured_from),
         "train_wall_s": round(ended - started, 2),

@@ -5,7 +5,9 @@ ids (found by :meth:`ModelParameters.batch_ids`). With K = 1 it computes the bat
 gradients and pushes them; the PS applies its optimizer. With K > 1 it runs K steps of its
 own optimizer on its copy and pushes the change, negated (a pseudo-gradient), which the PS
 applies with the outer optimizer. Each push also carries the next window's ids and is
-answered with its values: one round trip per shard per window. A window never spans tasks,
+answered with the dense values and the rows of those ids: one round trip per shard per
+window. A task's first window pulls only its rows (nothing for a model without tables): the
+dense values came with the last push. A window never spans tasks,
 so a task is reported only after its last push: a worker that dies loses at most one
 window, and its task is re-queued.
 """
@@ -51,6 +53,9 @@ class WindowTrainer:
         self.local_steps = local_steps
         self._connection = connection
         self._on_step = on_step
+        #: The trainable dense values last taken from the PS (what the copy's change is
+        #: measured from with K > 1); None before the first pull.
+        self._base: dict[str, np.ndarray] | None = None
 
     def train(self, batches: Iterable[tuple]) -> None:
         """Trains on ``batches`` (a task's), a window of up to K steps per round trip."""
@@ -58,11 +63,12 @@ class WindowTrainer:
         window, ids = self._window(batches)
         if not window:
             return
-        base = self._pull(ids, dense=True)
+        if self._base is None or ids:
+            self._pull(ids, dense=self._base is None)
         while window:
-            dense, rows = self._run_window(window, base, ids)
+            dense, rows = self._run_window(window, ids)
             window, next_ids = self._window(batches)
-            base = self._push(dense, rows, next_ids, dense_too=bool(window))
+            self._push(dense, rows, next_ids)
             ids = next_ids
 
     def evaluation_batches(self, batches: Iterable[tuple]) -> Iterator[tuple]:
@@ -94,9 +100,9 @@ class WindowTrainer:
                 break
         return window, ids
 
-    def _run_window(self, window: list, base: dict, ids: dict) -> tuple[dict, Rows]:
+    def _run_window(self, window: list, ids: dict) -> tuple[dict, Rows]:
         """Runs the window's steps; its update: the gradients (K = 1), or the negated change
-        of the worker's copy since ``base`` and the rows pulled for ``ids`` (K > 1)."""
+        of the worker's copy since the values last pulled (K > 1)."""
         try:
             if self.local_steps == 1:
                 ((features, labels),) = window
@@ -109,13 +115,13 @@ class WindowTrainer:
                 self._on_step()
         except Exception as e:
             raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
-        dense = {n: base[n] - v.numpy() for n, v in self.parameters.dense.items()}
+        dense = {n: self._base[n] - v.numpy() for n, v in self.parameters.dense.items()}
         rows = {n: (i, base_rows[n] - self.parameters.gather(n, i)) for n, i in ids.items()}
         return dense, rows
 
-    def _pull(self, ids: dict[str, np.ndarray], dense: bool) -> dict[str, np.ndarray]:
+    def _pull(self, ids: dict[str, np.ndarray], dense: bool) -> None:
         """Takes the dense values (if ``dense``) and the rows ``ids``, reconnecting while the
-        PS is away; returns the trainable dense values pulled (a window's base)."""
+        PS is away."""
         while True:
             try:
                 values, rows = self._connection.ps.pull(ids, dense)
@@ -123,19 +129,22 @@ class WindowTrainer:
             except PSUnavailableError as e:
                 log.warning("%s; reconnecting", e)
                 self._connection.connect_ps()
-        self.parameters.assign(values, {n: (ids[n], rows[n]) for n in ids})
-        return {n: values[n] for n in self.parameters.dense if n in values}
+        self._take(values, ids, rows)
 
-    def _push(self, dense: dict, rows: Rows, ids: dict, dense_too: bool) -> dict:
-        """Pushes a window's update and takes the next window's values, pushing again after a
-        reconnect; returns the trainable dense values taken (the next window's base)."""
+    def _push(self, dense: dict, rows: Rows, ids: dict) -> None:
+        """Pushes a window's update and takes the dense values and the next window's rows,
+        pushing again after a reconnect."""
         state = self.parameters.state_values()
         while True:
             try:
-                values, pulled = self._connection.ps.push(dense, rows, state, ids, dense_too)
+                values, pulled = self._connection.ps.push(dense, rows, state, ids)
                 break
             except PSUnavailableError as e:
                 log.warning("%s; reconnecting", e)
                 self._connection.connect_ps()
-        self.parameters.assign(values, {n: (ids[n], pulled[n]) for n in ids})
-        return values
+        self._take(values, ids, pulled)
+
+    def _take(self, values: dict, ids: dict, rows: dict) -> None:
+        self.parameters.assign(values, {n: (ids[n], rows[n]) for n in ids})
+        if values:
+            self._base = {n: values[n] for n in self.parameters.dense}

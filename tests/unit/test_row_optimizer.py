@@ -109,3 +109,20 @@ def test_outer_average_adds_the_change() -> None:
     np.testing.assert_allclose(dense["w"], 1 + change, rtol=1e-6)
     with pytest.raises(ValueError, match="one of average, nesterov, got 'adam'"):
         build_outer_optimizer("adam")
+
+
+def test_the_model_check_names_an_optimizer_tables_cannot_use() -> None:
+    from elastic_step.worker.parameters import table_optimizer_problem
+
+    keras.backend.clear_session()
+    ids = keras.Input(shape=(), dtype="int64")
+    with_table = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Embedding(5, 2)(ids)))
+    inputs = keras.Input((2,))
+    without = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    problem = table_optimizer_problem(with_table, keras.optimizers.Nadam())
+    assert problem == (
+        "embedding tables are updated row by row with SGD, Adam or Adagrad; the model's "
+        "optimizer is Nadam"
+    )
+    assert table_optimizer_problem(with_table, keras.optimizers.Adam()) is None
+    assert table_optimizer_problem(without, keras.optimizers.Nadam()) is None
