@@ -19,7 +19,7 @@ MAX_JOB_NAME = 40
 JOB_NAME = re.compile(rf"[a-z]([-a-z0-9]{{0,{MAX_JOB_NAME - 2}}}[a-z0-9])?")
 
 #: Chosen from bench/throughput.py's measurements (bench/README.md).
-DEFAULT_LOCAL_STEPS = 1
+DEFAULT_LOCAL_STEPS = 16
 
 #: The settings that define what a job computes, by field and flag.
 FIXED_SETTINGS = {
