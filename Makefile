@@ -6,7 +6,7 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
 .PHONY: setup browser demo test test-unit test-e2e test-k8s cluster lint format proto clean \
-	bench bench-throughput bench-master bench-goodput
+	components bench bench-throughput bench-master bench-goodput bench-preprocess bench-k8s
 
 setup: $(STAMP)
 
@@ -57,8 +57,12 @@ format: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python elastic_step/rpc/generate.py
 
+# The committed KFP and Argo YAML under components/ and pipelines/, from their Python.
+components: $(STAMP)
+	$(BIN)/python -m elastic_step.components.render
+
 # Benchmarks print their figures (see bench/README.md); none fails on a missed target.
-bench: bench-throughput bench-master bench-goodput
+bench: bench-throughput bench-master bench-goodput bench-preprocess
 
 bench-throughput: $(STAMP)
 	$(BIN)/python bench/throughput.py
@@ -68,6 +72,12 @@ bench-master: $(STAMP)
 
 bench-goodput: $(STAMP)
 	$(BIN)/python bench/goodput.py
+
+# Kept out of `make bench`: like test-k8s, it needs Go for the test control plane.
+bench-k8s: $(STAMP) cluster
+	GO=$(GO) $(BIN)/python bench/k8s_recovery.py
+bench-preprocess: $(STAMP)
+	$(BIN)/python bench/preprocess.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -41,9 +41,19 @@ def _add_preprocess(commands) -> None:
         "preprocess",
         help="turn a CSV file into sharded TFRecord data with a schema",
         description="Reads a CSV file with a header row and writes DIR/train/, "
-        "DIR/validation/ (TFRecord shards with offset indexes) and DIR/schema.json.",
+        "DIR/validation/ (TFRecord shards with offset indexes) and DIR/schema.json. "
+        "Column types come from the first 100 rows: a column whose values there are all "
+        "numbers is numeric; one with more than half numbers but not all is an error (a "
+        "stray word in a numeric column), unless --categorical names it; any other is "
+        "categorical. A categorical column with nearly as many values as rows is reported as "
+        "probably an id column. The file is streamed: memory stays bounded at any size.",
     )
-    p.add_argument("--input", required=True, metavar="CSV", help="the CSV file (path or URI)")
+    p.add_argument(
+        "--input",
+        required=True,
+        metavar="CSV",
+        help="the CSV file: a path or URI (s3://, gs://, ...); .gz for gzip",
+    )
     p.add_argument("--label", required=True, metavar="COLUMN", help="the label column")
     p.add_argument("--output", required=True, metavar="DIR", help="where to write the data")
     p.add_argument(
@@ -70,6 +80,19 @@ def _add_preprocess(commands) -> None:
         choices=["auto", "class", "numeric"],
         default="auto",
         help="auto: integer labels with at most 50 values, and text labels, are classes",
+    )
+    p.add_argument(
+        "--fill-missing",
+        metavar="mean|zero|VALUE",
+        default=None,
+        help="allow empty values in numeric columns and read them as the train split's mean, "
+        "0, or VALUE (recorded in schema.json; default: an empty numeric value is an error)",
+    )
+    p.add_argument(
+        "--one-hot",
+        action="store_true",
+        help="the default feed gives categorical columns as one-hot vectors (vocabulary "
+        "size + 1 floats) instead of vocabulary ids",
     )
 
 
@@ -213,6 +236,30 @@ def _add_train(commands) -> None:
         "--backend kubernetes, which keeps the state on the cluster)",
     )
     p.add_argument(
+        "--early-stopping",
+        metavar="METRIC[:PATIENCE[:min|max]]",
+        default=None,
+        help="end training after the epoch under way once PATIENCE evaluation rounds in a "
+        "row (default 2) have not beaten the best; METRIC is loss or a name from the model "
+        "definition's metrics(); min or max says which way is better (default: max for "
+        "names with acc, auc, precision, recall or f1, else min)",
+    )
+    p.add_argument(
+        "--keep-best",
+        metavar="METRIC[:min|max]",
+        default=None,
+        help="save the model of the best evaluation round instead of the last; each round "
+        "then runs with training paused, so that it measures one model",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=_int,
+        metavar="N",
+        default=None,
+        help="serve Prometheus metrics at http://HOST:N/metrics, where HOST is where the "
+        "master listens (0: any free port, named in status.json; default: no endpoint)",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="with --backend kubernetes: print, as YAML, every object the master would create "
@@ -289,6 +336,8 @@ def _run(args: argparse.Namespace) -> int:
             seed=args.seed,
             categorical=[c.strip() for c in args.categorical.split(",") if c.strip()],
             label_kind=args.label_type,
+            fill_missing=args.fill_missing,
+            one_hot=args.one_hot,
             progress=log.info,
         )
         return 0
@@ -323,6 +372,9 @@ def _run(args: argparse.Namespace) -> int:
             port=args.port,
             job_name=args.job_name,
             state_dir=args.state_dir,
+            early_stopping=args.early_stopping,
+            keep_best=args.keep_best,
+            metrics_port=args.metrics_port,
         )
         backend_options = _backend_options(args)
         if args.dry_run:
@@ -375,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return ps_main(argv[1:])
     args = build_parser().parse_args(argv)
-    if args.command != "status" and not args.verbose:
+    # preprocess needs no TensorFlow: without it, its memory is the data's alone.
+    if args.command not in ("status", "preprocess") and not args.verbose:
         import_tensorflow_quietly()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -385,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except ElasticStepError as e:
+        log.debug("the error's traceback:", exc_info=e)
         print(f"elastic-step: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

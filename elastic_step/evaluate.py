@@ -30,6 +30,7 @@ def evaluate(
     import keras
 
     from elastic_step.data.feed import make_dataset
+    from elastic_step.keras_parts import build_compiled_optimizer
 
     paths = OutputLayout(model_dir)
     for path in (paths.model_file, paths.model_def):
@@ -44,12 +45,13 @@ def evaluate(
     total = sum(records for _, records in shards)
     if total == 0:
         raise InputError(f"{data_dir}: the {split} split holds no records")
-    definition = load_model_definition(paths.model_def)
+    definition = load_model_definition(paths.model_def, schema)
     model = definition.build_model()
     scratch = storage.local_temp_dir()
     local_model = f"{scratch}/{MODEL_FILE}"
     with open(local_model, "wb") as f:
         f.write(storage.read_bytes(paths.model_file))
+    build_compiled_optimizer(model)  # as saved
     model.load_weights(local_model)
     metrics = definition.build_metrics()
     loss_sum, count = 0.0, 0

@@ -57,6 +57,15 @@ class OutputLayout:
         """The backend's own records and the instances' logs."""
         return self._join("backend")
 
+    @property
+    def tensorboard_dir(self) -> str:
+        """The master's TensorBoard event files."""
+        return self._join("tensorboard")
+
+    def best_model_weights(self, round_id: int) -> str:
+        """The weights of evaluation round ``round_id``'s model, kept by ``--keep-best``."""
+        return self._join("checkpoints", "best-model", f"round-{round_id:06d}.npz")
+
     def checkpoint_dir(self, shard: int, num_ps: int) -> str:
         """PS shard ``shard``'s checkpoints."""
         return self._join("checkpoints", f"ps-{shard}-of-{num_ps}")

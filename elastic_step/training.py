@@ -28,9 +28,9 @@ def train(config: TrainConfig, backend_options: object = None) -> int:
     shards = schema.shard_paths(config.data, "train")
     if not shards or not any(records for _, records in shards):
         raise InputError(f"{config.data}: the train split holds no records")
-    definition = load_model_definition(config.model_def)
+    definition = load_model_definition(config.model_def, schema)
     shard, records = next((s, r) for s, r in shards if r)
-    check_model_definition(definition, schema, read_records(shard, 0, min(SAMPLE_RECORDS, records)))
+    check_model_definition(definition, read_records(shard, 0, min(SAMPLE_RECORDS, records)))
     log.info("model definition %s checked on %d sample records", config.model_def, SAMPLE_RECORDS)
     return Job(config, schema, definition, backend_options=backend_options).run()
 

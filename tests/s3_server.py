@@ -74,5 +74,9 @@ class S3Server:
         pages = self._s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
         return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
 
+    def read(self, bucket: str, key: str) -> bytes:
+        """One object's bytes, read with boto3 itself."""
+        return self._s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
     def stop(self) -> None:
         self._server.stop()

@@ -2,11 +2,22 @@
 
 A *feed* is a function ``feed(dataset, mode, schema) -> tf.data.Dataset`` whose input yields
 batches of serialized ``tf.train.Example`` records (1-D ``tf.string`` tensors) and whose output
-yields what the model trains on. The default feed returns ``(features, labels)`` where
-``features`` maps each column name to a ``[batch]`` tensor: numeric columns standardized
-``(x - mean) / std`` as float32, categorical columns as int64 vocabulary ids (unknown values
-map to the out-of-vocabulary id ``V``). Labels are float32 ``[batch]`` for a numeric label and
-int64 class ids ``[batch]`` for a class label.
+yields what the model trains on. The default feed returns ``(features, labels)``:
+
+- numeric columns standardized ``(x - mean) / std`` as float32, an absent value read as the
+  column's ``fill`` first;
+- categorical columns as int64 vocabulary ids (unknown values map to the out-of-vocabulary id
+  ``V``), or with ``Schema.one_hot`` as float32 one-hot vectors of ``V + 1``;
+- labels: float32 ``[batch]`` for a numeric label, int64 class ids ``[batch]`` for a class
+  label.
+
+It gives the features in one of two forms (:class:`InputForm`), the one the model takes:
+
+- *columns*: a dict from each column's input name to its ``[batch]`` tensor (``[batch, V+1]``
+  one-hot), for a model with one named ``keras.Input`` per column;
+- *vector*: one float32 ``[batch, width]`` tensor, the columns side by side in schema order
+  (an id as one float, a one-hot vector as ``V + 1``), for a model with one
+  ``keras.Input(shape=(width,))``, such as a plain ``keras.Sequential``.
 """
 
 from __future__ import annotations
@@ -19,12 +30,48 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from elastic_step.data.schema import Schema
+from elastic_step.data.schema import Column, Schema
+from elastic_step.errors import InputError
 
 MODES = ("train", "evaluate", "predict")
 MISSING_CLASS_ID = -1  # class id of a record with no (or an unknown) label
 
 Feed = Callable[[tf.data.Dataset, str, Schema], tf.data.Dataset]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InputForm:
+    """The form of the default feed's features: a dict of columns, or one ``vector`` whose
+    ``width`` (when known) must match the schema's."""
+
+    vector: bool = False
+    width: int | None = None
+
+
+COLUMNS = InputForm()
+
+
+def input_form(model) -> InputForm:
+    """The form that the Keras ``model`` takes: a vector when it has exactly one input of
+    shape ``(batch, n)``, or is a ``Sequential`` not built yet; else columns."""
+    import keras
+
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):  # a subclassed model, or a Sequential without Input
+        inputs = None
+    if not inputs:
+        return InputForm(vector=isinstance(model, keras.Sequential))
+    if len(inputs) == 1 and len(inputs[0].shape) == 2:
+        return InputForm(vector=True, width=inputs[0].shape[1])
+    return COLUMNS
+
+
+def vector_width(schema: Schema) -> int:
+    """Floats per example in the vector form of ``schema``'s features."""
+    return sum(
+        c.num_ids if c.kind == "categorical" and schema.one_hot else 1 for c in schema.columns
+    )
 
 
 def check_mode(mode: str) -> None:
@@ -41,19 +88,36 @@ def _lookup_table(keys: list[str], default: int) -> tf.lookup.StaticHashTable:
     return tf.lookup.StaticHashTable(init, default_value=tf.constant(default, dtype=tf.int64))
 
 
+def _check_width(schema: Schema, form: InputForm) -> None:
+    width = vector_width(schema)
+    if form.width is None or form.width == width:
+        return
+    categorical = sum(c.kind == "categorical" for c in schema.columns)
+    each = "its vocabulary size + 1 (--one-hot)" if schema.one_hot else "one id"
+    raise InputError(
+        f"the model's input takes vectors of {form.width} values, but the default feed makes "
+        f"{width} per record: {len(schema.columns) - categorical} numeric columns and "
+        f"{categorical} categorical ones ({each} each); give keras.Input(shape=({width},))"
+    )
+
+
 class DefaultFeed:
-    """The default feed for one schema; it builds its lookup tables once.
+    """The default feed for one schema and input form; it builds its lookup tables once.
 
     In ``predict`` mode the label may be absent from the records; it is still returned, as
     class id -1 (class label) or NaN (numeric label) for records without one, so the element
     structure is ``(features, labels)`` in every mode (Keras ``predict`` ignores the labels).
     """
 
-    def __init__(self, schema: Schema) -> None:
+    def __init__(self, schema: Schema, form: InputForm = COLUMNS) -> None:
+        if form.vector:
+            _check_width(schema, form)
         # Copies, not the schema itself: the cache below must not keep a schema alive.
         self.columns = [dataclasses.replace(c) for c in schema.columns]
         self.label = schema.label
         self.label_kind = schema.label_kind
+        self.one_hot = schema.one_hot
+        self.form = form
         self._tables: dict[str, tf.lookup.StaticHashTable] = {}
         for column in self.columns:
             if column.kind == "categorical":
@@ -69,8 +133,10 @@ class DefaultFeed:
     def _spec(self, mode: str) -> dict[str, tf.io.FixedLenFeature]:
         spec = {}
         for column in self.columns:
-            dtype = tf.float32 if column.kind == "numeric" else tf.string
-            spec[column.name] = tf.io.FixedLenFeature([], dtype)
+            if column.kind == "numeric":
+                spec[column.name] = tf.io.FixedLenFeature([], tf.float32, column.fill)
+            else:
+                spec[column.name] = tf.io.FixedLenFeature([], tf.string)
         # Only predict tolerates records without a label; elsewhere a missing one is an error.
         if self.label_kind == "class":
             default = "" if mode == "predict" else None
@@ -80,21 +146,42 @@ class DefaultFeed:
             spec[self.label] = tf.io.FixedLenFeature([], tf.float32, default)
         return spec
 
-    def _features(self, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        features = {}
+    def _categorical(self, column: Column, parsed: dict[str, tf.Tensor]) -> tf.Tensor:
+        ids = self._tables[column.name].lookup(parsed[column.name])
+        if self.one_hot:
+            return tf.one_hot(ids, column.num_ids, dtype=tf.float32)
+        return ids
+
+    def _features(self, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor] | tf.Tensor:
         numeric = [c for c in self.columns if c.kind == "numeric"]
+        standardized = None
         if numeric:
             # One stacked op instead of two per column keeps tracing cheap for wide data; a
             # dataset is built per task.
             means = tf.constant([c.mean or 0.0 for c in numeric], tf.float32)
             stds = tf.constant([c.std or 1.0 for c in numeric], tf.float32)
             stacked = tf.stack([parsed[c.name] for c in numeric], axis=1)
-            standardized = tf.unstack((stacked - means) / stds, num=len(numeric), axis=1)
-            features.update({c.name: t for c, t in zip(numeric, standardized, strict=True)})
+            standardized = (stacked - means) / stds
+            if self.form.vector and len(numeric) == len(self.columns):
+                return standardized
+        if self.form.vector:
+            parts, position = [], 0
+            for column in self.columns:
+                if column.kind == "numeric":
+                    parts.append(standardized[:, position : position + 1])
+                    position += 1
+                else:
+                    value = self._categorical(column, parsed)
+                    parts.append(value if self.one_hot else tf.cast(value, tf.float32)[:, None])
+            return tf.concat(parts, axis=1)
+        features = {}
+        if numeric:
+            unstacked = tf.unstack(standardized, num=len(numeric), axis=1)
+            features.update({c.name: t for c, t in zip(numeric, unstacked, strict=True)})
         for column in self.columns:
             if column.kind == "categorical":
-                features[column.name] = self._tables[column.name].lookup(parsed[column.name])
-        return {c.name: features[c.name] for c in self.columns}  # in CSV order
+                features[column.name] = self._categorical(column, parsed)
+        return {c.input_name: features[c.name] for c in self.columns}  # in CSV order
 
     def __call__(self, dataset: tf.data.Dataset, mode: str) -> tf.data.Dataset:
         """Maps batches of serialized records to batches of ``(features, labels)``."""
@@ -110,7 +197,7 @@ class DefaultFeed:
         label = self.label
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-        def parse(serialized: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+        def parse(serialized: tf.Tensor) -> tuple[dict[str, tf.Tensor] | tf.Tensor, tf.Tensor]:
             parsed = tf.io.parse_example(serialized, spec)
             features = self._features(parsed)
             labels = parsed[label]
@@ -122,34 +209,49 @@ class DefaultFeed:
 
 
 _CACHE_LOCK = threading.Lock()
-_CACHE: dict[int, tuple[weakref.ref, DefaultFeed]] = {}
+_CACHE: dict[int, tuple[weakref.ref, dict[InputForm, DefaultFeed]]] = {}
 
 
-def default_feed_for(schema: Schema) -> DefaultFeed:
-    """The cached :class:`DefaultFeed` of ``schema`` (one per live schema object)."""
+def default_feed_for(schema: Schema, form: InputForm = COLUMNS) -> DefaultFeed:
+    """The cached :class:`DefaultFeed` of ``schema`` and ``form`` (per live schema object)."""
     key = id(schema)
     with _CACHE_LOCK:
         entry = _CACHE.get(key)
         # The weak reference guards against a dead schema's id being reused.
-        if entry is not None and entry[0]() is schema:
-            return entry[1]
-        feed = DefaultFeed(schema)
-        _CACHE[key] = (weakref.ref(schema, functools.partial(_forget, key)), feed)
-        return feed
+        if entry is None or entry[0]() is not schema:
+            entry = (weakref.ref(schema, functools.partial(_forget, key)), {})
+            _CACHE[key] = entry
+        feeds = entry[1]
+        if form not in feeds:
+            feeds[form] = DefaultFeed(schema, form)
+        return feeds[form]
 
 
 def _forget(key: int, ref: weakref.ref) -> None:
-    """Drops a dead schema's feed. No lock: a collection may run this while the lock is held;
+    """Drops a dead schema's feeds. No lock: a collection may run this while the lock is held;
     single dict operations are atomic."""
     entry = _CACHE.get(key)
     if entry is not None and entry[0] is ref:
         _CACHE.pop(key, None)
 
 
-def default_feed(dataset: tf.data.Dataset, mode: str, schema: Schema) -> tf.data.Dataset:
+def default_feed(
+    dataset: tf.data.Dataset, mode: str, schema: Schema, *, form: InputForm = COLUMNS
+) -> tf.data.Dataset:
     """The default feed (see the module docstring); ``mode`` is train, evaluate or predict."""
     check_mode(mode)
-    return default_feed_for(schema)(dataset, mode)
+    return default_feed_for(schema, form)(dataset, mode)
+
+
+def default_feed_for_model(model) -> Feed:
+    """The default feed, giving features in the form that the Keras ``model`` takes."""
+    form = input_form(model)
+
+    def feed(dataset: tf.data.Dataset, mode: str, schema: Schema) -> tf.data.Dataset:
+        return default_feed(dataset, mode, schema, form=form)
+
+    feed.__qualname__ = default_feed.__qualname__
+    return feed
 
 
 def records_dataset(records: list[bytes], batch_size: int) -> tf.data.Dataset:

@@ -1,4 +1,4 @@
-"""CSV → sharded TFRecord files plus ``schema.json``.
+"""CSV → sharded TFRecord files plus ``schema.json``, in memory bounded whatever the input size.
 
 Layout of the output directory::
 
@@ -6,38 +6,61 @@ Layout of the output directory::
     train/part-00000.tfrecord        (+ .index)   ...
     validation/part-00000.tfrecord   (+ .index)   ...
 
-Each record is a ``tf.train.Example`` holding RAW values keyed by column name: numeric columns
-as one float, categorical columns as one UTF-8 string, the label as one float (numeric label) or
-one string (class label, the canonical vocabulary string). The default feed standardizes and
-looks up ids at read time from the schema.
+Each record is a ``tf.train.Example`` holding RAW values keyed by column name (see
+:mod:`elastic_step.data.schema` for how each kind is stored). The default feed standardizes,
+fills and looks up ids at read time from the schema.
 
-Rows are shuffled with ``numpy.random.default_rng(seed)`` before splitting and sharding, so
+Three passes, each holding a bounded part of the data (:class:`MemoryBudget`):
+
+1. read the CSV: column types, every value checked, vocabularies and label classes
+   (:mod:`elastic_step.data.csv_scan`);
+2. read it again: choose each row's split (stratified by class for a class label), encode
+   the records in batches, and park them in bucket files on local disk by a random key;
+   train-split statistics;
+3. per shard, read back its buckets one at a time, sort each by key, and append it.
+
+Every random choice is a function of the seed and the row's number (:mod:`row_random`), so
 records within a shard are in random order (a CSV sorted by label does not yield single-label
-tasks). That needs the serialized records of the file in memory while writing, which is fine
-for the small and medium data this is meant for.
+tasks), and the output is the same, byte for byte, whatever the memory budget.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn
 
 import numpy as np
-from tensorflow.core.example import example_pb2, feature_pb2
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from elastic_step.data import storage
+from elastic_step.data.csv_scan import Scan, scan
+from elastic_step.data.csv_source import BATCH_BYTES, BLOCK_BYTES, CsvBatch, CsvSource
+from elastic_step.data.example_encoding import BytesColumn, FloatColumn, encode_examples
+from elastic_step.data.input_names import input_names
+from elastic_step.data.numbers import ExactSum, to_numbers
+from elastic_step.data.progress import Progress
+from elastic_step.data.row_random import Permutation, row_keys, stream_key
 from elastic_step.data.schema import Column, Schema, Shard
-from elastic_step.data.tfrecord import write_shard
+from elastic_step.data.spill import FLUSH_BYTES, Spill
+from elastic_step.data.tfrecord import ShardWriter
 from elastic_step.errors import InputError
 
-INFER_ROWS = 100  # column types come from this many leading data rows
-MAX_AUTO_CLASSES = 50  # an integer label with at most this many values is a class label
 LABEL_KINDS = ("auto", "class", "numeric")
+SPLITS = ("train", "validation")
+FILL_RULES = "mean, zero or a number"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBudget:
+    """How much of the data is held at once. The output does not depend on it."""
+
+    block_bytes: int = BLOCK_BYTES  # CSV text parsed at a time (a few dozen are read ahead)
+    batch_bytes: int = BATCH_BYTES  # CSV text checked and encoded at a time
+    spill_bytes: int = FLUSH_BYTES  # encoded records held before they go to bucket files
+    bucket_bytes: int = 32 << 20  # encoded records sorted at a time while writing a shard
 
 
 def preprocess(
@@ -50,76 +73,121 @@ def preprocess(
     seed: int = 0,
     categorical: Sequence[str] = (),
     label_kind: str = "auto",
+    fill_missing: str | None = None,
+    one_hot: bool = False,
     progress: Callable[[str], None] | None = None,
+    progress_every_s: float = 5.0,
+    memory: MemoryBudget = MemoryBudget(),
 ) -> Schema:
-    """Converts the CSV ``input_path`` (header row first) into shards and a schema in ``output``.
+    """Converts the CSV ``input_path`` (header row first; a path or URI, ``.gz`` for gzip) into
+    shards and a schema in ``output``.
 
-    Column types come from the first 100 data rows: numeric if every non-empty sampled value
-    is a finite float, else categorical; names in ``categorical`` are forced categorical.
-    ``label_kind="auto"`` makes the label a class label when it is non-numeric, or numeric with
-    only integer values and at most 50 distinct ones (vocabulary in numeric order, so digits
-    0..9 get ids 0..9); otherwise numeric. ``"class"`` and ``"numeric"`` force the kind.
+    Column types follow :mod:`elastic_step.data.csv_scan`; names in ``categorical`` are forced
+    categorical. ``label_kind="auto"`` makes the label a class label when it is text, or
+    numbers with only integer values and at most 50 distinct ones (vocabulary in numeric
+    order, so digits 0..9 get ids 0..9); otherwise numeric. ``"class"`` and ``"numeric"``
+    force the kind.
 
-    ``round(n * validation_fraction)`` shuffled rows (at most ``n - 1``) form the validation
-    split, the rest the train split. Each split is written as ``shards`` shards of
-    contiguous blocks of its shuffled rows (fewer shards when it has fewer records; none when
-    it is empty). Means and standard deviations come from the train split (a zero std is
-    stored as 1.0); vocabularies come from all rows, most frequent first, ties by value.
+    ``fill_missing`` (``"mean"``, ``"zero"`` or a number) allows empty numeric values: the
+    records leave them out, and the schema gives every numeric column the value that readers
+    use instead (the mean is the train split's). Without it an empty numeric value is an error.
+
+    The validation split holds ``round(n_c * validation_fraction)`` rows of each class ``c``
+    of a class label (of all ``n`` rows for a numeric label), and never all rows. Each split is
+    dealt round-robin into ``shards`` shards (fewer when it has fewer records; none when it is
+    empty). Means and standard deviations come from the train split's non-empty values (a
+    zero std is stored as 1.0); vocabularies come from all rows, most frequent first, ties by
+    value.
 
     Everything is written into a temporary directory that replaces ``output`` only on success,
     so a failure leaves ``output`` as it was. Bad input raises :class:`InputError` with one
-    line naming the file, line and column.
+    line naming the file, line and column. ``progress`` receives a line per step, and one
+    every ``progress_every_s`` seconds during long passes.
     """
     say = progress or (lambda _line: None)
-    _check_arguments(shards, validation_fraction, label_kind)
+    fill = _check_arguments(shards, validation_fraction, label_kind, fill_missing)
     if not storage.exists(input_path):
         raise InputError(f"{input_path}: file not found")
     if storage.isdir(input_path):
         raise InputError(f"{input_path}: is a directory, expected a CSV file")
 
-    scan = _scan(input_path, label, set(categorical), label_kind)
-    n = scan.rows
-    say(f"read {n} rows, {len(scan.header)} columns from {input_path}")
+    source = CsvSource(input_path, block_bytes=memory.block_bytes, batch_bytes=memory.batch_bytes)
+    _check_header(input_path, source.header, label, set(categorical))
 
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(n)
-    n_val = min(round(n * validation_fraction), n - 1)  # the train split is never empty
-    split_rows = {"validation": order[:n_val], "train": order[n_val:]}
-    in_train = np.zeros(n, dtype=bool)
-    in_train[split_rows["train"]] = True
+    def progress_of(what: str) -> Progress:
+        return Progress(say, what=what, total_bytes=source.total_bytes, every_s=progress_every_s)
 
-    records, stats = _convert(input_path, scan, in_train)
-    columns = _columns(scan, stats)
-    schema = Schema(
+    found = scan(
+        source,
         label=label,
-        label_kind=scan.label_kind,
-        label_vocabulary=scan.label_vocabulary,
-        columns=columns,
+        categorical=set(categorical),
+        label_kind=label_kind,
+        fill_missing=fill is not None,
+        progress=progress_of("reading"),
     )
-    numeric = sum(c.kind == "numeric" for c in columns)
-    label_desc = (
-        f"class label with {schema.num_classes} classes"
-        if schema.label_kind == "class"
-        else "numeric label"
-    )
-    say(
-        f"columns: {numeric} numeric, {len(columns) - numeric} categorical; "
-        f"'{label}' is a {label_desc}"
-    )
+    say(f"read {found.rows} rows, {len(found.header)} columns from {input_path}")
+    plan = _SplitPlan.make(found, validation_fraction, shards, seed)
+    layout = _BucketLayout.make(found, plan, memory.bucket_bytes)
+    features = [j for j in range(len(found.header)) if j != found.label_index]
+    names = input_names([found.header[j] for j in features])
+    renamed = [
+        (found.header[j], n) for j, n in zip(features, names, strict=True) if found.header[j] != n
+    ]
+    if renamed:
+        say("Keras input names: " + ", ".join(f"'{a}' -> '{b}'" for a, b in renamed))
 
     with storage.atomic_directory(output) as tmp:
-        for split in ("train", "validation"):
-            rows = split_rows[split]
-            written = _write_split(tmp, split, [records[i] for i in rows], shards)
-            schema.splits[split] = written
-            schema.records[split] = len(rows)
-            say(f"wrote {split}: {len(rows)} records in {len(written)} shards")
+        scratch = storage.local_temp_dir()
+        try:
+            spill = Spill(scratch, layout.total, flush_bytes=memory.spill_bytes)
+            encoder = _Encoder(found, plan, layout, seed)
+            for batch in source.batches(progress_of("encoding")):
+                spill.add(*encoder.encode(batch))
+            spill.flush()
+            if encoder.rows != found.rows:
+                raise InputError(f"{input_path}: the file changed while it was being read")
+            schema = Schema(
+                label=label,
+                label_kind=found.label_kind,  # type: ignore[arg-type]
+                label_vocabulary=found.label_vocabulary,
+                columns=_columns(found, encoder.stats, names, fill),
+                one_hot=one_hot,
+            )
+            say(_describe(schema))
+            writing = Progress(
+                say, what="writing", total_bytes=spill.bytes_written, every_s=progress_every_s
+            )
+            for split in SPLITS:
+                schema.splits[split] = _write_split(tmp, split, spill, layout, writing)
+                schema.records[split] = plan.records[split]
+                say(
+                    f"wrote {split}: {plan.records[split]} records in "
+                    f"{len(schema.splits[split])} shards"
+                )
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         schema.save(tmp)
     say(f"wrote {output}")
     return schema
 
 
-def _check_arguments(shards: int, validation_fraction: float, label_kind: str) -> None:
+def _describe(schema: Schema) -> str:
+    numeric = sum(c.kind == "numeric" for c in schema.columns)
+    label = (
+        f"class label with {schema.num_classes} classes"
+        if schema.label_kind == "class"
+        else "numeric label"
+    )
+    return (
+        f"columns: {numeric} numeric, {len(schema.columns) - numeric} categorical; "
+        f"'{schema.label}' is a {label}"
+    )
+
+
+def _check_arguments(
+    shards: int, validation_fraction: float, label_kind: str, fill_missing: str | None
+) -> str | float | None:
+    """Checks the arguments; returns the fill rule: ``"mean"``, a number, or None."""
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise InputError(f"--shards must be an integer >= 1, got {shards!r}")
     if not isinstance(validation_fraction, int | float) or not (0 <= validation_fraction < 1):
@@ -128,134 +196,17 @@ def _check_arguments(shards: int, validation_fraction: float, label_kind: str) -
         raise InputError(
             f"--label-kind must be one of {', '.join(LABEL_KINDS)}, got {label_kind!r}"
         )
-
-
-def _parse_float(text: str) -> float | None:
-    """The finite float that ``text`` spells, else None (NaN/inf count as non-numeric)."""
+    if fill_missing is None or fill_missing == "mean":
+        return fill_missing
+    if fill_missing == "zero":
+        return 0.0
     try:
-        value = float(text)
+        value = float(fill_missing)
     except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _canonical_number(value: float) -> str:
-    """One spelling per number, so "1", "1.0" and "01" are the same class."""
-    return str(int(value)) if value.is_integer() else repr(value)
-
-
-@dataclass
-class _Scan:
-    """What the first pass learned about the file."""
-
-    header: list[str]
-    label_index: int
-    kinds: list[str]  # per header column: "numeric" | "categorical" (label included)
-    rows: int = 0
-    value_counts: dict[int, Counter] = field(default_factory=dict)  # categorical features
-    label_kind: str = "numeric"
-    label_vocabulary: list[str] | None = None
-    label_numeric: bool = True  # label values are read as numbers (numeric or numeric classes)
-
-
-def _rows(path: str) -> Iterator[tuple[int, list[str]]]:
-    """``(line number, fields)`` of each non-blank row, header first; values are stripped."""
-    try:
-        with storage.open_file(path, "rb") as raw:
-            text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
-            reader = csv.reader(text)
-            try:
-                for fields in reader:
-                    if len(fields) > 1 or (fields and fields[0].strip()):  # skip blank lines
-                        yield reader.line_num, [f.strip() for f in fields]
-            except csv.Error as e:
-                raise InputError(f"{path}: line {reader.line_num}: malformed CSV: {e}") from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-
-
-def _scan(path: str, label: str, categorical: set[str], label_kind: str) -> _Scan:
-    """First pass: header, types, validation of every value, vocabularies, label classes."""
-    rows = _rows(path)
-    first = next(rows, None)
-    if first is None:
-        raise InputError(f"{path}: the file is empty, expected a header row and data rows")
-    _, header = first
-    _check_header(path, header, label, categorical)
-    width = len(header)
-    label_index = header.index(label)
-
-    # Type inference needs the leading rows before any value can be checked.
-    sample: list[tuple[int, list[str]]] = []
-    for line, fields in rows:
-        _check_width(path, line, fields, width)
-        sample.append((line, fields))
-        if len(sample) == INFER_ROWS:
-            break
-    kinds = []
-    for j, name in enumerate(header):
-        values = [f[j] for _, f in sample if f[j] != ""]
-        numeric = bool(values) and all(_parse_float(v) is not None for v in values)
-        kinds.append("numeric" if numeric and name not in categorical else "categorical")
-
-    scan = _Scan(header=header, label_index=label_index, kinds=kinds)
-    scan.value_counts = {j: Counter() for j, k in enumerate(kinds) if k == "categorical"}
-    labels: set[str] = set()
-    label_all_numeric = label not in categorical
-    label_values: set[float] = set()
-
-    def check(line: int, fields: list[str]) -> None:
-        nonlocal label_all_numeric
-        for j, value in enumerate(fields):
-            if j == label_index:
-                continue
-            if kinds[j] == "numeric":
-                _check_numeric(path, line, header[j], value)
-            else:
-                scan.value_counts[j][value] += 1
-        value = fields[label_index]
-        if value == "":
-            raise InputError(f"{path}: line {line}: empty value in label column '{label}'")
-        labels.add(value)
-        if label_all_numeric:
-            number = _parse_float(value)
-            if number is None:
-                if label_kind == "numeric":
-                    _numeric_label_error(path, line, label, value)
-                label_all_numeric = False
-            else:
-                label_values.add(number)
-
-    for line, fields in sample:
-        check(line, fields)
-    count = len(sample)
-    for line, fields in rows:
-        _check_width(path, line, fields, width)
-        check(line, fields)
-        count += 1
-    if count < 2:
-        raise InputError(f"{path}: has {count} data rows, need at least 2")
-    scan.rows = count
-
-    if label_kind == "numeric" and not label_all_numeric:
-        raise InputError(
-            f"{path}: --label-kind numeric, but label column '{label}' is listed as categorical"
-        )
-    integral = label_all_numeric and all(v.is_integer() for v in label_values)
-    if label_kind == "numeric" or (
-        label_kind == "auto"
-        and label_all_numeric
-        and not (integral and len(label_values) <= MAX_AUTO_CLASSES)
-    ):
-        scan.label_kind = "numeric"
-    else:
-        scan.label_kind = "class"
-        scan.label_numeric = label_all_numeric
-        if label_all_numeric:
-            scan.label_vocabulary = [_canonical_number(v) for v in sorted(label_values)]
-        else:
-            scan.label_vocabulary = sorted(labels)
-    return scan
+        value = math.nan
+    if not math.isfinite(value):
+        raise InputError(f"--fill-missing must be {FILL_RULES}, got {fill_missing!r}")
+    return value
 
 
 def _check_header(path: str, header: list[str], label: str, categorical: set[str]) -> None:
@@ -279,133 +230,250 @@ def _check_header(path: str, header: list[str], label: str, categorical: set[str
         raise InputError(f"{path}: only the label column '{label}', no feature columns")
 
 
-def _check_width(path: str, line: int, fields: list[str], width: int) -> None:
-    if len(fields) != width:
-        raise InputError(f"{path}: line {line}: expected {width} fields, got {len(fields)}")
+@dataclass
+class _SplitPlan:
+    """Which rows go to validation: ``validation[s]`` of stratum ``s``'s ``sizes[s]`` rows,
+    picked by a keyed permutation of the stratum's row positions."""
 
+    sizes: list[int]
+    validation: list[int]
+    permutations: list[Permutation]
+    records: dict[str, int]
+    shards: dict[str, int]
 
-def _check_numeric(path: str, line: int, name: str, value: str) -> float:
-    if value == "":
-        raise InputError(
-            f"{path}: line {line}: empty value in numeric column '{name}' "
-            f"(fill it in, or pass --categorical {name})"
+    @classmethod
+    def make(cls, found: Scan, fraction: float, shards: int, seed: int) -> _SplitPlan:
+        sizes = found.class_counts if found.label_kind == "class" else [found.rows]
+        validation = [round(n * fraction) for n in sizes]
+        if sum(validation) >= found.rows:  # the train split is never empty
+            validation[int(np.argmax(validation))] -= 1
+        key = stream_key(seed, "validation")
+        permutations = [Permutation(n, stream_key(key, str(s))) for s, n in enumerate(sizes)]
+        records = {"validation": sum(validation)}
+        records["train"] = found.rows - records["validation"]
+        return cls(
+            sizes=sizes,
+            validation=validation,
+            permutations=permutations,
+            records=records,
+            shards={s: min(shards, records[s]) for s in SPLITS},
         )
-    number = _parse_float(value)
-    if number is None:
-        raise InputError(
-            f"{path}: line {line}: column '{name}' has non-numeric value {value!r}, but was "
-            f"inferred numeric from its first {INFER_ROWS} values "
-            f"(pass --categorical {name} to treat it as categorical)"
-        )
-    return number
 
 
-def _numeric_label_error(path: str, line: int, label: str, value: str) -> NoReturn:
-    raise InputError(
-        f"{path}: line {line}: label column '{label}' has non-numeric value {value!r}, "
-        f"but --label-kind is numeric"
-    )
+@dataclass(frozen=True)
+class _BucketLayout:
+    """The spill's buckets: ``per_shard[split]`` consecutive buckets for each shard of each
+    split, train first. A shard's buckets are ranges of sort keys, in key order."""
+
+    shards: dict[str, int]
+    per_shard: dict[str, int]
+
+    @classmethod
+    def make(cls, found: Scan, plan: _SplitPlan, bucket_bytes: int) -> _BucketLayout:
+        """About ``bucket_bytes`` of records per bucket, from the size of the sample's."""
+        sample = _encode_batch(found, found.sample)[0]
+        record_bytes = sample.nbytes / max(len(sample), 1)
+        per_shard = {
+            split: max(
+                1,
+                math.ceil(
+                    record_bytes * plan.records[split] / max(plan.shards[split], 1) / bucket_bytes
+                ),
+            )
+            for split in SPLITS
+        }
+        return cls(shards=plan.shards, per_shard=per_shard)
+
+    @property
+    def total(self) -> int:
+        return sum(self.shards[s] * self.per_shard[s] for s in SPLITS)
+
+    def first(self, split: str, shard: int | np.ndarray = 0) -> int | np.ndarray:
+        """The first bucket of ``shard`` of ``split``."""
+        before = 0 if split == SPLITS[0] else self.shards[SPLITS[0]] * self.per_shard[SPLITS[0]]
+        return before + shard * self.per_shard[split]
+
+
+def _encode_batch(
+    found: Scan, batch: CsvBatch
+) -> tuple[pa.Array, dict[int, pa.Array], pa.Array | None]:
+    """``(records, numbers, classes)`` of ``batch``: its serialized Examples, the float values
+    of each numeric feature column (null where empty), and each row's class id (class label)."""
+    header, label_index = found.header, found.label_index
+    columns: list[FloatColumn | BytesColumn] = []
+    numbers: dict[int, pa.Array] = {}
+    for j, values in enumerate(batch.columns):
+        if j == label_index:
+            continue
+        if found.kinds[j] == "numeric":
+            numbers[j] = to_numbers(values)[0]
+            columns.append(FloatColumn(key=header[j], values=numbers[j]))
+        else:
+            columns.append(BytesColumn(key=header[j], values=pc.utf8_trim_whitespace(values)))
+    label = batch.columns[label_index]
+    classes = None
+    if found.label_kind == "numeric":
+        columns.append(FloatColumn(key=header[label_index], values=to_numbers(label)[0]))
+    else:
+        vocabulary = found.label_vocabulary or []
+        if found.label_numeric:
+            floats = to_numbers(label)[0]
+            classes = pc.index_in(floats, value_set=pa.array([float(v) for v in vocabulary]))
+        else:
+            label = pc.utf8_trim_whitespace(label)
+            classes = pc.index_in(label, value_set=pa.array(vocabulary, pa.string()))
+        names = pc.take(pa.array(vocabulary, pa.string()), classes)
+        columns.append(BytesColumn(key=header[label_index], values=names))
+    return encode_examples(columns), numbers, classes
 
 
 @dataclass
 class _Stats:
-    """Running train-split sums per numeric feature column, shifted by a first value for
-    numerical stability of the variance."""
+    """Exact running train-split sums of one numeric column, shifted by its first value for
+    the numerical stability of the variance; exact, so batching cannot change the result."""
 
-    shift: dict[int, float] = field(default_factory=dict)
-    total: dict[int, float] = field(default_factory=dict)
-    squares: dict[int, float] = field(default_factory=dict)
+    shift: float | None = None
+    total: ExactSum = field(default_factory=ExactSum)
+    squares: ExactSum = field(default_factory=ExactSum)
     count: int = 0
 
+    def add(self, values: np.ndarray) -> None:
+        if values.size == 0:
+            return
+        if self.shift is None:
+            self.shift = float(values[0])
+        shifted = values - self.shift
+        self.total.add(shifted)
+        self.squares.add(np.square(shifted))
+        self.count += values.size
 
-def _convert(path: str, scan: _Scan, in_train: np.ndarray) -> tuple[list[bytes], _Stats]:
-    """Second pass: one serialized Example per data row, and train-split statistics."""
-    header, kinds, label_index = scan.header, scan.kinds, scan.label_index
-    numeric_cols = [j for j, k in enumerate(kinds) if k == "numeric" and j != label_index]
-    stats = _Stats()
-    records: list[bytes] = []
-    rows = _rows(path)
-    next(rows)  # header
-    for row, (line, fields) in enumerate(rows):
-        if row >= scan.rows or len(fields) != len(header):
-            raise InputError(f"{path}: line {line}: the file changed while it was being read")
-        feature = {}
-        for j, value in enumerate(fields):
-            if j == label_index:
-                feature[header[j]] = _label_feature(scan, value)
-            elif kinds[j] == "numeric":
-                number = _check_numeric(path, line, header[j], value)
-                feature[header[j]] = feature_pb2.Feature(
-                    float_list=feature_pb2.FloatList(value=[number])
-                )
-                if in_train[row]:
-                    shift = stats.shift.setdefault(j, number)
-                    stats.total[j] = stats.total.get(j, 0.0) + (number - shift)
-                    stats.squares[j] = stats.squares.get(j, 0.0) + (number - shift) ** 2
-            else:
-                feature[header[j]] = _bytes_feature(value)
-        if in_train[row]:
-            stats.count += 1
-        example = example_pb2.Example(features=feature_pb2.Features(feature=feature))
-        records.append(example.SerializeToString())
-    if len(records) != scan.rows:
-        raise InputError(f"{path}: the file changed while it was being read")
-    for j in numeric_cols:
-        stats.total.setdefault(j, 0.0)
-        stats.squares.setdefault(j, 0.0)
-        stats.shift.setdefault(j, 0.0)
-    return records, stats
+    def mean_std(self) -> tuple[float, float]:
+        if self.count == 0 or self.shift is None:
+            return 0.0, 1.0
+        mean_shifted = self.total.value() / self.count
+        variance = self.squares.value() / self.count - mean_shifted**2
+        std = math.sqrt(max(float(variance), 0.0))
+        return self.shift + float(mean_shifted), std if std > 0 and math.isfinite(std) else 1.0
 
 
-def _bytes_feature(value: str) -> feature_pb2.Feature:
-    return feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[value.encode("utf-8")]))
+@dataclass
+class _Encoder:
+    """The second pass, one batch at a time: split, shard and bucket of every row, records,
+    and statistics. Its counters run over the whole file, so batching changes nothing."""
+
+    found: Scan
+    plan: _SplitPlan
+    layout: _BucketLayout
+    seed: int
+    rows: int = 0
+    stats: dict[int, _Stats] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._seen = np.zeros(len(self.plan.sizes), dtype=np.int64)  # rows per stratum so far
+        self._dealt = {split: 0 for split in SPLITS}  # rows per split so far
+        self._order_key = stream_key(self.seed, "order")
+        self.stats = {
+            j: _Stats()
+            for j, k in enumerate(self.found.kinds)
+            if k == "numeric" and j != self.found.label_index
+        }
+
+    def encode(self, batch: CsvBatch) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+        """``(bucket, key, record)`` of each row of ``batch``."""
+        records, numbers, classes = _encode_batch(self.found, batch)
+        n = batch.rows
+        strata = (
+            np.zeros(n, dtype=np.int64)
+            if classes is None
+            else classes.to_numpy(zero_copy_only=False).astype(np.int64)
+        )
+        validation = self._validation_rows(strata)
+        row_numbers = np.arange(batch.first_row, batch.first_row + n)
+        keys = row_keys(self._order_key, row_numbers)
+        bucket = np.empty(n, dtype=np.int64)
+        for split, in_split in (("train", ~validation), ("validation", validation)):
+            index = np.flatnonzero(in_split)
+            dealt = self._dealt[split] + np.arange(index.size)
+            self._dealt[split] += index.size
+            if index.size == 0:
+                continue
+            per_shard = self.layout.per_shard[split]
+            shard = dealt % self.plan.shards[split]
+            # The top 53 bits of the key as a fraction: buckets are ranges of keys.
+            fraction = (keys[index] >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+            within = np.minimum((fraction * per_shard).astype(np.int64), per_shard - 1)
+            bucket[index] = self.layout.first(split, shard) + within
+        train = ~validation
+        for j, values in numbers.items():
+            present = values.is_valid().to_numpy(zero_copy_only=False) & train
+            self.stats[j].add(values.to_numpy(zero_copy_only=False)[present])
+        self.rows += n
+        return bucket, keys, records
+
+    def _validation_rows(self, strata: np.ndarray) -> np.ndarray:
+        """Whether each row goes to validation, from its position within its stratum."""
+        order = np.argsort(strata, kind="stable")
+        sorted_strata = strata[order]
+        starts = np.flatnonzero(np.r_[True, sorted_strata[1:] != sorted_strata[:-1]])
+        position = np.empty(strata.size, dtype=np.int64)
+        validation = np.zeros(strata.size, dtype=bool)
+        for start, end in zip(starts, np.r_[starts[1:], strata.size], strict=True):
+            stratum = int(sorted_strata[start])
+            rows = order[start:end]
+            position[rows] = self._seen[stratum] + np.arange(end - start)
+            self._seen[stratum] += end - start
+            count = self.plan.validation[stratum]
+            if count:
+                validation[rows] = self.plan.permutations[stratum](position[rows]) < count
+        return validation
 
 
-def _label_feature(scan: _Scan, value: str) -> feature_pb2.Feature:
-    if scan.label_kind == "numeric":
-        return feature_pb2.Feature(float_list=feature_pb2.FloatList(value=[float(value)]))
-    if scan.label_numeric:
-        return _bytes_feature(_canonical_number(float(value)))
-    return _bytes_feature(value)
-
-
-def _columns(scan: _Scan, stats: _Stats) -> list[Column]:
+def _columns(
+    found: Scan, stats: dict[int, _Stats], names: list[str], fill: str | float | None
+) -> list[Column]:
     columns = []
-    for j, name in enumerate(scan.header):
-        if j == scan.label_index:
-            continue
-        if scan.kinds[j] == "numeric":
-            n = max(stats.count, 1)
-            mean_shifted = stats.total[j] / n
-            variance = max(stats.squares[j] / n - mean_shifted**2, 0.0)
-            std = math.sqrt(variance)
+    features = [j for j in range(len(found.header)) if j != found.label_index]
+    for j, input_name in zip(features, names, strict=True):
+        name = found.header[j]
+        if found.kinds[j] == "numeric":
+            mean, std = stats[j].mean_std()
             columns.append(
                 Column(
                     name=name,
                     kind="numeric",
-                    mean=stats.shift[j] + mean_shifted,
-                    std=std if std > 0 and math.isfinite(std) else 1.0,
+                    mean=mean,
+                    std=std,
+                    input_name=input_name,
+                    fill=mean if fill == "mean" else fill,  # type: ignore[arg-type]
                 )
             )
         else:
-            counts = scan.value_counts[j]
-            vocabulary = sorted(counts, key=lambda v: (-counts[v], v))
-            columns.append(Column(name=name, kind="categorical", vocabulary=vocabulary))
+            columns.append(
+                Column(
+                    name=name,
+                    kind="categorical",
+                    vocabulary=found.vocabulary(j),
+                    input_name=input_name,
+                )
+            )
     return columns
 
 
-def _write_split(out_dir: str, split: str, records: list[bytes], shards: int) -> list[Shard]:
-    """Writes ``records`` as up to ``shards`` contiguous, near-equal shards of ``split``."""
-    if not records:
+def _write_split(
+    out_dir: str, split: str, spill: Spill, layout: _BucketLayout, progress: Progress
+) -> list[Shard]:
+    """Writes the shards of ``split``, each from its buckets in key order."""
+    if layout.shards[split] == 0:
         return []
-    split_dir = storage.join(out_dir, split)
-    storage.makedirs(split_dir)
-    count = min(shards, len(records))
-    bounds = np.linspace(0, len(records), count + 1).round().astype(int)
+    storage.makedirs(storage.join(out_dir, split))
     written = []
-    for k in range(count):
+    for k in range(layout.shards[split]):
         relative = f"{split}/part-{k:05d}.tfrecord"
-        lo, hi = int(bounds[k]), int(bounds[k + 1])
-        write_shard(storage.join(out_dir, relative), records[lo:hi])
-        written.append(Shard(path=relative, records=hi - lo))
+        first = layout.first(split, k)
+        with ShardWriter(storage.join(out_dir, relative)) as writer:
+            for bucket in range(first, first + layout.per_shard[split]):
+                records = spill.sorted_bucket(bucket)
+                writer.write_all(records)
+                progress.add(records.nbytes, len(records))
+            written.append(Shard(path=relative, records=writer.records))
     return written

@@ -6,6 +6,15 @@ transform them (means and standard deviations, vocabularies).
 
 Categorical ids are ``0..V-1`` in vocabulary order; any value not in the vocabulary maps to the
 out-of-vocabulary id ``V``, so an embedding over a column needs ``Column.num_ids = V + 1`` rows.
+
+How the records store each kind (one value per feature, keyed by the CSV's column name):
+
+- numeric column: a float (``float_list``); absent where the CSV cell was empty, which only
+  ``preprocess --fill-missing`` allows; readers use ``Column.fill`` there;
+- categorical column: the stripped text (``bytes_list``, UTF-8); an empty cell is ``""``,
+  a value of the vocabulary like any other;
+- the label: a float (numeric label) or its class name (``bytes_list``, an entry of
+  ``Schema.label_vocabulary``).
 """
 
 from __future__ import annotations
@@ -22,14 +31,28 @@ SCHEMA_FILE = "schema.json"
 
 @dataclass
 class Column:
-    """A feature column. Numeric columns have ``mean``/``std`` (over the train split, std > 0);
-    categorical columns have a ``vocabulary`` (most frequent first)."""
+    """A feature column.
+
+    ``name`` is the CSV's column name, which keys the records. ``input_name`` is the name of
+    its Keras input and of its entry in the default feed's features: the CSV name where
+    ``keras.Input`` accepts it, else a valid name made from it (see
+    :func:`elastic_step.data.input_names.input_names`). Numeric columns have ``mean``/``std``
+    (over the train split's non-empty values, std > 0) and ``fill``: the value of an empty
+    cell, or None when empty cells were refused. Categorical columns have a ``vocabulary``
+    (most frequent first).
+    """
 
     name: str
     kind: Literal["numeric", "categorical"]
     mean: float | None = None
     std: float | None = None
     vocabulary: list[str] | None = None
+    input_name: str | None = None  # None: the same as ``name``
+    fill: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_name is None:
+            self.input_name = self.name
 
     @property
     def num_ids(self) -> int:
@@ -51,15 +74,18 @@ class Shard:
 class Schema:
     """What a data directory holds.
 
-    ``columns`` are the feature columns in CSV order, without the label. ``splits`` maps
-    ``"train"`` and ``"validation"`` to their shards (a split with no records has none);
-    ``records`` maps each split to its record count.
+    ``columns`` are the feature columns in CSV order, without the label. ``one_hot`` makes the
+    default feed give each categorical column as a one-hot vector of ``num_ids`` floats instead
+    of one id (``preprocess --one-hot``). ``splits`` maps ``"train"`` and ``"validation"`` to
+    their shards (a split with no records has none); ``records`` maps each split to its record
+    count.
     """
 
     label: str
     label_kind: Literal["numeric", "class"]
     label_vocabulary: list[str] | None
     columns: list[Column]
+    one_hot: bool = False
     splits: dict[str, list[Shard]] = field(default_factory=dict)
     records: dict[str, int] = field(default_factory=dict)
 
@@ -76,9 +102,10 @@ class Schema:
         return [c.name for c in self.columns]
 
     def feature(self, name: str) -> Column:
-        """The feature column called ``name``; a KeyError naming the known columns if absent."""
+        """The feature column whose CSV name or input name is ``name``; a KeyError naming the
+        known columns if absent."""
         for column in self.columns:
-            if column.name == name:
+            if name in (column.name, column.input_name):
                 return column
         raise KeyError(f"no feature column {name!r} (columns: {', '.join(self.feature_names)})")
 
@@ -115,6 +142,7 @@ class Schema:
             label_kind=label_kind,
             label_vocabulary=[str(v) for v in vocab] if vocab is not None else None,
             columns=columns,
+            one_hot=bool(obj.get("one_hot", False)),
             splits=splits,
             records=records,
         )
@@ -137,15 +165,25 @@ class Schema:
 
 def _column(obj: Any) -> Column:
     kind = obj["kind"]
+    name = str(obj["name"])
+    input_name = str(obj.get("input_name") or name)  # schemas before input names: the CSV's
     if kind == "numeric":
+        fill = obj.get("fill")
         return Column(
-            name=str(obj["name"]), kind=kind, mean=float(obj["mean"]), std=float(obj["std"])
+            name=name,
+            kind=kind,
+            mean=float(obj["mean"]),
+            std=float(obj["std"]),
+            input_name=input_name,
+            fill=None if fill is None else float(fill),
         )
     if kind == "categorical":
         vocab = obj["vocabulary"]
         if not isinstance(vocab, list):
-            raise TypeError(f"column {obj['name']!r}: vocabulary must be a list")
-        return Column(name=str(obj["name"]), kind=kind, vocabulary=[str(v) for v in vocab])
+            raise TypeError(f"column {name!r}: vocabulary must be a list")
+        return Column(
+            name=name, kind=kind, vocabulary=[str(v) for v in vocab], input_name=input_name
+        )
     raise ValueError(
         f"column {obj.get('name')!r}: kind must be numeric or categorical, got {kind!r}"
     )

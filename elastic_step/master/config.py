@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from elastic_step.data import storage
 from elastic_step.errors import InputError
+from elastic_step.master.model_selection import EarlyStopping, MetricGoal
 from elastic_step.ps.outer_optimizer import OUTER_OPTIMIZERS
 
 #: Pod names add up to 23 characters to the job name, within Kubernetes' 63.
@@ -31,6 +32,9 @@ FIXED_SETTINGS = {
     "records_per_task": "--records-per-task",
     "local_steps": "--local-steps",
     "outer_optimizer": "--outer-optimizer",
+    # They decide which epochs run and which model is saved.
+    "early_stopping": "--early-stopping",
+    "keep_best": "--keep-best",
 }
 
 
@@ -69,6 +73,12 @@ class TrainConfig:
     #: A local directory for the master's state and the local backend's logs; None: see
     #: :attr:`local_dir`.
     state_dir: str | None = None
+    #: ``METRIC[:PATIENCE[:min|max]]``; kept in its full form (see :attr:`stopping`).
+    early_stopping: str | None = None
+    #: ``METRIC[:min|max]``; kept in its full form (see :attr:`best_goal`).
+    keep_best: str | None = None
+    #: Serve Prometheus metrics on this port (0: any free one); None: no endpoint.
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         positive = {
@@ -99,6 +109,15 @@ class TrainConfig:
                 f"--outer-optimizer must be one of {', '.join(OUTER_OPTIMIZERS)}, "
                 f"got '{self.outer_optimizer}'"
             )
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise InputError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
+        # The full form, so that "loss" and "loss:2:min" are the same fixed setting.
+        if self.early_stopping is not None:
+            object.__setattr__(
+                self, "early_stopping", EarlyStopping.parse(self.early_stopping).text
+            )
+        if self.keep_best is not None:
+            object.__setattr__(self, "keep_best", MetricGoal.parse(self.keep_best).text)
         if self.job_name is not None and not JOB_NAME.fullmatch(self.job_name):
             raise InputError(
                 f"--job-name must be a DNS-1123 label of at most {MAX_JOB_NAME} characters "
@@ -152,6 +171,14 @@ class TrainConfig:
             return self.output
         root = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
         return os.path.join(root, "elastic-step", self.resolved_job_name)
+
+    @property
+    def stopping(self) -> EarlyStopping | None:
+        return None if self.early_stopping is None else EarlyStopping.parse(self.early_stopping)
+
+    @property
+    def best_goal(self) -> MetricGoal | None:
+        return None if self.keep_best is None else MetricGoal.parse(self.keep_best)
 
     @property
     def worker_limit(self) -> int:

@@ -5,6 +5,10 @@ changes. The gRPC servicer calls it for workers and PS (:meth:`register`, :meth:
 :meth:`report_task`, :meth:`heartbeat`); the run loop calls it with backend events and
 ticks. It needs neither gRPC nor TensorFlow: an evaluation round's metrics are computed by
 the ``evaluate_round`` function it is given.
+
+It also judges each evaluation: ``--early-stopping`` ends training after the epoch under way,
+and with ``--keep-best`` a round better than every earlier one holds training until the run
+loop has saved that round's model (:meth:`best_model_due`, :meth:`note_best_model`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from elastic_step.master.instance_manager import (
     SpecFactory,
 )
 from elastic_step.master.job_record import JobRecord
+from elastic_step.master.model_selection import EarlyStopping, MetricGoal
 from elastic_step.master.persistence import Recorder, SavedJob
 from elastic_step.master.phase import Phase
 from elastic_step.master.process_state import ProcessState
@@ -58,6 +63,10 @@ class CoordinatorParams:
     fixed_settings: dict
     #: An evaluation round's metric values from its summed states.
     evaluate_round: Callable[[EvaluationRound], dict]
+    early_stopping: EarlyStopping | None = None
+    keep_best: MetricGoal | None = None
+    #: Training losses are averaged over windows of this many model versions.
+    train_loss_window: int = 100
 
 
 def open_coordinator(
@@ -110,8 +119,13 @@ def open_coordinator(
         recorder=recorder,
         settings=params.job_settings,
         evaluate_round=params.evaluate_round,
+        early_stopping=params.early_stopping,
+        keep_best=params.keep_best,
+        train_loss_window=params.train_loss_window,
         **task_clock,
     )
+    # A decision journaled, or due, before a restart holds again.
+    coordinator._judge_evaluations()
     coordinator.snapshot()
     return coordinator
 
@@ -126,8 +140,13 @@ class Coordinator:
         recorder: Recorder,
         settings: master_pb2.JobSettings,
         evaluate_round: Callable[[EvaluationRound], dict],
+        early_stopping: EarlyStopping | None = None,
+        keep_best: MetricGoal | None = None,
+        train_loss_window: int = 100,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if train_loss_window < 1:
+            raise ValueError(f"train_loss_window is {train_loss_window}; it must be at least 1")
         self.lock = threading.RLock()
         self.record = record
         self.tasks = tasks
@@ -135,6 +154,9 @@ class Coordinator:
         self.recorder = recorder
         self._settings = settings
         self._evaluate_round = evaluate_round
+        self.early_stopping = early_stopping
+        self.keep_best = keep_best
+        self.train_loss_window = train_loss_window
         self._registered: set[str] = set()
         self._train_window: list[float] | None = None  # [first done, last done, records since]
         #: The first state-store error a gRPC handler met; the run loop stops on it.
@@ -245,7 +267,26 @@ class Coordinator:
             self.instances.note_task_done(request.worker)
             if task.kind is TaskKind.TRAIN:
                 self._note_trained(task.records)
+                # Once workers report their task's mean training loss, it goes to
+                # note_train_loss here, with task.records as its examples.
             self._collect_evaluations()
+
+    def note_train_loss(
+        self, model_version: int, loss: float, metrics: dict[str, float], *, examples: int
+    ) -> None:
+        """Adds one training task's mean loss and metrics, measured on ``examples`` records
+        and reported at ``model_version``, to its window of ``train_loss_window`` versions.
+        A NaN or infinite loss is recorded as it is: it is what training measured."""
+        if examples < 1:
+            raise ValueError(f"examples is {examples}; a training report covers at least 1")
+        with self.lock:
+            self.record.add_train_loss(
+                model_version // self.train_loss_window,
+                int(model_version),
+                int(examples),
+                float(loss) * examples,
+                {name: float(value) * examples for name, value in metrics.items()},
+            )
 
     def heartbeat(self, caller: str, request: master_pb2.HeartbeatRequest) -> bool:
         """Notes liveness and progress; True when the instance should exit."""
@@ -320,7 +361,45 @@ class Coordinator:
                         instance.name,
                     )
 
+    # -- the best model (--keep-best) --
+
+    def best_model_due(self) -> dict | None:
+        """The evaluation entry of a round whose model must be saved now, training held."""
+        with self.lock:
+            return self.record.best_pending
+
+    def note_best_model(self, entry: dict, weights: str | None, problem: str | None = None) -> None:
+        """The run loop saved the model of ``entry``'s round to ``weights``; or could not, for
+        ``problem``. Either way training goes on."""
+        with self.lock:
+            if problem is None:
+                self.record.set_best_model({**entry, "weights": weights})
+                log.info(
+                    "kept the model of evaluation round %d (model v%d) as the best so far",
+                    entry["round"],
+                    entry["model_version"],
+                )
+            else:
+                self.record.skip_best({"round": entry["round"], "why": problem})
+                log.warning(
+                    "cannot keep the model of evaluation round %d: %s", entry["round"], problem
+                )
+            self.tasks.hold_training = False
+
     # -- reports --
+
+    def eta_s(self) -> float | None:
+        """Seconds until the training records of the epochs to run are trained, at the
+        steady-state rate; None before the rate is known. Evaluation time is not in it."""
+        rate = self.examples_per_second()
+        if not rate:
+            return None
+        tasks = self.tasks
+        remaining = sum(
+            tasks.records_per_epoch - tasks.records_trained(e)
+            for e in range(1, tasks.last_epoch + 1)
+        )
+        return remaining / rate
 
     def examples_per_second(self) -> float | None:
         window = self._train_window
@@ -426,4 +505,25 @@ class Coordinator:
                 round_.epoch,
                 shown or "no metrics",
             )
+            self._judge_evaluations(entry)
         self.tasks.take_completed_rounds()
+
+    def _judge_evaluations(self, entry: dict | None = None) -> None:
+        """Applies --early-stopping to the rounds so far, and with --keep-best holds training
+        when ``entry``'s round beats the kept (or pending) best."""
+        stopping = self.early_stopping
+        if stopping is not None and self.record.early_stop is None:
+            decision = stopping.decide(self.record.evaluations)
+            if decision is not None:
+                last = self.tasks.stop_early()
+                self.record.set_early_stop(
+                    {**decision, "last_epoch": last, "epochs": self.tasks.settings.epochs}
+                )
+                log.info("%s: training ends after epoch %d", decision["reason"], last)
+        goal = self.keep_best
+        if goal is not None and entry is not None:
+            value = goal.value_of(entry)
+            rival = self.record.best_pending or self.record.best_model
+            if value is not None and (rival is None or goal.better(value, goal.value_of(rival))):
+                self.record.set_best_pending(entry)
+        self.tasks.hold_training = self.record.best_pending is not None

@@ -21,6 +21,15 @@ def save_final_model(
     output: str,
     seed: int,
 ) -> None:
+    model, _ = pull_model(definition, ps_addresses, credentials, seed)
+    save_model(model, output)
+
+
+def pull_model(
+    definition: ModelDefinition, ps_addresses: list[str], credentials: Credentials, seed: int
+) -> tuple[object, list[int]]:
+    """The model built from the definition with the PS's parameters, and each shard's model
+    version as it answered."""
     import keras
 
     keras.utils.set_random_seed(seed)
@@ -28,13 +37,18 @@ def save_final_model(
     ps = PSClient(ps_addresses, credentials)
     try:
         ModelParameters(model).pull_all(ps)
+        return model, list(ps.versions)
     finally:
         ps.close()
-    save_model(model, output)
 
 
 def save_model(model, output: str) -> None:
     """Writes ``model.keras`` and a TF Serving ``saved_model/`` through the storage layer."""
+    from elastic_step.keras_parts import build_compiled_optimizer
+
+    # A compiled model is saved with its compile() settings: keras.models.load_model gives a
+    # model that evaluates at once.
+    build_compiled_optimizer(model)
     scratch = storage.local_temp_dir()
     try:
         model.save(os.path.join(scratch, MODEL_FILE))

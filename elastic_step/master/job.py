@@ -4,12 +4,15 @@ It takes the job's lease in the state store, creates the job or resumes it (chec
 the settings are the same), starts the gRPC server, and runs the loop that feeds backend
 events and ticks to the :class:`Coordinator`. At the end it saves the model and the summary.
 SIGTERM or SIGINT stops every instance and exits non-zero; the same command resumes.
+While it runs it writes status.json, TensorBoard events and, with ``--metrics-port``, serves
+Prometheus metrics; with ``--keep-best`` it saves the model of each better evaluation round.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -30,6 +33,8 @@ from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open
 from elastic_step.master.evaluation import metric_values
 from elastic_step.master.instance_manager import MembershipSettings
 from elastic_step.master.job_record import JobRecord
+from elastic_step.master.job_view import JobView
+from elastic_step.master.metrics_endpoint import MetricsEndpoint
 from elastic_step.master.persistence import SavedJob
 from elastic_step.master.phase import Phase
 from elastic_step.master.servicer import MasterServicer
@@ -52,6 +57,8 @@ STATUS_EVERY_S = 1.0
 PROGRESS_EVERY_S = 5.0
 STOP_GRACE_S = 3.0
 FLUSH_TIMEOUT_S = 30.0
+#: Training-loss windows per epoch (each spans a fixed number of model versions).
+TRAIN_LOSS_WINDOWS_PER_EPOCH = 10
 
 
 def launch_spec(role: Role, slot: int, name: str, master_address: str, secret: str) -> LaunchSpec:
@@ -103,7 +110,10 @@ class Job:
         self.store = store
         self._stop_signal: int | None = None
         self._save_deadline: float | None = None
+        self._best_deadline: float | None = None
         self._next_save_log = 0.0
+        self._metrics_endpoint: MetricsEndpoint | None = None
+        self._events = None  # TrainingEvents, once the coordinator exists
         self.backend: Backend | None = None
         self.coordinator: Coordinator | None = None
         self._master_address = ""
@@ -132,7 +142,23 @@ class Job:
             metric_shapes=tuple(
                 tuple(v.shape) for metric in self._metrics.values() for v in metric.variables
             ),
+            # --keep-best saves the model a round measured: the round must measure one.
+            pause_training_while_evaluating=c.keep_best is not None,
         )
+
+    def _train_loss_window(self) -> int:
+        """Model versions per training-loss window: about a tenth of an epoch's steps."""
+        records = sum(n for _, n in self.schema.shard_paths(self.config.data, "train"))
+        steps = math.ceil(records / self.config.batch_size)
+        return max(1, math.ceil(steps / TRAIN_LOSS_WINDOWS_PER_EPOCH))
+
+    def _check_metric_names(self) -> None:
+        """--early-stopping and --keep-best name a metric the evaluation reports."""
+        names = {"loss", *self.definition.build_metrics()}
+        if self.config.stopping is not None:
+            self.config.stopping.goal.check_known("--early-stopping", names)
+        if self.config.best_goal is not None:
+            self.config.best_goal.check_known("--keep-best", names)
 
     def _membership_settings(self) -> MembershipSettings:
         c = self.config
@@ -170,6 +196,7 @@ class Job:
 
     def run(self) -> int:
         """Runs the job to its end; returns the exit status (raises JobFailedError on failure)."""
+        self._check_metric_names()  # before anything is written or started
         storage.makedirs(self.output)
         if storage.exists(self.paths.legacy_state_file):
             raise InputError(
@@ -253,11 +280,15 @@ class Job:
             # Before serving: a call from an instance that is not adopted yet would be
             # refused, and the refusal would end it.
             self._adopt()
+        self._start_events(resumed=record is not None)
         server = self._start_server()
         try:
             return self._supervise(resumed=record is not None)
         finally:
             server.stop(grace=1)
+            if self._metrics_endpoint is not None:
+                self._metrics_endpoint.close()
+            self._events.close()
 
     def _check_saved(self, saved: SavedJob) -> JobRecord | None:
         """The saved job's record, after checking it may go on; None for a new job."""
@@ -295,6 +326,9 @@ class Job:
                 job_settings=self.job_settings(),
                 fixed_settings=self.fixed_settings(),
                 evaluate_round=lambda round_: metric_values(self._metrics, round_),
+                early_stopping=self.config.stopping,
+                keep_best=self.config.best_goal,
+                train_loss_window=self._train_loss_window(),
             ),
             store=self.store,
             saved=saved,
@@ -321,7 +355,20 @@ class Job:
         with self.coordinator.lock:
             record.set_port(port)
         self._master_address = self.backend.advertise_master(port)
+        if self.config.metrics_port is not None:
+            self._metrics_endpoint = MetricsEndpoint(self._view, host, self.config.metrics_port)
+            log.info("Prometheus metrics at http://%s/metrics", self._metrics_endpoint.address)
         return server
+
+    def _view(self) -> JobView:
+        with self.coordinator.lock:
+            return JobView.of(self.coordinator)
+
+    def _start_events(self, resumed: bool) -> None:
+        from elastic_step.master.tensorboard_events import TrainingEvents
+
+        already = self._view() if resumed else None
+        self._events = TrainingEvents(self.output, self.config.local_dir, already=already)
 
     def _adopt(self) -> None:
         coordinator = self.coordinator
@@ -385,7 +432,10 @@ class Job:
                 return self._interrupt()
             if coordinator.record.error:
                 self._fail()
-            if coordinator.tasks.finished and self._save_final_model():
+            best = coordinator.best_model_due()
+            if best is not None:
+                self._save_best_model(best)  # training waits for it
+            elif coordinator.tasks.finished and self._save_final_model():
                 return self._finish()
             now = time.monotonic()
             if now >= next_status:
@@ -397,12 +447,17 @@ class Job:
                         coordinator.tasks, coordinator.instances, coordinator.examples_per_second()
                     )
                 log.info("%s", line)
+                self._events.write(self._view())
                 next_progress = now + PROGRESS_EVERY_S
 
     def _write_status(self) -> None:
         coordinator = self.coordinator
         with coordinator.lock:
-            document = reports.status(coordinator, self._master_address)
+            document = reports.status(
+                coordinator,
+                self._master_address,
+                self._metrics_endpoint.address if self._metrics_endpoint else None,
+            )
         reports.write_json(self.paths.status, document)
 
     def _wait_until_gone(self, wait_s: float) -> None:
@@ -466,10 +521,28 @@ class Job:
         from elastic_step.rpc.ps_client import PSUnavailableError
 
         coordinator = self.coordinator
+        with coordinator.lock:
+            best, last_epoch = coordinator.record.best_model, coordinator.tasks.last_epoch
+        if best is not None:
+            from elastic_step.master.best_model import load_round_model
+            from elastic_step.master.final_model import save_model
+
+            log.info(
+                "all %d epochs trained and evaluated; saving the model of round %d (epoch %d, "
+                "model v%d), the best by --keep-best %s",
+                last_epoch,
+                best["round"],
+                best["epoch"],
+                best["model_version"],
+                self.config.keep_best,
+            )
+            model = load_round_model(self.definition, best["weights"], self.config.seed)
+            save_model(model, self.output)
+            return True
         addresses = coordinator.ps_addresses()
         now = time.monotonic()
         if self._save_deadline is None:
-            log.info("all %d epochs trained and evaluated; saving the model", self.config.epochs)
+            log.info("all %d epochs trained and evaluated; saving the model", last_epoch)
             self._save_deadline = now + self.config.master_timeout_s
         try:
             if not all(addresses):
@@ -490,6 +563,47 @@ class Job:
                 self._next_save_log = now + PROGRESS_EVERY_S
             return False
 
+    def _save_best_model(self, entry: dict) -> None:
+        """Saves the model of ``entry``'s round (--keep-best) while training waits; gives up
+        on that round after --master-timeout without every PS, or at once when the PS no
+        longer hold its version."""
+        from elastic_step.master.best_model import RoundModelGoneError, save_round_model
+        from elastic_step.rpc.ps_client import PSUnavailableError
+
+        coordinator = self.coordinator
+        now = time.monotonic()
+        if self._best_deadline is None:
+            self._best_deadline = now + self.config.master_timeout_s
+        path = self.paths.best_model_weights(entry["round"])
+        try:
+            addresses = coordinator.ps_addresses()
+            if not all(addresses):
+                raise PSUnavailableError(addresses.index(""), "is being relaunched")
+            credentials = auth.Credentials.for_instance(self._secret, auth.MASTER_NAME)
+            save_round_model(self.definition, addresses, credentials, entry, path, self.config.seed)
+        except PSUnavailableError as e:
+            if now > self._best_deadline:
+                self._best_deadline = None
+                coordinator.note_best_model(
+                    entry, None, f"{e} for {self.config.master_timeout_s:.0f} s"
+                )
+            elif now >= self._next_save_log:
+                log.warning("cannot save the best model yet (%s); waiting for the PS", e)
+                self._next_save_log = now + PROGRESS_EVERY_S
+            return
+        except RoundModelGoneError as e:
+            self._best_deadline = None
+            coordinator.note_best_model(entry, None, str(e))
+            return
+        self._best_deadline = None
+        with coordinator.lock:
+            previous = coordinator.record.best_model
+        coordinator.note_best_model(entry, path)
+        if previous is not None and previous["weights"] != path:
+            # Only once the record names the new file durably.
+            self.store.flush(FLUSH_TIMEOUT_S)
+            storage.remove(previous["weights"])
+
     def _finish(self) -> int:
         self.coordinator.set_phase(Phase.SUCCEEDED)
         self.store.flush(FLUSH_TIMEOUT_S)
@@ -499,6 +613,7 @@ class Job:
         self._stop_all(wait_s=STOP_GRACE_S + 2)
         self.backend.remove_job_objects()
         self._write_status()
+        self._events.write(self._view(), final=True)
         log.info("done: model.keras, saved_model/ and summary.json are in %s", self.output)
         return 0
 
@@ -521,5 +636,8 @@ class Job:
                 "elapsed_s": instances.elapsed_s(),
                 "examples_per_second": round(rate, 2) if rate else None,
                 "model_version": tasks.model_version,
+                "train_loss": record.train_loss_windows(),
+                "early_stop": record.early_stop,
+                "kept_model": reports.kept_model(record),
             }
         reports.write_json(self.paths.summary, document)

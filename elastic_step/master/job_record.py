@@ -1,9 +1,10 @@
 """The job-level part of the master's state: what is neither a task nor an instance.
 
 It holds the settings a resumed job must share, the phase, the PS addresses, the
-evaluations in epoch order and what each PS restart lost. Every change is one small journal
-record. The job's secret is not here: the state store keeps it apart (see
-``StateStore.job_secret``).
+evaluations in epoch order, what each PS restart lost, the training loss by model-version
+window, why training stopped early, and which round's model ``--keep-best`` keeps. Every
+change is one small journal record. The job's secret is not here: the state store keeps it
+apart (see ``StateStore.job_secret``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ class JobRecord:
     master_restarts: int = 0
     #: The master's port, kept so that a restarted master is found where instances look.
     port: int = 0
+    #: Training loss and metrics summed per window of model versions (see add_train_loss),
+    #: by window index as a string (for JSON).
+    train_loss: dict[str, dict] = field(default_factory=dict)
+    #: Why training stopped before its last epoch (see model_selection.EarlyStopping).
+    early_stop: dict | None = None
+    #: The round whose model --keep-best saved: its evaluation entry, plus ``weights``.
+    best_model: dict | None = None
+    #: A better round whose model is still to be saved; training waits for it.
+    best_pending: dict | None = None
+    #: Better rounds whose model could not be saved, with why.
+    best_skipped: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.ps_addresses:
@@ -68,6 +80,33 @@ class JobRecord:
     def count_master_restart(self) -> None:
         self._change({"op": "master_restart"})
 
+    def add_train_loss(
+        self, window: int, model_version: int, examples: int, loss_sum: float, metric_sums: dict
+    ) -> None:
+        """Adds one report's summed loss and metrics (each weighted by its examples)."""
+        self._change(
+            {
+                "op": "train_loss",
+                "window": window,
+                "version": model_version,
+                "examples": examples,
+                "loss_sum": loss_sum,
+                "metric_sums": metric_sums,
+            }
+        )
+
+    def set_early_stop(self, entry: dict) -> None:
+        self._change({"op": "early_stop", "entry": entry})
+
+    def set_best_pending(self, entry: dict | None) -> None:
+        self._change({"op": "best_pending", "entry": entry})
+
+    def set_best_model(self, entry: dict) -> None:
+        self._change({"op": "best_model", "entry": entry})
+
+    def skip_best(self, entry: dict) -> None:
+        self._change({"op": "best_skipped", "entry": entry})
+
     def _change(self, record: dict) -> None:
         self.apply(record)
         self._journal(record)
@@ -94,16 +133,67 @@ class JobRecord:
             self.master_restarts += 1
         elif op == "port":
             self.port = record["port"]
+        elif op == "train_loss":
+            self._add_train_loss(record)
+        elif op == "early_stop":
+            self.early_stop = record["entry"]
+        elif op == "best_pending":
+            self.best_pending = record["entry"]
+        elif op == "best_model":
+            self.best_model, self.best_pending = record["entry"], None
+        elif op == "best_skipped":
+            self.best_skipped.append(record["entry"])
+            self.best_pending = None
         else:
             raise ValueError(f"unknown job record op {op!r}")
 
+    def _add_train_loss(self, record: dict) -> None:
+        window = self.train_loss.setdefault(
+            str(record["window"]),
+            {
+                "min_model_version": record["version"],
+                "max_model_version": record["version"],
+                "examples": 0,
+                "loss_sum": 0.0,
+                "metric_sums": {},
+            },
+        )
+        window["min_model_version"] = min(window["min_model_version"], record["version"])
+        window["max_model_version"] = max(window["max_model_version"], record["version"])
+        window["examples"] += record["examples"]
+        window["loss_sum"] += record["loss_sum"]
+        sums = window["metric_sums"]
+        for name, value in record["metric_sums"].items():
+            sums[name] = sums.get(name, 0.0) + value
+
+    def train_loss_windows(self) -> list[dict]:
+        """The mean training loss and metrics of each window, oldest first."""
+        windows = []
+        for key in sorted(self.train_loss, key=int):
+            w = self.train_loss[key]
+            n = w["examples"] or 1
+            windows.append(
+                {
+                    "window": int(key),
+                    "min_model_version": w["min_model_version"],
+                    "max_model_version": w["max_model_version"],
+                    "examples": w["examples"],
+                    "loss": w["loss_sum"] / n,
+                    "metrics": {k: v / n for k, v in sorted(w["metric_sums"].items())},
+                }
+            )
+        return windows
+
     def final_metrics(self) -> dict:
-        """The metrics of the final model: those of the end-of-epoch round started last.
+        """The metrics of the saved model: the round --keep-best kept, or else those of the
+        end-of-epoch round started last.
 
         Epoch-end rounds start as epochs complete, which is not always in epoch order (a
         straggling task can finish epoch E-1 after epoch E): the round started last began
         when the last training task was done, so it measured the final model.
         """
+        if self.best_model is not None:
+            return self.best_model["metrics"]
         ends = [e for e in self.evaluations if e["trigger"] == "epoch-end"]
         return max(ends, key=lambda e: e["round"])["metrics"] if ends else {}
 

@@ -24,7 +24,9 @@ def _members(instances: InstanceManager, role: Role) -> list[dict]:
     ]
 
 
-def status(coordinator: Coordinator, master_address: str) -> dict:
+def status(
+    coordinator: Coordinator, master_address: str, metrics_address: str | None = None
+) -> dict:
     """The live status document; call under the coordinator's lock."""
     tasks, instances, record = coordinator.tasks, coordinator.instances, coordinator.record
     epoch = tasks.current_epoch
@@ -50,8 +52,46 @@ def status(coordinator: Coordinator, master_address: str) -> dict:
         "restarts": instances.restarts,
         "restarts_by_reason": instances.restarts_by_reason,
         "error": record.error,
+        "elapsed_s": instances.elapsed_s(),
+        "eta_s": _rounded(coordinator.eta_s()),
+        "latest_evaluation": max(record.evaluations, key=lambda e: e["round"], default=None),
+        "train_loss": record.train_loss_windows(),
+        "early_stop": record.early_stop,
+        "kept_model": kept_model(record),
+        "metrics_endpoint": metrics_address,
         "updated_at": time.time(),
     }
+
+
+def kept_model(record) -> dict | None:
+    """Which round's model --keep-best keeps so far (None without it or before a round)."""
+    best = record.best_model
+    if best is None:
+        return None
+    keys = ("round", "epoch", "model_version", "metrics", "weights")
+    return {k: best[k] for k in keys} | {"skipped_rounds": record.best_skipped}
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def _evaluation_line(entry: dict) -> str:
+    values = ", ".join(
+        f"{k}={v:.4f}" for k, v in entry.get("metrics", {}).items() if isinstance(v, float)
+    )
+    return (
+        f"round {entry['round']} (epoch {entry['epoch']}, model v{entry['model_version']}): "
+        f"{values or 'no metrics'}"
+    )
 
 
 def progress_line(tasks: TaskManager, instances: InstanceManager, rate: float | None) -> str:
@@ -79,7 +119,16 @@ def format_status(document: dict) -> str:
         f"epoch:   {document['epoch']}/{document.get('epochs', '?')} "
         f"({progress.get('records_trained', 0)}/{progress.get('records_per_epoch', 0)} records)",
         f"model:   version {document.get('model_version', 0)}",
+        f"elapsed: {_duration(document.get('elapsed_s'))}",
     ]
+    if document["phase"] in ("starting", "running"):
+        lines.append(f"eta:     {_duration(document.get('eta_s'))} of training")
+    latest = document.get("latest_evaluation")
+    lines.append(f"latest evaluation: {_evaluation_line(latest) if latest else 'none yet'}")
+    if document.get("kept_model"):
+        lines.append(f"kept model: {_evaluation_line(document['kept_model'])}")
+    if document.get("early_stop"):
+        lines.append(f"stopped: {document['early_stop']['reason']}")
     if document.get("error"):
         lines.append(f"error:   {document['error']}")
     for role in ("ps", "workers"):

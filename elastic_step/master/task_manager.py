@@ -11,7 +11,13 @@ Order. Epochs are created lazily, when the training todo runs dry; each is hande
 own seeded shuffle. Evaluation rounds start at every epoch end and every ``evaluation_steps``
 model versions (no steps round while a round is open); their tasks go before any training
 task. A task taken back goes to the front of its queue; a task that failed in user code goes
-behind the other taken-back tasks, ahead of those never handed out.
+behind the other taken-back tasks, ahead of those never handed out. With
+``pause_training_while_evaluating`` a round runs alone: its tasks wait until no training task
+is out, and no training task goes out until it is done, so every task of the round measures
+the same model. ``hold_training`` (not durable: the master sets it) keeps training tasks back.
+
+Early stop. :meth:`stop_early` makes the last epoch with any training done or under way the
+job's last: later epochs are dropped (they have no task done), the kept ones run to the end.
 
 Leases. Every hand-out has a lease id, unique for the life of the job: ids count up from
 ``lease_base``, which the master derives from its fencing token. A report names the lease it
@@ -23,7 +29,8 @@ unless its worker died: that counts as a failure of the task, as an error in use
 Past ``max_task_retries`` failures of one task the job fails with ``failure``.
 
 Accounting. Each task is counted once per epoch however often it ran: ``records_trained`` of
-an epoch ends at exactly the number of training records.
+an epoch ends at exactly the number of training records, for every epoch up to
+``last_epoch`` (``epochs``, or fewer after an early stop).
 
 Persistence. Every change of durable state is one small JSON-ready record passed to
 ``journal`` after it is applied; ``snapshot()`` is a compact JSON-ready state; ``restore()``
@@ -184,6 +191,8 @@ class TaskSettings:
     #: The shape of each metric state an evaluation report must carry; None: whatever the
     #: first report of a round carries.
     metric_shapes: tuple[tuple[int, ...], ...] | None = None
+    #: Run each evaluation round with no training task out (see the module's Order).
+    pause_training_while_evaluating: bool = False
 
     def __post_init__(self) -> None:
         for name, least in (
@@ -265,6 +274,10 @@ class TaskManager:
         #: Set when a task failed past its retry limit: the job fails with this message.
         self.failure: str | None = None
         self.model_version = 0
+        #: The job's last epoch: ``epochs`` until an early stop (see stop_early).
+        self.last_epoch = settings.epochs
+        #: Keeps training tasks back while set; not durable (see the module's Order).
+        self.hold_training = False
 
     # -- handing out --
 
@@ -272,13 +285,13 @@ class TaskManager:
         """The next task for ``worker`` under a new lease; None when there is none now."""
         if self.failure is not None:
             return None
-        if (
-            self._train_todo.peek(self._is_todo) is None
-            and self.epochs_created < self.settings.epochs
-        ):
+        if self._train_todo.peek(self._is_todo) is None and self.epochs_created < self.last_epoch:
             self._commit({"op": "epoch", "epoch": self.epochs_created + 1})
-        task_id = self._eval_todo.pop(self._is_todo)
-        if task_id is None:
+        alone = self.settings.pause_training_while_evaluating
+        task_id = None
+        if not (alone and self._training_out()):
+            task_id = self._eval_todo.pop(self._is_todo)
+        if task_id is None and not self.hold_training and not (alone and self._rounds):
             task_id = self._train_todo.pop(self._is_todo)
         if task_id is None:
             return None
@@ -380,6 +393,19 @@ class TaskManager:
         if version > self.model_version:
             self._commit({"op": "version", "version": int(version)})
 
+    def stop_early(self) -> int:
+        """Ends training after the last epoch with any training task done or under way (the
+        epochs before it are complete); returns that epoch. Idempotent."""
+        if self.last_epoch < self.settings.epochs:
+            return self.last_epoch
+        started = {self._epoch_of(t) for t in self._leases if t < self._eval_base}
+        started |= {e for e, s in self._epochs.items() if s.done_count}
+        complete = [e for e in range(1, self.epochs_created + 1) if e not in self._epochs]
+        last = max([1, *started, *complete])
+        if last < self.settings.epochs:
+            self._commit({"op": "stop", "epoch": last})
+        return last
+
     def take_completed_rounds(self) -> list[EvaluationRound]:
         """Removes and returns the finished evaluation rounds, oldest first (journaled, so a
         restored manager does not return them again)."""
@@ -406,7 +432,7 @@ class TaskManager:
         return self._train.records
 
     def records_trained(self, epoch: int) -> int:
-        if not 1 <= epoch <= self.epochs_created:
+        if not 1 <= epoch <= min(self.epochs_created, self.last_epoch):
             return 0
         state = self._epochs.get(epoch)
         return self.records_per_epoch if state is None else state.records_trained
@@ -414,14 +440,14 @@ class TaskManager:
     @property
     def current_epoch(self) -> int:
         """The oldest epoch whose training is not complete (the last one when all are)."""
-        for epoch in range(1, self.settings.epochs + 1):
+        for epoch in range(1, self.last_epoch + 1):
             if self.records_trained(epoch) < self.records_per_epoch:
                 return epoch
-        return self.settings.epochs
+        return self.last_epoch
 
     @property
     def training_done(self) -> bool:
-        return self.epochs_created == self.settings.epochs and not self._epochs
+        return self.epochs_created >= self.last_epoch and not self._epochs
 
     @property
     def finished(self) -> bool:
@@ -430,6 +456,31 @@ class TaskManager:
 
     def doing_count(self) -> int:
         return len(self._leases)
+
+    def task_counts(self) -> dict[str, dict[str, int]]:
+        """Tasks to do, under way and done, by kind: training tasks of the epochs the job
+        runs, and evaluation tasks of the rounds started so far."""
+        per_epoch, per_round = self._train.count, self._validation.count
+        train_doing = sum(1 for t in self._leases if t < self._eval_base)
+        train_done = sum(
+            self._epochs[e].done_count if e in self._epochs else per_epoch
+            for e in range(1, min(self.epochs_created, self.last_epoch) + 1)
+        )
+        open_done = sum(r.done_count for r in self._rounds.values())
+        eval_done = (self._next_round - len(self._rounds)) * per_round + open_done
+        eval_doing = len(self._leases) - train_doing
+        return {
+            "train": {
+                "todo": self.last_epoch * per_epoch - train_done - train_doing,
+                "doing": train_doing,
+                "done": train_done,
+            },
+            "evaluate": {
+                "todo": len(self._rounds) * per_round - open_done - eval_doing,
+                "doing": eval_doing,
+                "done": eval_done,
+            },
+        }
 
     def tasks_of(self, worker: str) -> list[Task]:
         return [self._build(task_id) for task_id in self._held.get(worker, ())]
@@ -441,7 +492,7 @@ class TaskManager:
                 "records_trained": self.records_trained(e),
                 "records_expected": self.records_per_epoch,
             }
-            for e in range(1, self.settings.epochs + 1)
+            for e in range(1, self.last_epoch + 1)
         ]
 
     # -- persistence --
@@ -472,6 +523,7 @@ class TaskManager:
             "completed_rounds": [r.to_json() for r in self.completed_rounds],
             "model_version": self.model_version,
             "failure": self.failure,
+            "last_epoch": self.last_epoch,
         }
 
     @classmethod
@@ -531,6 +583,8 @@ class TaskManager:
         self.completed_rounds = [EvaluationRound.from_json(r) for r in snapshot["completed_rounds"]]
         self.model_version = snapshot["model_version"]
         self.failure = snapshot["failure"]
+        # Absent from snapshots taken before early stopping existed.
+        self.last_epoch = snapshot.get("last_epoch", self.settings.epochs)
 
     # -- transitions: every change of durable state, live or replayed --
 
@@ -562,6 +616,8 @@ class TaskManager:
                 self._observe(record["version"])
             case "taken":
                 del self.completed_rounds[: record["count"]]
+            case "stop":
+                self._stop_after(record["epoch"])
             case op:
                 raise ValueError(f"unknown task record kind {op!r} in {record}")
 
@@ -570,6 +626,15 @@ class TaskManager:
             raise ValueError(f"record creates epoch {epoch}, but {self.epochs_created} exist")
         self.epochs_created = epoch
         self._new_epoch(epoch)
+
+    def _stop_after(self, epoch: int) -> None:
+        for later in [e for e in self._epochs if e > epoch]:
+            if self._epochs[later].done_count:
+                raise ValueError(
+                    f"record stops after epoch {epoch}, but epoch {later} has tasks done"
+                )
+            del self._epochs[later]  # its queued tasks are skipped as not todo
+        self.last_epoch = epoch
 
     def _new_epoch(self, epoch: int) -> _Epoch:
         count = self._train.count
@@ -648,7 +713,7 @@ class TaskManager:
             return
         self._next_eval_version = (self.model_version // steps + 1) * steps
         if not self.training_done and not self._rounds:
-            self._start_round("steps", self.epochs_created)
+            self._start_round("steps", min(self.epochs_created, self.last_epoch))
 
     def _start_round(self, trigger: str, epoch: int) -> None:
         if not self._validation.count:  # nothing to evaluate: no round to wait for
@@ -668,6 +733,12 @@ class TaskManager:
     def _holds(self, task_id: int, worker: str, lease_id: int) -> bool:
         lease = self._leases.get(task_id)
         return lease is not None and lease.worker == worker and lease.lease_id == lease_id
+
+    def _epoch_of(self, task_id: int) -> int:
+        return task_id // self._train.count + 1
+
+    def _training_out(self) -> bool:
+        return any(t < self._eval_base for t in self._leases)
 
     def _is_todo(self, task_id: int) -> bool:
         """Neither held nor done: a queue entry failing this is stale and skipped."""

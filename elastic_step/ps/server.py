@@ -252,6 +252,7 @@ def initial_tables(definition, seed: int) -> TableInitializer:
 def serve(master_address: str, shard_index: int, name: str, host: str, secret: str) -> int:
     """Runs the PS until the job is finished (0), the master is gone or rejects it (1), or a
     stop signal (128 + signal)."""
+    from elastic_step.data.schema import Schema
     from elastic_step.model_def import load_model_definition
 
     servicer = ParameterServerServicer()
@@ -277,7 +278,8 @@ def serve(master_address: str, shard_index: int, name: str, host: str, secret: s
         )
         settings = reply.settings
         master.timeout_s = settings.master_timeout_s
-        definition = load_model_definition(settings.model_def)
+        # The schema builds a model that has no variables yet (the initial tables).
+        definition = load_model_definition(settings.model_def, Schema.load(settings.data_dir))
         shard = ParameterShard(
             shard_index,
             settings.num_ps,

@@ -69,8 +69,8 @@ class Worker:
         self.settings = reply.settings
         self.master.timeout_s = self.settings.master_timeout_s
         self.local_steps = max(1, self.settings.local_steps)
-        self.definition = load_model_definition(self.settings.model_def)
         self.schema = Schema.load(self.settings.data_dir)
+        self.definition = load_model_definition(self.settings.model_def, self.schema)
         # The same seed in every worker, as the final model is built on the master.
         keras.utils.set_random_seed(self.settings.seed)
         self.model = self.definition.build_model()

@@ -110,20 +110,24 @@ def test_wrong_flag_value_is_a_usage_error(tmp_path, capsys):
     [
         (
             GOOD_MODEL.replace("def optimizer", "def not_optimizer"),
-            "missing function(s): optimizer",
+            "no optimizer: define optimizer",
         ),
-        ("import no_such_module\n" + GOOD_MODEL, "importing it raised ModuleNotFoundError"),
+        (
+            "import no_such_module\n" + GOOD_MODEL,
+            "importing it raised ModuleNotFoundError at line 1: No module named 'no_such_module'",
+        ),
         (
             GOOD_MODEL + "\ndef model():\n    return [1, 2]\n",
             "model() returned list, expected a keras.Model",
         ),
         (
-            GOOD_MODEL + "\ndef optimizer():\n    return 'sgd'\n",
-            "optimizer() returned str, expected a keras.optimizers.Optimizer",
+            GOOD_MODEL + "\ndef optimizer():\n    return 0.1\n",
+            "optimizer(): got float, expected a keras.optimizers.Optimizer or an optimizer name",
         ),
         (
-            GOOD_MODEL + "\ndef loss(labels, outputs):\n    return outputs\n",
-            "loss() must return a scalar",
+            GOOD_MODEL + "\ndef loss(labels, outputs):\n    return None\n",
+            "the loss failed on the first batch: TypeError: loss() returned NoneType, expected a "
+            "tensor of per-example losses or a scalar",
         ),
         ("def model(:\n", "syntax error on line 1"),
     ],
@@ -132,7 +136,7 @@ def test_wrong_flag_value_is_a_usage_error(tmp_path, capsys):
         "import-error",
         "model-type",
         "optimizer-type",
-        "loss-shape",
+        "loss-type",
         "syntax",
     ],
 )

@@ -11,22 +11,8 @@ from typing import Any
 
 from kubernetes import client, watch
 
-
-def wait_for(
-    what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.2
-) -> Any:
-    """Poll check() until it returns something truthy; fail the test with `what` if not."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except Exception as err:  # keep polling; report the last error on timeout
-            last_error = err
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what} (last error: {last_error})")
+# Shared with the cluster's start (tests/cluster, put on sys.path by conftest.py).
+from local_cluster import container_log, wait_for  # noqa: F401 - the tests import them from here
 
 
 def pod_manifest(
@@ -153,13 +139,6 @@ def wait_running(
             raise AssertionError(f"pod {name} ended: {pod.status}")
         time.sleep(0.2)
     raise TimeoutError(f"timed out after {timeout}s waiting for pod {name} Running")
-
-
-def container_log(workdir: Path, pod: client.V1Pod, container: str = "main") -> str:
-    """What `kubectl logs` would show: the process kubelet keeps it in the pod's directory."""
-    meta = pod.metadata
-    pod_dir = workdir / "pods" / f"{meta.namespace}_{meta.name}_{meta.uid[:8]}"
-    return (pod_dir / f"{container}.log").read_text(errors="replace")
 
 
 def last_json_line(text: str) -> Any:

@@ -20,9 +20,10 @@ from elastic_step.data.feed import (
 from elastic_step.data.preprocess import preprocess
 from elastic_step.data.schema import Column, Schema
 from elastic_step.data.tfrecord import read_records
+from elastic_step.errors import InputError
 
 
-def _example(**values: float | str) -> bytes:
+def _example(**values: float | str) -> bytes:  # keys may be any CSV column name
     feature = {}
     for name, value in values.items():
         if isinstance(value, str):
@@ -155,3 +156,94 @@ def test_keras_model_fits_on_preprocessed_data(small_csv: str, tmp_path: Path) -
         make_dataset(records, batch_size=8, mode="predict", schema=schema), verbose=0
     )
     assert predictions.shape == (n, 3)
+
+
+# --- the two input forms, one-hot, fill values and input names ------------------------------
+
+
+def _wide_schema(one_hot: bool = False) -> Schema:
+    return Schema(
+        label="y",
+        label_kind="class",
+        label_vocabulary=["cat", "dog"],
+        columns=[
+            Column(
+                name="od/280", kind="numeric", mean=10.0, std=4.0, input_name="od_280", fill=10.0
+            ),
+            Column(name="color", kind="categorical", vocabulary=["red", "blue"]),
+            Column(
+                name="fixed acidity",
+                kind="numeric",
+                mean=1.0,
+                std=2.0,
+                input_name="fixed_acidity",
+                fill=0.0,
+            ),
+        ],
+        one_hot=one_hot,
+    )
+
+
+WIDE_RECORDS = [
+    _example(**{"od/280": 14.0, "color": "blue", "fixed acidity": 5.0, "y": "dog"}),
+    _example(**{"color": "green", "y": "cat"}),  # both numbers missing: their fill values
+]
+
+
+def test_columns_form_keys_by_input_name_and_fills_missing_values() -> None:
+    ((features, _),) = list(
+        make_dataset(WIDE_RECORDS, batch_size=2, mode="evaluate", schema=_wide_schema())
+    )
+    assert list(features) == ["od_280", "color", "fixed_acidity"]
+    np.testing.assert_allclose(features["od_280"].numpy(), [1.0, 0.0])  # fill 10 = the mean
+    np.testing.assert_allclose(features["fixed_acidity"].numpy(), [2.0, -0.5])  # fill 0
+    assert features["color"].numpy().tolist() == [1, 2]
+
+    ((features, _),) = list(
+        make_dataset(WIDE_RECORDS, batch_size=2, mode="evaluate", schema=_wide_schema(True))
+    )
+    assert features["color"].numpy().tolist() == [[0, 1, 0], [0, 0, 1]]  # one-hot of V + 1
+
+
+def test_vector_form_stacks_columns_in_schema_order() -> None:
+    for one_hot, expected in (
+        (False, [[1.0, 1.0, 2.0], [0.0, 2.0, -0.5]]),
+        (True, [[1.0, 0, 1, 0, 2.0], [0.0, 0, 0, 1, -0.5]]),
+    ):
+        schema = _wide_schema(one_hot)
+        assert feed_module.vector_width(schema) == len(expected[0])
+        form = feed_module.InputForm(vector=True, width=len(expected[0]))
+        batches = feed_module.default_feed(
+            records_dataset(WIDE_RECORDS, 2), "train", schema, form=form
+        )
+        ((vector, labels),) = list(batches)
+        assert vector.dtype == tf.float32
+        np.testing.assert_allclose(vector.numpy(), expected)
+        assert labels.numpy().tolist() == [1, 0]
+
+
+def test_input_form_of_models_and_width_check() -> None:
+    sequential = keras.Sequential([keras.Input(shape=(3,)), keras.layers.Dense(2)])
+    assert feed_module.input_form(sequential) == feed_module.InputForm(vector=True, width=3)
+    assert feed_module.input_form(keras.Sequential([keras.layers.Dense(2)])).vector
+    named = {"od_280": keras.Input(shape=(), name="od_280"), "c": keras.Input(shape=(), name="c")}
+    joined = keras.layers.Concatenate()([keras.layers.Reshape((1,))(t) for t in named.values()])
+    functional = keras.Model(named, keras.layers.Dense(1)(joined))
+    assert feed_module.input_form(functional) == feed_module.COLUMNS
+
+    class Subclassed(keras.Model):
+        def call(self, inputs):
+            return inputs["od_280"]
+
+    assert feed_module.input_form(Subclassed()) == feed_module.COLUMNS
+
+    feed = feed_module.default_feed_for_model(sequential)
+    with pytest.raises(
+        InputError,
+        match=r"the model's input takes vectors of 3 values, but the default feed makes 5 per "
+        r"record: 2 numeric columns and 1 categorical ones \(its vocabulary size \+ 1 "
+        r"\(--one-hot\) each\); give keras.Input\(shape=\(5,\)\)",
+    ):
+        feed(records_dataset(WIDE_RECORDS, 2), "train", _wide_schema(one_hot=True))
+    ((vector, _),) = list(feed(records_dataset(WIDE_RECORDS, 2), "train", _wide_schema()))
+    assert sequential(vector).shape == (2, 2)

@@ -1,0 +1,12 @@
+"""Pipeline components of elastic-step: preprocess, elastic-train and evaluate, for Kubeflow
+Pipelines v2 (kfp_components.py) and Argo Workflows (argo_templates.py).
+
+Both run the ``elastic-step`` command in the project's image (:data:`IMAGE`, built from the
+Containerfile), which installs nothing at run time. ``python -m elastic_step.components.render``
+writes the committed YAML under components/ and pipelines/.
+"""
+
+from elastic_step import __version__
+
+#: The image every component runs in; see the README for how to use your own build.
+IMAGE = f"ghcr.io/elastic-step/elastic-step:{__version__}"

@@ -1,0 +1,228 @@
+"""The Argo Workflows templates: preprocess, elastic-train and evaluate, in one
+WorkflowTemplate ``elastic-step`` that workflows use through ``templateRef``.
+
+Each is a container template that runs the ``elastic-step`` command in the project's image,
+with the template's parameters as flags. Data and models are given as locations, object-store
+URIs (``s3://``, ``gs://``, ``minio://``) or paths on a volume that every pod mounts: the
+training job's workers and PS run in pods of their own and read and write there directly.
+Files that only the step's own pod needs (the CSV, the model definition, the worker pod
+template) are Argo input artifacts, so they may come from any artifact source, ``raw`` text
+included.
+
+elastic-train names its job from ``{{workflow.uid}}`` and ``{{node.name}}``
+(:data:`identity.ARGO_JOB_NAME`): a retry of the step, or ``argo retry`` of the workflow,
+resumes the same job and adopts its pods, and no two workflows share a job.
+"""
+
+from __future__ import annotations
+
+from hera.workflows import (
+    Artifact,
+    Container,
+    FieldEnv,
+    NoneArchiveStrategy,
+    Parameter,
+    RawArtifact,
+    RetryStrategy,
+    WorkflowTemplate,
+)
+from hera.workflows.models import ValueFrom
+
+from elastic_step.components import IMAGE
+from elastic_step.components.identity import ARGO_JOB_NAME
+
+WORKFLOW_TEMPLATE = "elastic-step"
+INPUTS = "/tmp/inputs"
+OUTPUTS = "/tmp/outputs"
+#: Retries of the training step; a retry resumes the job. Bad input (exit 2) is not retried.
+TRAIN_RETRIES = 2
+
+
+def _value(name: str) -> str:
+    return f"{{{{inputs.parameters.{name}}}}}"
+
+
+def _flags(*names: str) -> list[str]:
+    """``--NAME {{inputs.parameters.NAME}}`` for each parameter."""
+    argv: list[str] = []
+    for name in names:
+        argv += [f"--{name}", _value(name)]
+    return argv
+
+
+def _parameters(defaults: dict[str, object], descriptions: dict[str, str]) -> list[Parameter]:
+    """Input parameters: those in ``defaults`` are optional."""
+    return [
+        Parameter(name=name, description=text, default=defaults.get(name))
+        if name in defaults
+        else Parameter(name=name, description=text)
+        for name, text in descriptions.items()
+    ]
+
+
+def _preprocess() -> Container:
+    return Container(
+        name="preprocess",
+        image=_value("image"),
+        command=["elastic-step"],
+        args=[
+            "preprocess",
+            "--input",
+            f"{INPUTS}/data.csv",
+            *_flags("label", "output", "shards", "validation-fraction", "seed"),
+            *_flags("categorical", "label-type"),
+        ],
+        inputs=[
+            Artifact(name="csv", path=f"{INPUTS}/data.csv"),
+            *_parameters(
+                {
+                    "shards": 4,
+                    "validation-fraction": 0.2,
+                    "seed": 0,
+                    "categorical": "",
+                    "label-type": "auto",
+                    "image": IMAGE,
+                },
+                {
+                    "label": "the label column",
+                    "output": "where the data goes (a URI or a path on a shared volume)",
+                    "shards": "shards per split",
+                    "validation-fraction": "fraction of the rows held out for validation",
+                    "seed": "seed of the split",
+                    "categorical": "comma-separated columns to treat as categorical",
+                    "label-type": "auto, class or numeric",
+                    "image": "the elastic-step image",
+                },
+            ),
+        ],
+    )
+
+
+def _elastic_train() -> Container:
+    # Below --workers, --max-workers means no growth (the command's default).
+    max_workers = (
+        "{{=max(asInt(inputs.parameters.workers), asInt(inputs.parameters['max-workers']))}}"
+    )
+    return Container(
+        name="elastic-train",
+        image=_value("image"),
+        command=["elastic-step"],
+        args=[
+            "train",
+            "--backend",
+            "kubernetes",
+            "--job-name",
+            ARGO_JOB_NAME,
+            "--model-def",
+            f"{INPUTS}/model_def.py",
+            "--pod-template",
+            f"{INPUTS}/pod-template.yaml",
+            *_flags("data", "output", "epochs", "batch-size", "workers", "min-workers"),
+            "--max-workers",
+            max_workers,
+            *_flags("ps", "records-per-task", "seed", "image"),
+            *_flags("worker-cpu", "worker-memory", "ps-cpu", "ps-memory"),
+        ],
+        env=[
+            # The master finds its own pod, and listens on its IP.
+            FieldEnv(name="ELASTIC_STEP_POD_NAME", field_path="metadata.name"),
+            FieldEnv(name="ELASTIC_STEP_POD_IP", field_path="status.podIP"),
+        ],
+        retry_strategy=RetryStrategy(
+            limit=str(TRAIN_RETRIES), retry_policy="Always", expression="lastRetry.exitCode != '2'"
+        ),
+        inputs=[
+            # The model definition: a Python file from any artifact source, raw text too.
+            Artifact(name="model-def", path=f"{INPUTS}/model_def.py"),
+            # A pod (or pod spec) merged into every worker and PS pod: volumes, env from
+            # Secrets, priorityClassName, node selectors. By default nothing: {}.
+            RawArtifact(name="pod-template", path=f"{INPUTS}/pod-template.yaml", data="{}\n"),
+            *_parameters(
+                {
+                    "epochs": 1,
+                    "batch-size": 64,
+                    "workers": 2,
+                    "min-workers": 1,
+                    "max-workers": 0,
+                    "ps": 1,
+                    "records-per-task": 512,
+                    "seed": 0,
+                    "image": IMAGE,
+                    "worker-cpu": "1",
+                    "worker-memory": "2Gi",
+                    "ps-cpu": "1",
+                    "ps-memory": "2Gi",
+                },
+                {
+                    "data": "what preprocess wrote (a URI or a path on a shared volume)",
+                    "output": "where the model, summary and checkpoints go",
+                    "epochs": "passes over the training data",
+                    "batch-size": "records per batch",
+                    "workers": "workers to start",
+                    "min-workers": "the job fails below this many",
+                    "max-workers": "grow up to this many workers while all run",
+                    "ps": "parameter server shards",
+                    "records-per-task": "records per task",
+                    "seed": "seed of the task order and of the initial values",
+                    "image": "the elastic-step image, of this step and of worker and PS pods",
+                    "worker-cpu": "CPU of each worker pod",
+                    "worker-memory": "memory of each worker pod",
+                    "ps-cpu": "CPU of each PS pod",
+                    "ps-memory": "memory of each PS pod",
+                },
+            ),
+        ],
+    )
+
+
+def _evaluate() -> Container:
+    return Container(
+        name="evaluate",
+        image=_value("image"),
+        command=["elastic-step"],
+        args=[
+            "evaluate",
+            *_flags("model", "data", "split", "batch-size"),
+            "--metrics-output",
+            f"{OUTPUTS}/metrics.json",
+            "--report",
+            f"{OUTPUTS}/report.html",
+        ],
+        inputs=_parameters(
+            {"split": "validation", "batch-size": 256, "image": IMAGE},
+            {
+                "model": "what elastic-train wrote",
+                "data": "what preprocess wrote",
+                "split": "the split to evaluate",
+                "batch-size": "records per batch",
+                "image": "the elastic-step image",
+            },
+        ),
+        outputs=[
+            Parameter(
+                name="metrics",
+                description="the evaluation as JSON: loss, metrics, confusion matrix, ROC",
+                value_from=ValueFrom(path=f"{OUTPUTS}/metrics.json"),
+            ),
+            Artifact(name="metrics", path=f"{OUTPUTS}/metrics.json"),
+            # Not archived, so that the Argo UI shows the page.
+            Artifact(name="report", path=f"{OUTPUTS}/report.html", archive=NoneArchiveStrategy()),
+        ],
+    )
+
+
+def workflow_template() -> WorkflowTemplate:
+    """The WorkflowTemplate ``elastic-step`` with the three templates."""
+    with WorkflowTemplate(
+        name=WORKFLOW_TEMPLATE,
+        annotations={
+            "workflows.argoproj.io/description": "elastic-step: preprocess a CSV file, train "
+            "elastically with workers and parameter servers started by the training step, "
+            "and evaluate the model."
+        },
+        labels={"app.kubernetes.io/name": "elastic-step"},
+    ) as template:
+        _preprocess()
+        _elastic_train()
+        _evaluate()
+    return template

@@ -1,0 +1,265 @@
+"""The first pass over a CSV file: column types, validation of every value, and counts.
+
+Column types come from the first 100 data rows (empty values aside):
+
+- every value a number: numeric;
+- more than half numbers, but not all: an error naming the first other value, its line and
+  the column, and ``--categorical``, since a stray word in a numeric column is far likelier
+  than a categorical column of mostly numbers;
+- otherwise categorical.
+
+A later value that does not fit its column's type, an empty numeric value without
+``--fill-missing``, and an empty label are errors naming the line and the column. Nothing is
+held per row: the pass keeps the vocabularies of categorical columns and the label's classes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from elastic_step.data.csv_source import CsvBatch, CsvSource
+from elastic_step.data.numbers import first_true, is_number, to_numbers
+from elastic_step.errors import InputError
+
+INFER_ROWS = 100  # column types come from this many leading data rows
+MAX_AUTO_CLASSES = 50  # an integer label with at most this many values is a class label
+ID_COLUMN_SHARE = 0.9  # a categorical column with this share of distinct values looks like ids
+ID_COLUMN_MIN_ROWS = 20
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Scan:
+    """What the first pass learned. ``kinds[j]`` is how column ``j``'s values are read
+    (the label's included): ``numeric`` or ``categorical`` (text)."""
+
+    header: list[str]
+    label_index: int
+    kinds: list[str]
+    sample: CsvBatch  # the leading rows, for estimates
+    rows: int = 0
+    value_counts: dict[int, dict[str, int]] = field(default_factory=dict)
+    label_kind: str = "numeric"
+    label_vocabulary: list[str] | None = None
+    class_counts: list[int] | None = None  # per label_vocabulary entry
+
+    @property
+    def label_numeric(self) -> bool:
+        """The label's values are numbers (a numeric label, or classes named by numbers)."""
+        return self.kinds[self.label_index] == "numeric"
+
+    def vocabulary(self, column: int) -> list[str]:
+        """Values of categorical column ``column``, most frequent first, ties by value."""
+        counts = self.value_counts[column]
+        return sorted(counts, key=lambda v: (-counts[v], v))
+
+
+def canonical_number(value: float) -> str:
+    """One spelling per number, so "1", "1.0" and "01" are the same class."""
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def _add_counts(counts: dict, values: pa.Array) -> None:
+    for item in pc.value_counts(values).to_pylist():
+        counts[item["values"]] = counts.get(item["values"], 0) + item["counts"]
+
+
+class _LabelCounter:
+    """The label's values over the whole file: classes and their counts, while they can be."""
+
+    def __init__(self, label_kind: str) -> None:
+        self.label_kind = label_kind
+        self.integral = True
+        self.counts: dict | None = None if label_kind == "numeric" else {}
+
+    def add_numbers(self, floats: pa.Array) -> None:
+        if self.integral and not pc.all(pc.equal(pc.floor(floats), floats)).as_py():
+            self.integral = False
+        if self.counts is None:
+            return
+        _add_counts(self.counts, floats)
+        if self.label_kind == "auto" and len(self.counts) > MAX_AUTO_CLASSES:
+            self.counts = None  # too many values for auto classes: a numeric label
+
+    def add_text(self, values: pa.Array) -> None:
+        _add_counts(self.counts, values)
+
+
+def scan(
+    source: CsvSource,
+    *,
+    label: str,
+    categorical: set[str],
+    label_kind: str,
+    fill_missing: bool,
+    progress: Callable[[int, int], None],
+) -> Scan:
+    """Reads the whole file once; an :class:`InputError` at the first bad value."""
+    path, header = source.path, source.header
+    label_index = header.index(label)
+    batches = source.batches(progress)
+    leading: list[CsvBatch] = []
+    for batch in batches:
+        leading.append(batch)
+        if sum(b.rows for b in leading) >= INFER_ROWS:
+            break
+    if not leading:
+        raise InputError(f"{path}: has 0 data rows, need at least 2")
+    sample = _head(leading, INFER_ROWS)
+    kinds = []
+    for j, name in enumerate(header):
+        if j == label_index and label_kind == "numeric":
+            if label in categorical:
+                raise InputError(
+                    f"{path}: --label-kind numeric, but label column '{label}' is listed as "
+                    "categorical"
+                )
+            kinds.append("numeric")
+        else:
+            kinds.append(
+                _infer_kind(source, name, sample.first_row, sample.columns[j], label, categorical)
+            )
+    result = Scan(header=header, label_index=label_index, kinds=kinds, sample=sample)
+    result.value_counts = {
+        j: {} for j, kind in enumerate(kinds) if kind == "categorical" and j != label_index
+    }
+    labels = _LabelCounter(label_kind)
+    for batch in itertools.chain(leading, batches):
+        _check_batch(source, batch, result, labels, label_kind, fill_missing)
+        result.rows += batch.rows
+    if result.rows < 2:
+        raise InputError(f"{path}: has {result.rows} data rows, need at least 2")
+    _decide_label(result, labels, label_kind)
+    _warn_about_id_columns(result)
+    return result
+
+
+def _head(batches: list[CsvBatch], rows: int) -> CsvBatch:
+    columns = [
+        pa.concat_arrays([b.columns[j] for b in batches]).slice(0, rows)
+        for j in range(len(batches[0].columns))
+    ]
+    return CsvBatch(first_row=0, columns=columns)
+
+
+def _infer_kind(
+    source: CsvSource,
+    name: str,
+    first_row: int,
+    values: pa.Array,
+    label: str,
+    categorical: set[str],
+) -> str:
+    if name in categorical:
+        return "categorical"
+    given = [(i, v.strip()) for i, v in enumerate(values.to_pylist()) if v.strip()]
+    numbers = [is_number(v) for _, v in given]
+    if given and all(numbers):
+        return "numeric"
+    if sum(numbers) * 2 > len(given):
+        row, value = next(iv for iv, ok in zip(given, numbers, strict=True) if not ok)
+        what = (
+            "to read its values as class names" if name == label else "to treat it as categorical"
+        )
+        raise InputError(
+            f"{source.path}: line {source.line_of_row(first_row + row)}: column '{name}' has "
+            f"non-numeric value {value!r}, but {sum(numbers)} of its first {len(given)} values "
+            f"are numbers (pass --categorical {name} {what})"
+        )
+    return "categorical"
+
+
+def _check_batch(
+    source: CsvSource,
+    batch: CsvBatch,
+    result: Scan,
+    labels: _LabelCounter,
+    label_kind: str,
+    fill_missing: bool,
+) -> None:
+    path, header = source.path, result.header
+
+    def line(index: int) -> int:
+        return source.line_of_row(batch.first_row + index)
+
+    for j, values in enumerate(batch.columns):
+        name = header[j]
+        if j == result.label_index:
+            values = pc.utf8_trim_whitespace(values)
+            empty = first_true(pc.equal(values, ""))
+            if empty is not None:
+                raise InputError(
+                    f"{path}: line {line(empty)}: empty value in label column '{name}'"
+                )
+            if result.kinds[j] == "numeric":
+                floats, bad = to_numbers(values)
+                if bad is not None:
+                    _label_not_a_number(path, line(bad), name, values[bad].as_py(), label_kind)
+                labels.add_numbers(floats)
+            else:
+                labels.add_text(values)
+        elif result.kinds[j] == "numeric":
+            floats, bad = to_numbers(values)
+            if bad is not None:
+                raise InputError(
+                    f"{path}: line {line(bad)}: column '{name}' has non-numeric value "
+                    f"{values[bad].as_py().strip()!r}, but was inferred numeric from its first "
+                    f"{INFER_ROWS} values (pass --categorical {name} to treat it as categorical)"
+                )
+            if not fill_missing and floats.null_count:
+                empty = first_true(pc.is_null(floats))
+                raise InputError(
+                    f"{path}: line {line(empty)}: empty value in numeric column '{name}' "
+                    f"(pass --fill-missing mean|zero|VALUE, or --categorical {name})"
+                )
+        else:
+            _add_counts(result.value_counts[j], pc.utf8_trim_whitespace(values))
+
+
+def _label_not_a_number(path: str, line: int, label: str, value: str, label_kind: str) -> None:
+    if label_kind == "numeric":
+        raise InputError(
+            f"{path}: line {line}: label column '{label}' has non-numeric value {value!r}, "
+            f"but --label-kind is numeric"
+        )
+    raise InputError(
+        f"{path}: line {line}: label column '{label}' has non-numeric value {value!r}, but was "
+        f"inferred numeric from its first {INFER_ROWS} values (pass --categorical {label} to "
+        "read its values as class names)"
+    )
+
+
+def _decide_label(result: Scan, labels: _LabelCounter, label_kind: str) -> None:
+    """A class label when asked, or (auto) when text or at most 50 integer values."""
+    counts = labels.counts
+    if result.label_numeric:
+        auto_classes = labels.integral and counts is not None
+        if label_kind == "numeric" or (label_kind == "auto" and not auto_classes):
+            result.label_kind = "numeric"
+            return
+        ordered = sorted(counts)
+        result.label_vocabulary = [canonical_number(v) for v in ordered]
+    else:
+        ordered = sorted(counts)
+        result.label_vocabulary = list(ordered)
+    result.label_kind = "class"
+    result.class_counts = [counts[v] for v in ordered]
+
+
+def _warn_about_id_columns(result: Scan) -> None:
+    for j, counts in result.value_counts.items():
+        if result.rows >= ID_COLUMN_MIN_ROWS and len(counts) >= ID_COLUMN_SHARE * result.rows:
+            log.warning(
+                "column '%s' has %d distinct values in %d rows: probably an id column, which "
+                "a model cannot learn from; consider dropping it",
+                result.header[j],
+                len(counts),
+                result.rows,
+            )

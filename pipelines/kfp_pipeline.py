@@ -1,0 +1,69 @@
+"""An example Kubeflow Pipelines pipeline: preprocess -> elastic-train -> evaluate.
+
+Upload pipelines/kfp_pipeline.yaml in the KFP UI (or with ``kfp.Client().upload_pipeline``)
+and start a run with the URIs of a CSV file and of a model definition, and the CSV's label
+column (for example elastic_step/examples/breast_cancer.py, for scikit-learn's breast cancer
+data). The run's service account needs the Role in manifests/rbac.yaml (see the README).
+"""
+
+from kfp import dsl, kubernetes
+
+from elastic_step.components.kfp_components import elastic_train, evaluate, preprocess
+
+
+@dsl.pipeline(
+    name="elastic-step-example",
+    description="Preprocess a CSV file, train elastically with workers and parameter servers "
+    "started by the training step, and evaluate the model.",
+)
+def elastic_step_pipeline(
+    csv_uri: str,
+    label: str,
+    model_def_uri: str,
+    epochs: int = 5,
+    batch_size: int = 64,
+    workers: int = 2,
+    max_workers: int = 4,
+    ps: int = 1,
+    records_per_task: int = 512,
+    backend: str = "kubernetes",
+    worker_cpu: str = "1",
+    worker_memory: str = "2Gi",
+    ps_cpu: str = "1",
+    ps_memory: str = "2Gi",
+    storage_secret: str = "mlpipeline-minio-artifact",
+) -> None:
+    csv = dsl.importer(artifact_uri=csv_uri, artifact_class=dsl.Dataset, reimport=False)
+    model_def = dsl.importer(
+        artifact_uri=model_def_uri, artifact_class=dsl.Artifact, reimport=False
+    ).set_display_name("model-definition")
+    data = preprocess(csv=csv.output, label=label)
+    train = elastic_train(
+        dataset=data.outputs["data"],
+        model_def=model_def.output,
+        epochs=epochs,
+        batch_size=batch_size,
+        workers=workers,
+        max_workers=max_workers,
+        ps=ps,
+        records_per_task=records_per_task,
+        backend=backend,
+        worker_cpu=worker_cpu,
+        worker_memory=worker_memory,
+        ps_cpu=ps_cpu,
+        ps_memory=ps_memory,
+        storage_secret=storage_secret,
+        # Resolved by KFP only as a task's whole input: with the run's id, it names the job,
+        # so that a retry of this step (a new pod) resumes the same job.
+        task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    )
+    train.set_retry(num_retries=2)
+    # The master reads the dataset and writes the model at their object-store URIs itself
+    # (its workers, in other pods, cannot see the launcher's local copies), so it needs the
+    # store's credentials too; minio:// finds KFP's own store by its default endpoint.
+    kubernetes.use_secret_as_env(
+        train,
+        secret_name=storage_secret,
+        secret_key_to_env={"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"},
+    )
+    evaluate(model=train.outputs["model"], dataset=data.outputs["data"])

@@ -1,0 +1,219 @@
+"""The pipeline components' own logic: job names, where the job's pods find artifacts, and
+the commands that the KFP components and the Argo templates run, read by the real CLI."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+from kfp import dsl
+
+from elastic_step.backends.kubernetes_options import (
+    RoleResources,
+    Volume,
+    options_from_args,
+)
+from elastic_step.cli import build_parser
+from elastic_step.components import IMAGE, identity
+from elastic_step.components.argo_templates import workflow_template
+from elastic_step.components.locations import shared_location
+from elastic_step.components.steps import flags, model_def_file, train_command
+from elastic_step.errors import InputError
+from elastic_step.master.config import JOB_NAME
+
+# -- job names --
+
+
+def test_a_job_name_is_a_valid_label_fixed_by_run_and_step() -> None:
+    name = identity.job_name_for("8f0c-run", "elastic-train")
+    assert JOB_NAME.fullmatch(name)
+    assert name == identity.job_name_for("8f0c-run", "elastic-train")  # a retry finds it
+    assert name != identity.job_name_for("8f0d-run", "elastic-train")
+    assert name != identity.job_name_for("8f0c-run", "elastic-train-2")
+
+
+def test_an_explicit_job_name_wins() -> None:
+    name = identity.kfp_job_name(
+        job_name="digits", task_name="", output="/x", env={"KFP_POD_NAME": "p"}
+    )
+    assert name == "digits"
+
+
+def test_off_a_kfp_cluster_the_output_names_the_job() -> None:
+    """kfp.local: no pod to read; every local run has its own output."""
+    one = identity.kfp_job_name(job_name="", task_name="train", output="/root/run-1", env={})
+    two = identity.kfp_job_name(job_name="", task_name="train", output="/root/run-2", env={})
+    assert one == identity.job_name_for("/root/run-1", "train") and one != two
+
+
+@pytest.mark.parametrize("task_name", ["", "{{$.pipeline_task_name}}"])
+def test_on_a_kfp_cluster_an_unresolved_task_name_is_refused(task_name: str) -> None:
+    with pytest.raises(InputError, match=r"task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER"):
+        identity.kfp_job_name(
+            job_name="", task_name=task_name, output="s3://b/m", env={"KFP_POD_NAME": "p"}
+        )
+
+
+def test_the_argo_expression_gives_what_job_name_for_gives() -> None:
+    assert identity.ARGO_JOB_NAME == (
+        "es-{{=sprig.trunc(12, sprig.sha256sum(workflow.uid + '/' + node.name))}}"
+    )
+    # What Argo v4.0.5's template engine (util/template.Replace) made of ARGO_JOB_NAME with
+    # workflow.uid and node.name set to these two values.
+    uid, node = "1b0f6c1e-0000-4000-8000-000000000001", "elastic-step-example-abcde.train"
+    assert identity.job_name_for(uid, node) == "es-7add59cae49b"
+
+
+# -- where the job's pods find an artifact --
+
+REMOTE = dsl.Dataset(name="data", uri="minio://mlpipeline/v2/artifacts/p/run/preprocess/x/data")
+LOCAL_ONLY = dsl.Dataset(name="data", uri="/tmp/root/p/run/preprocess/data")
+
+
+def test_worker_pods_use_an_object_store_uri_directly() -> None:
+    assert shared_location(REMOTE, backend="kubernetes", volumes=[]) == REMOTE.uri
+
+
+def test_a_claim_that_holds_the_local_copy_is_used_as_it_is() -> None:
+    claim = Volume(claim="artifacts", mount="/minio")
+    assert REMOTE.path.startswith("/minio/")
+    assert shared_location(REMOTE, backend="kubernetes", volumes=[claim]) == REMOTE.path
+    other = Volume(claim="artifacts", mount="/min")  # a prefix of the path, not its parent
+    assert shared_location(REMOTE, backend="kubernetes", volumes=[other]) == REMOTE.uri
+
+
+def test_local_workers_use_the_local_path() -> None:
+    assert shared_location(REMOTE, backend="local", volumes=[]) == REMOTE.path
+    assert shared_location(LOCAL_ONLY, backend="local", volumes=[]) == LOCAL_ONLY.path
+
+
+def test_an_artifact_no_pod_can_reach_is_refused() -> None:
+    with pytest.raises(InputError, match=r"artifact 'data' is at /tmp/root/.*volumes"):
+        shared_location(LOCAL_ONLY, backend="kubernetes", volumes=[])
+
+
+# -- the commands --
+
+
+def test_flags_leave_out_unset_values() -> None:
+    assert flags({"--a": 0, "--b": "", "--c": None, "--d": "x"}) == ["--a", "0", "--d", "x"]
+
+
+def test_exactly_one_model_definition(tmp_path) -> None:
+    artifact = dsl.Artifact(name="model_def", uri=str(tmp_path / "model.py"))
+    assert model_def_file(artifact, "") == artifact.path
+    with open(model_def_file(None, "def model(): ...\n")) as f:
+        assert f.read() == "def model(): ...\n"
+    for given, text in ((artifact, "x = 1"), (None, "")):
+        with pytest.raises(InputError, match="exactly one model definition"):
+            model_def_file(given, text)
+
+
+TRAIN_SETTINGS = dict(
+    model_def_text="def model(): ...\n",
+    epochs=3,
+    batch_size=32,
+    workers=2,
+    min_workers=1,
+    max_workers=6,
+    ps=2,
+    records_per_task=128,
+    seed=7,
+    image="registry.example.com/elastic-step:1",
+    worker_cpu="2",
+    worker_memory="4Gi",
+    ps_cpu="1",
+    ps_memory="2Gi",
+    worker_priority_class="elastic-step-low",
+    storage_secret="mlpipeline-minio-artifact",
+    volumes=["claim=shared,mount=/shared,readonly"],
+    job_name="",
+    task_name="elastic-train",
+)
+
+
+def test_the_train_command_on_kubernetes_is_one_the_cli_takes() -> None:
+    command = train_command(
+        dataset=REMOTE,
+        model=dsl.Model(name="model", uri="minio://mlpipeline/v2/artifacts/p/run/train/y/model"),
+        backend="kubernetes",
+        **TRAIN_SETTINGS,
+    )
+    args = build_parser().parse_args(command.argv)
+    assert (args.data, args.output) == (REMOTE.uri, command.output)
+    assert command.output.startswith("minio://") and args.job_name == command.job_name
+    assert (args.epochs, args.batch_size, args.workers, args.max_workers) == (3, 32, 2, 6)
+    assert (args.ps, args.records_per_task, args.seed, args.backend) == (2, 128, 7, "kubernetes")
+    options = options_from_args(args)
+    assert options.image == "registry.example.com/elastic-step:1"
+    assert options.worker == RoleResources(cpu="2", memory="4Gi")
+    assert options.ps == RoleResources(cpu="1", memory="2Gi")
+    assert options.worker_priority_class == "elastic-step-low"
+    assert options.storage_secret == "mlpipeline-minio-artifact"
+    assert options.volumes == (Volume(claim="shared", mount="/shared", read_only=True),)
+
+
+def test_the_train_command_with_local_workers_has_no_kubernetes_flags() -> None:
+    command = train_command(
+        dataset=REMOTE,
+        model=dsl.Model(name="model", uri="/tmp/root/p/run/train/model"),
+        backend="local",
+        **{**TRAIN_SETTINGS, "max_workers": 0},
+    )
+    args = build_parser().parse_args(command.argv)
+    assert (args.backend, args.data, args.max_workers) == ("local", REMOTE.path, None)
+    assert args.image is None and args.volume == [] and args.storage_secret is None
+
+
+def test_an_unknown_backend_is_refused() -> None:
+    with pytest.raises(InputError, match="backend must be one of kubernetes, local, got 'k8s'"):
+        train_command(dataset=REMOTE, model=REMOTE, backend="k8s", **TRAIN_SETTINGS)
+
+
+# -- the Argo templates --
+
+PARAMETER = re.compile(r"\{\{inputs\.parameters\.([-\w]+)\}\}")
+#: A parameter named anywhere, in a simple tag or in an expression.
+REFERENCE = re.compile(r"inputs\.parameters(?:\.([-\w]+)|\['([-\w]+)'\])")
+#: What Argo's expressions give, for the CLI to parse.
+EXPRESSIONS = {identity.ARGO_JOB_NAME: "es-0123456789ab"}
+
+
+def _templates() -> dict[str, dict]:
+    document = yaml.safe_load(workflow_template().to_yaml())
+    return {t["name"]: t for t in document["spec"]["templates"]}
+
+
+@pytest.mark.parametrize("name", ["preprocess", "elastic-train", "evaluate"])
+def test_each_argo_template_runs_a_command_the_cli_takes(name: str) -> None:
+    template = _templates()[name]
+    declared = {p["name"]: p.get("default", "x") for p in template["inputs"]["parameters"]}
+    container = template["container"]
+    used = {
+        dotted or indexed
+        for arg in [container["image"], *container["args"]]
+        for dotted, indexed in REFERENCE.findall(arg)
+    }
+    assert used == set(declared), "every parameter is used, and only declared ones"
+    assert container["command"] == ["elastic-step"]
+    assert declared["image"] == IMAGE
+    argv = []
+    for arg in container["args"]:
+        arg = EXPRESSIONS.get(arg, arg)
+        if arg.startswith("{{="):
+            arg = "2"  # --max-workers: max(workers, max-workers)
+        argv.append(PARAMETER.sub(lambda m: str(declared[m.group(1)]), arg))
+    args = build_parser().parse_args(argv)
+    assert args.command == name.removeprefix("elastic-")
+
+
+def test_the_argo_training_step_is_retried_and_resumes_its_job() -> None:
+    template = _templates()["elastic-train"]
+    args = template["container"]["args"]
+    assert args[args.index("--job-name") + 1] == identity.ARGO_JOB_NAME
+    strategy = template["retryStrategy"]
+    assert strategy["limit"] == "2" and strategy["retryPolicy"] == "Always"
+    assert strategy["expression"] == "lastRetry.exitCode != '2'"  # bad input is not retried
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in template["container"]["env"]}
+    assert env == {"ELASTIC_STEP_POD_NAME": "metadata.name", "ELASTIC_STEP_POD_IP": "status.podIP"}
