@@ -267,8 +267,10 @@ class Coordinator:
             self.instances.note_task_done(request.worker)
             if task.kind is TaskKind.TRAIN:
                 self._note_trained(task.records)
-                # Once workers report their task's mean training loss, it goes to
-                # note_train_loss here, with task.records as its examples.
+                if request.train_examples > 0:  # measured (a worker of this version)
+                    self.note_train_loss(
+                        request.model_version, request.train_loss, {}, examples=task.records
+                    )
             self._collect_evaluations()
 
     def note_train_loss(

@@ -1,9 +1,11 @@
 """The compiled functions a worker runs on a batch.
 
-- :meth:`Steps.gradients` (``--local-steps 1``): the step's gradients, for the PS's optimizer.
+- :meth:`Steps.gradients` (``--local-steps 1``): the step's loss and gradients, for the PS's
+  optimizer.
 - :meth:`Steps.local` (``--local-steps K > 1``): one step of the worker's own optimizer on its
   copy, as ``model.fit`` does: gradients and the dense update in one compiled call; table rows
-  are updated row by row with per-row state (see ``ps/row_optimizer.py``).
+  are updated row by row with per-row state (see ``ps/row_optimizer.py``). It returns the
+  step's loss.
 - :meth:`Steps.evaluate`: outputs and loss.
 
 A table's gradient leaves the graph as (unique row ids, summed rows): what a push carries.
@@ -89,23 +91,26 @@ class Steps:
 
         self.evaluate = evaluate
 
-    def gradients(self, features, labels) -> tuple[dict[str, np.ndarray], Rows]:
-        """The batch's gradients: dense ones by name, and each table's (unique ids, rows)."""
-        _, dense, rows = self._gradients(features, labels)
+    def gradients(self, features, labels) -> tuple[float, dict[str, np.ndarray], Rows]:
+        """The batch's loss and gradients: dense ones by name, and each table's (unique ids,
+        rows)."""
+        loss, dense, rows = self._gradients(features, labels)
         return (
+            float(loss),
             {n: g.numpy() for n, g in dense.items()},
             {n: (ids.numpy(), g.numpy()) for n, (ids, g) in rows.items()},
         )
 
-    def local(self, features, labels) -> None:
-        """One step of the worker's own optimizer on its copy of the model."""
+    def local(self, features, labels) -> float:
+        """One step of the worker's own optimizer on its copy of the model; its loss."""
         import tensorflow as tf
 
         # Read before the step: the dense update advances a schedule's iteration count.
         lr = float(self._optimizer.learning_rate)
-        _, rows = self._local(features, labels)
+        loss, rows = self._local(features, labels)
         for name, (ids, grads) in rows.items():
             ids = ids.numpy()
             values = np.array(self._parameters.gather(name, ids))
             self._row_optimizers[name].apply(values, ids, grads.numpy(), lr)
             self._parameters.tables[name].value.scatter_update(tf.IndexedSlices(values, ids))
+        return float(loss)

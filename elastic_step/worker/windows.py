@@ -9,13 +9,16 @@ answered with the dense values and the rows of those ids: one round trip per sha
 window. A task's first window pulls only its rows (nothing for a model without tables): the
 dense values came with the last push. A window never spans tasks,
 so a task is reported only after its last push: a worker that dies loses at most one
-window, and its task is re-queued.
+window, and its task is re-queued. ``train`` returns the task's mean training loss, which the
+worker reports with the task.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -23,12 +26,30 @@ import numpy as np
 from elastic_step.rpc.ps_client import PSClient, PSUnavailableError, Rows
 from elastic_step.worker.parameters import ModelParameters
 from elastic_step.worker.steps import Steps
+from elastic_step.worker.stream import batch_size_of
 
 log = logging.getLogger("elastic_step.worker")
 
 
 class UserCodeError(Exception):
     """The model definition's code failed while running a task."""
+
+
+@dataclass
+class TrainingLoss:
+    """A task's training loss: summed over its examples (each batch's mean loss times its
+    size), so that batches of different sizes weigh by their examples."""
+
+    loss_sum: float = 0.0
+    examples: int = 0
+
+    def add(self, loss: float, examples: int) -> None:
+        self.loss_sum += loss * examples
+        self.examples += examples
+
+    @property
+    def mean(self) -> float:
+        return self.loss_sum / self.examples if self.examples else math.nan
 
 
 class PSConnection(Protocol):
@@ -57,19 +78,22 @@ class WindowTrainer:
         #: measured from with K > 1); None before the first pull.
         self._base: dict[str, np.ndarray] | None = None
 
-    def train(self, batches: Iterable[tuple]) -> None:
-        """Trains on ``batches`` (a task's), a window of up to K steps per round trip."""
+    def train(self, batches: Iterable[tuple]) -> TrainingLoss:
+        """Trains on ``batches`` (a task's), a window of up to K steps per round trip;
+        returns their training loss."""
+        loss = TrainingLoss()
         batches = iter(batches)
         window, ids = self._window(batches)
         if not window:
-            return
+            return loss
         if self._base is None or ids:
             self._pull(ids, dense=self._base is None)
         while window:
-            dense, rows = self._run_window(window, ids)
+            dense, rows = self._run_window(window, ids, loss)
             window, next_ids = self._window(batches)
             self._push(dense, rows, next_ids)
             ids = next_ids
+        return loss
 
     def evaluation_batches(self, batches: Iterable[tuple]) -> Iterator[tuple]:
         """Yields ``batches`` each once the worker holds the values it reads."""
@@ -100,18 +124,20 @@ class WindowTrainer:
                 break
         return window, ids
 
-    def _run_window(self, window: list, ids: dict) -> tuple[dict, Rows]:
-        """Runs the window's steps; its update: the gradients (K = 1), or the negated change
-        of the worker's copy since the values last pulled (K > 1)."""
+    def _run_window(self, window: list, ids: dict, loss: TrainingLoss) -> tuple[dict, Rows]:
+        """Runs the window's steps, adding their losses to ``loss``; its update: the gradients
+        (K = 1), or the negated change of the worker's copy since the values last pulled
+        (K > 1)."""
         try:
             if self.local_steps == 1:
                 ((features, labels),) = window
-                dense, rows = self.steps.gradients(features, labels)
+                value, dense, rows = self.steps.gradients(features, labels)
+                loss.add(value, batch_size_of(labels, features))
                 self._on_step()
                 return dense, rows
             base_rows = {n: self.parameters.gather(n, i) for n, i in ids.items()}
             for features, labels in window:
-                self.steps.local(features, labels)
+                loss.add(self.steps.local(features, labels), batch_size_of(labels, features))
                 self._on_step()
         except Exception as e:
             raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e

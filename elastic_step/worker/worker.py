@@ -168,7 +168,7 @@ class Worker:
             )
             try:
                 if task.kind == master_pb2.Task.TRAIN:
-                    self.train(task)
+                    self.train(task, report)
                 else:
                     self.evaluate(task, report)
             except UserCodeError as e:
@@ -223,8 +223,9 @@ class Worker:
         except FeedContractError as e:
             raise UserCodeError(str(e)) from e
 
-    def train(self, task) -> None:
-        self.trainer.train(self._batches(task, "train"))
+    def train(self, task, report: master_pb2.ReportTaskRequest) -> None:
+        loss = self.trainer.train(self._batches(task, "train"))
+        report.train_loss, report.train_examples = loss.mean, loss.examples
 
     def evaluate(self, task, report: master_pb2.ReportTaskRequest) -> None:
         for metric in self.metrics.values():

@@ -198,7 +198,7 @@ def test_gradients_sum_duplicate_rows_over_a_batch() -> None:
     params = ModelParameters(model)
     ids = np.array([[7, 2, 7], [2, 9, 0]], np.int32)
     labels = np.array([[1.0], [-1.0]], np.float32)
-    dense, rows = Steps(model, loss, params).gradients(tf.constant(ids), tf.constant(labels))
+    _, dense, rows = Steps(model, loss, params).gradients(tf.constant(ids), tf.constant(labels))
     row_ids, row_values = rows[TABLE]
     assert row_ids.dtype == np.int64
     assert sorted(row_ids.tolist()) == [0, 2, 7, 9]  # each row once
