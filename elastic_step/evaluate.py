@@ -12,10 +12,30 @@ from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
 from elastic_step.errors import InputError
-from elastic_step.model_def import load_model_definition
+from elastic_step.model_def import ModelDefinition, load_model_definition
 from elastic_step.output_layout import MODEL_FILE, OutputLayout
 
 log = logging.getLogger("elastic_step")
+
+
+def load_trained_model(model_dir: str, definition: ModelDefinition):
+    """The model that training wrote to ``model_dir``: built by ``definition`` (its copy of
+    the model definition), with the weights of its ``model.keras``."""
+    import shutil
+
+    from elastic_step.keras_parts import build_compiled_optimizer
+
+    model = definition.build_model()
+    scratch = storage.local_temp_dir()
+    try:
+        local_model = f"{scratch}/{MODEL_FILE}"
+        with open(local_model, "wb") as f:
+            f.write(storage.read_bytes(OutputLayout(model_dir).model_file))
+        build_compiled_optimizer(model)  # as saved
+        model.load_weights(local_model)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return model
 
 
 def evaluate(
@@ -30,7 +50,6 @@ def evaluate(
     import keras
 
     from elastic_step.data.feed import make_dataset
-    from elastic_step.keras_parts import build_compiled_optimizer
 
     paths = OutputLayout(model_dir)
     for path in (paths.model_file, paths.model_def):
@@ -46,13 +65,7 @@ def evaluate(
     if total == 0:
         raise InputError(f"{data_dir}: the {split} split holds no records")
     definition = load_model_definition(paths.model_def, schema)
-    model = definition.build_model()
-    scratch = storage.local_temp_dir()
-    local_model = f"{scratch}/{MODEL_FILE}"
-    with open(local_model, "wb") as f:
-        f.write(storage.read_bytes(paths.model_file))
-    build_compiled_optimizer(model)  # as saved
-    model.load_weights(local_model)
+    model = load_trained_model(model_dir, definition)
     metrics = definition.build_metrics()
     loss_sum, count = 0.0, 0
     classifier = None

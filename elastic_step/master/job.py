@@ -91,6 +91,9 @@ def planned_specs(config: TrainConfig, master_address: str, secret: str) -> list
 
 
 class Job:
+    #: What the job leaves in --output, for its last log line.
+    RESULTS = "model.keras, saved_model/ and summary.json"
+
     def __init__(
         self,
         config: TrainConfig,
@@ -316,6 +319,8 @@ class Job:
             raise InputError(f"cannot resume the job in {self.output}: {e}") from e
         if record is None:
             storage.write_text_atomic(self.paths.model_def, self.definition.source)
+            # What `predict` encodes a CSV with: the model's inputs are the data's columns.
+            storage.write_text_atomic(self.paths.schema, self.schema.to_json())
             self.store.flush(FLUSH_TIMEOUT_S)
 
     def _open_coordinator(self, saved: SavedJob, record: JobRecord | None, token: int) -> None:
@@ -384,7 +389,7 @@ class Job:
                 if not resumed:
                     log.info(
                         "starting %d PS and %d workers (master on port %d, backend %s)",
-                        self.config.ps,
+                        self._membership_settings().num_ps,
                         self.config.workers,
                         coordinator.record.port,
                         self.config.backend,
@@ -614,7 +619,7 @@ class Job:
         self.backend.remove_job_objects()
         self._write_status()
         self._events.write(self._view(), final=True)
-        log.info("done: model.keras, saved_model/ and summary.json are in %s", self.output)
+        log.info("done: %s are in %s", self.RESULTS, self.output)
         return 0
 
     def _write_summary(self) -> None:

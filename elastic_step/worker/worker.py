@@ -2,7 +2,9 @@
 
 A training task's batches run in windows of ``--local-steps`` steps against the PS (see
 :mod:`elastic_step.worker.windows`). An evaluation task reports the loss and the metrics'
-states, not predictions.
+states, not predictions. In a prediction job (``elastic-step predict``) the worker loads the
+trained model and writes each task's predictions (:mod:`elastic_step.worker.predictor`); it
+has no PS.
 
 An error in the user's code fails the task (the master retries it elsewhere, up to its
 limit); a PS that goes away is waited for and reconnected, and the batch is pushed again.
@@ -73,6 +75,14 @@ class Worker:
         self.definition = load_model_definition(self.settings.model_def, self.schema)
         # The same seed in every worker, as the final model is built on the master.
         keras.utils.set_random_seed(self.settings.seed)
+        if self.settings.predict_model_dir:
+            from elastic_step.evaluate import load_trained_model
+            from elastic_step.worker.predictor import Predictor
+
+            model = load_trained_model(self.settings.predict_model_dir, self.definition)
+            parts = self.settings.predict_parts_dir
+            self.predictor = Predictor(model, self.schema, parts, on_batch=self._count_batch)
+            return
         self.model = self.definition.build_model()
         self.metrics = self.definition.build_metrics()
         self.parameters = ModelParameters(self.model)
@@ -145,16 +155,19 @@ class Worker:
         while True:
             task = self.master.call("GetTask", master_pb2.GetTaskRequest(worker=self.name))
             if task.kind == master_pb2.Task.FINISHED:
-                traffic = self.ps.traffic
-                log.info(
-                    "%s: the job is finished; exiting. PS traffic: %d training steps, %d calls, "
-                    "%d bytes sent, %d bytes received",
-                    self.name,
-                    self.steps_trained,
-                    traffic.calls,
-                    traffic.sent,
-                    traffic.received,
-                )
+                if self.ps is None:
+                    log.info("%s: the job is finished; exiting", self.name)
+                else:
+                    traffic = self.ps.traffic
+                    log.info(
+                        "%s: the job is finished; exiting. PS traffic: %d training steps, "
+                        "%d calls, %d bytes sent, %d bytes received",
+                        self.name,
+                        self.steps_trained,
+                        traffic.calls,
+                        traffic.sent,
+                        traffic.received,
+                    )
                 for stream in self._streams.values():
                     stream.close()
                 self.finished.set()
@@ -169,6 +182,8 @@ class Worker:
             try:
                 if task.kind == master_pb2.Task.TRAIN:
                     self.train(task, report)
+                elif task.kind == master_pb2.Task.PREDICT:
+                    self.predictor.predict(task, self._batches(task, "predict"))
                 else:
                     self.evaluate(task, report)
             except UserCodeError as e:
@@ -180,7 +195,7 @@ class Worker:
                     ok=False,
                     error=str(e),
                 )
-            report.model_version = self.ps.model_version
+            report.model_version = self.ps.model_version if self.ps else 0
             self._lease_id = 0
             self.master.call("ReportTask", report)
 
