@@ -811,7 +811,8 @@ class TaskManager:
 
         if task.kind is not TaskKind.EVALUATE:
             if evaluation is not None:
-                raise invalid(f"a {task.kind.value} task was reported with an evaluation result")
+                what = "training" if task.kind is TaskKind.TRAIN else "prediction"
+                raise invalid(f"a {what} task was reported with an evaluation result")
             return []
         if evaluation is None:
             raise invalid("an evaluation task was reported without an evaluation result")
