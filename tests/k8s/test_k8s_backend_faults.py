@@ -134,6 +134,9 @@ def claim(cluster, restricted) -> Iterator[str]:
             core.delete_namespaced_persistent_volume_claim(name, ns)
 
 
+# About 2.5 minutes on 2 idle cores; the job must outlive the second master's wait for the
+# lease (35 s), so it cannot be much shorter.
+@pytest.mark.timeout(600)
 def test_a_job_rides_out_a_small_node_preemption_a_second_master_and_a_lost_ps(
     cluster, restricted, digits, claim
 ):
