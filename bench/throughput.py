@@ -1,21 +1,28 @@
-"""Training throughput: `elastic-step train` (1 worker, 1 PS) against a plain Keras `model.fit`.
+"""Training throughput: `elastic-step train` (1 worker, 1 PS) against a plain Keras `model.fit`
+and against TensorFlow's own ParameterServerStrategy (1 worker, 1 PS).
 
-Both run in one invocation, one after the other (never at the same time, so they do not compete
+All run in one invocation, one after the other (never at the same time, so they do not compete
 for the cores), on the same model definition (bench/models/mlp.py), the same TFRecord shards
 written by the real `elastic-step preprocess`, the same batch size and the same epochs. Each
 reports a steady-state rate in examples/s that leaves out a warm-up of the same size: the first
-``--records-per-task`` training records.
+``--records-per-task`` training records, and the validation accuracy after the last epoch.
 
 - elastic: ``examples_per_second`` from OUTPUT/summary.json, which the master computes as the
   records of the 2nd to the last completed training task over the wall time between the end of
   the 1st and the end of the last (so it includes task hand-out, per-task dataset building, and
-  the epoch-end evaluation rounds between epochs; see --validation-fraction).
+  the epoch-end evaluation rounds between epochs; see --validation-fraction). One run per
+  ``--local-steps`` value.
 - keras: a callback notes the time at the end of the training step that completes the first
   ``--records-per-task`` records, and at the end of the last step; the rate is the examples of
   the steps in between over that time (epoch boundaries included, as for the elastic run).
 
-The ratio elastic / keras is compared with the target of 0.9. Results go to
-``WORKDIR/throughput.json`` (default ``bench/results/``). See bench/README.md.
+- pss: ``tf.distribute.ParameterServerStrategy`` with a ``ClusterCoordinator``, a worker and a
+  PS as in-process ``tf.distribute.Server``s on loopback (in a child process, since it takes
+  over TensorFlow's context), a custom training loop (gradient step and the optimizer's update
+  in one ``strategy.run``); the time from the end of the warm-up steps to the end of the last.
+
+The ratio elastic / keras is compared with the target of 0.9, and elastic / pss with 1.
+Results go to ``WORKDIR/throughput.json`` (default ``bench/results/``). See bench/README.md.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)  # this checkout's elastic_step, also when run as bench/throughput.py
+
+from elastic_step.master.config import DEFAULT_LOCAL_STEPS  # noqa: E402
+
 MODEL_DEF = os.path.join(HERE, "models", "mlp.py")
 TARGET = 0.9
 CLASSES = 10
@@ -134,8 +145,8 @@ def elastic_step_command() -> list[str]:
 # -- run A: elastic-step train --
 
 
-def run_elastic(args, data_dir: str) -> dict:
-    output = os.path.join(args.workdir, "elastic-run")
+def run_elastic(args, data_dir: str, local_steps: int) -> dict:
+    output = os.path.join(args.workdir, f"elastic-run-k{local_steps}")
     shutil.rmtree(output, ignore_errors=True)  # a leftover job would be resumed, not rerun
     command = [
         *elastic_step_command(),
@@ -160,6 +171,8 @@ def run_elastic(args, data_dir: str) -> dict:
         str(args.checkpoint_steps),
         "--seed",
         str(args.seed),
+        "--local-steps",
+        str(local_steps),
     ]
     log("elastic: " + " ".join(command))
     started = time.perf_counter()
@@ -184,8 +197,9 @@ def run_elastic(args, data_dir: str) -> dict:
     if not rate:
         raise SystemExit(f"{output}/summary.json has no examples_per_second: {summary}")
     accuracy = (summary.get("metrics") or {}).get("accuracy")
-    log(f"elastic: {rate:.0f} examples/s (job wall time {wall:.1f}s, accuracy {accuracy})")
+    log(f"elastic K={local_steps}: {rate:.0f} examples/s (job {wall:.1f}s, accuracy {accuracy})")
     return {
+        "local_steps": local_steps,
         "examples_per_second": rate,
         "job_wall_s": round(wall, 2),
         "model_version": summary.get("model_version"),
@@ -272,8 +286,140 @@ def run_keras(args, data_dir: str) -> dict:
     model.fit(dataset, epochs=args.epochs, verbose=0, shuffle=False, callbacks=[meter.callback])
     wall = time.perf_counter() - started
     rate = meter.rate()
-    log(f"keras: {rate:.0f} examples/s (fit wall time {wall:.1f}s)")
-    return {"examples_per_second": rate, "fit_wall_s": round(wall, 2)}
+    accuracy = validation_accuracy(model, data_dir, args.batch_size)
+    log(f"keras: {rate:.0f} examples/s (fit wall time {wall:.1f}s, accuracy {accuracy:.4f})")
+    return {
+        "examples_per_second": rate,
+        "fit_wall_s": round(wall, 2),
+        "validation_accuracy": accuracy,
+    }
+
+
+def validation_accuracy(model, data_dir: str, batch_size: int) -> float:
+    """The model's accuracy on the validation split, read as the elastic run's evaluation does."""
+    import numpy as np
+    import tensorflow as tf
+
+    from elastic_step.data.feed import default_feed
+    from elastic_step.data.schema import Schema
+
+    schema = Schema.load(data_dir)
+    paths = [path for path, _ in schema.shard_paths(data_dir, "validation")]
+    dataset = default_feed(tf.data.TFRecordDataset(paths).batch(batch_size), "evaluate", schema)
+    right = total = 0
+    for features, labels in dataset:
+        predicted = np.argmax(model(features, training=False), axis=-1)
+        right += int(np.sum(predicted == labels.numpy()))
+        total += len(predicted)
+    return right / total
+
+
+# -- run C: TensorFlow's ParameterServerStrategy --
+
+
+def run_pss(args, data_dir: str) -> dict:
+    """Runs :func:`pss_child` in a child process (it takes over TensorFlow's context)."""
+    out = os.path.join(args.workdir, "pss.json")
+    command = [sys.executable, os.path.abspath(__file__), "--pss-child", out,
+               "--workdir", args.workdir, "--batch-size", str(args.batch_size),
+               "--epochs", str(args.epochs), "--records-per-task", str(args.records_per_task),
+               "--seed", str(args.seed)]  # fmt: skip
+    log("pss: ParameterServerStrategy, 1 worker + 1 PS in-process servers on loopback")
+    subprocess.run(command, check=True, cwd=REPO)
+    with open(out) as f:
+        result = json.load(f)
+    log(
+        f"pss: {result['examples_per_second']:.0f} examples/s "
+        f"(train wall time {result['train_wall_s']:.1f}s, accuracy "
+        f"{result['validation_accuracy']:.4f})"
+    )
+    return result
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pss_child(args, data_dir: str, out: str) -> None:
+    import keras
+    import tensorflow as tf
+
+    from elastic_step.data.feed import default_feed
+    from elastic_step.data.schema import Schema
+    from elastic_step.model_def import load_model_definition
+
+    spec = tf.train.ClusterSpec(
+        {"worker": [f"localhost:{_free_port()}"], "ps": [f"localhost:{_free_port()}"]}
+    )
+    servers = [
+        tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", start=True)
+        for job in ("worker", "ps")
+    ]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+    schema = Schema.load(data_dir)
+    shards = schema.shard_paths(data_dir, "train")
+    records = sum(n for _, n in shards)
+    steps_per_epoch = math.ceil(records / args.batch_size)
+    definition = load_model_definition(MODEL_DEF)
+    keras.utils.set_random_seed(args.seed)
+    # The module's own functions: build_model() clears Keras's session, which would take the
+    # strategy's scope with it.
+    with strategy.scope():
+        model = definition.module.model()
+        optimizer = definition.module.optimizer()
+    loss_fn = definition.loss
+
+    def dataset_fn(context=None):
+        batched = tf.data.TFRecordDataset([path for path, _ in shards]).batch(args.batch_size)
+        return default_feed(batched, "train", schema).repeat(args.epochs).prefetch(tf.data.AUTOTUNE)
+
+    iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+    @tf.function
+    def train_step(iterator):
+        def step(features, labels):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(labels, model(features, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return strategy.run(step, args=next(iterator))
+
+    total = steps_per_epoch * args.epochs
+    warmup = math.ceil(args.records_per_task / args.batch_size)
+    started = time.perf_counter()
+    for _ in range(warmup):
+        coordinator.schedule(train_step, args=(iterator,))
+    coordinator.join()
+    measured_from = time.perf_counter()
+    for _ in range(total - warmup):
+        last = coordinator.schedule(train_step, args=(iterator,))
+    coordinator.join()
+    ended = time.perf_counter()
+    # The steps after the warm-up; the epochs' last batches are partial.
+    examples = records * args.epochs - warmup * args.batch_size
+    # The trained values, read from the PS into a local model, evaluated like the others'.
+    weights = [variable.numpy() for variable in model.weights]
+    local = definition.build_model()
+    local.set_weights(weights)
+    result = {
+        "examples_per_second": examples / (ended - measured_from),
+        "train_wall_s": round(ended - started, 2),
+        "final_loss": float(last.fetch()),
+        "validation_accuracy": validation_accuracy(local, data_dir, args.batch_size),
+        "steps": total,
+        "servers": len(servers),
+    }
+    with open(out, "w") as f:
+        json.dump(result, f)
 
 
 # -- main --
@@ -323,8 +469,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="data, split and model seed")
     parser.add_argument(
-        "--only", choices=["elastic", "keras"], help="run just one side (no ratio is printed)"
+        "--local-steps",
+        default=f"1,{DEFAULT_LOCAL_STEPS}",
+        help="comma-separated --local-steps values: one elastic run each; the ratios use the "
+        "last (1: a push per step; the default's value is train's default)",
     )
+    parser.add_argument(
+        "--only",
+        choices=["elastic", "keras", "pss"],
+        help="run just one side (no ratio is printed)",
+    )
+    parser.add_argument("--pss-child", metavar="OUT.json", help=argparse.SUPPRESS)
     parser.add_argument("-v", "--verbose", action="store_true", help="show all training logs")
     return parser.parse_args(argv)
 
@@ -338,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["BENCH_FEATURES"] = str(args.features)
     os.environ["BENCH_HIDDEN"] = str(args.hidden)
     os.environ["BENCH_CLASSES"] = str(CLASSES)
+    if args.pss_child:
+        pss_child(args, os.path.join(args.workdir, "data"), args.pss_child)
+        return 0
+    local_steps = [int(k) for k in args.local_steps.split(",")]
 
     load_before = load_average()
     log(f"load average before: {load_before} ({os.cpu_count()} CPUs)")
@@ -353,9 +512,15 @@ def main(argv: list[str] | None = None) -> int:
     if run_keras_side and args.keras_runs >= 2:
         keras_runs.append(run_keras(args, data_dir))
         loads["after_keras_1"] = load_average()
+    if args.only in (None, "pss"):
+        results["pss"] = run_pss(args, data_dir)
+        loads["after_pss"] = load_average()
     if args.only in (None, "elastic"):
-        results["elastic"] = run_elastic(args, data_dir)
-        loads["after_elastic"] = load_average()
+        results["elastic_runs"] = []
+        for k in local_steps:
+            results["elastic_runs"].append(run_elastic(args, data_dir, k))
+            loads[f"after_elastic_k{k}"] = load_average()
+        results["elastic"] = results["elastic_runs"][-1]
     while run_keras_side and len(keras_runs) < max(1, args.keras_runs):
         keras_runs.append(run_keras(args, data_dir))
         loads[f"after_keras_{len(keras_runs)}"] = load_average()
@@ -363,9 +528,13 @@ def main(argv: list[str] | None = None) -> int:
         rates = [r["examples_per_second"] for r in keras_runs]
         results["keras"] = {"examples_per_second": sum(rates) / len(rates), "runs": keras_runs}
 
-    ratio = None
+    ratio = ratio_pss = None
     if "elastic" in results and "keras" in results:
         ratio = results["elastic"]["examples_per_second"] / results["keras"]["examples_per_second"]
+    if "elastic" in results and "pss" in results:
+        ratio_pss = (
+            results["elastic"]["examples_per_second"] / results["pss"]["examples_per_second"]
+        )
 
     document = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -395,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([os.path.relpath(sys.executable, REPO), *sys.argv]),
         "results": results,
         "ratio": ratio,
+        "ratio_pss": ratio_pss,
         "target": TARGET,
         "meets_target": None if ratio is None else ratio >= TARGET,
     }
@@ -404,10 +574,17 @@ def main(argv: list[str] | None = None) -> int:
         f.write("\n")
 
     print()
-    print(f"{'run':<36}{'examples/s':>12}")
-    if "elastic" in results:
-        name = "elastic-step train (1 worker, 1 PS)"
-        print(f"{name:<36}{results['elastic']['examples_per_second']:>12.0f}")
+    print(f"{'run':<40}{'examples/s':>12}{'val. accuracy':>15}")
+
+    def row(name: str, result: dict, detail: str = "") -> None:
+        accuracy = result.get("validation_accuracy")
+        shown = f"{accuracy:>15.4f}" if accuracy is not None else f"{'-':>15}"
+        print(f"{name:<40}{result['examples_per_second']:>12.0f}{shown}{detail}")
+
+    for run in results.get("elastic_runs", []):
+        row(f"elastic-step train, K={run['local_steps']} (1 w, 1 PS)", run)
+    if "pss" in results:
+        row("TF ParameterServerStrategy (1 w, 1 PS)", results["pss"])
     if "keras" in results:
         runs = results["keras"]["runs"]
         detail = ""
@@ -415,10 +592,18 @@ def main(argv: list[str] | None = None) -> int:
             detail = (
                 "   (mean of " + ", ".join(f"{r['examples_per_second']:.0f}" for r in runs) + ")"
             )
-        print(f"{'keras model.fit':<36}{results['keras']['examples_per_second']:>12.0f}{detail}")
+        accuracies = [r["validation_accuracy"] for r in runs]
+        keras_row = {**results["keras"], "validation_accuracy": sum(accuracies) / len(accuracies)}
+        row("keras model.fit", keras_row, detail)
+    k = results["elastic"]["local_steps"] if "elastic" in results else None
     if ratio is not None and math.isfinite(ratio):
         verdict = "PASS" if ratio >= TARGET else "BELOW"
-        print(f"{'ratio elastic / keras':<36}{ratio:>12.3f}   target >= {TARGET}: {verdict}")
+        print(
+            f"{f'ratio elastic (K={k}) / keras':<40}{ratio:>12.3f}   target >= {TARGET}: {verdict}"
+        )
+    if ratio_pss is not None and math.isfinite(ratio_pss):
+        verdict = "PASS" if ratio_pss >= 1 else "BELOW"
+        print(f"{f'ratio elastic (K={k}) / pss':<40}{ratio_pss:>12.3f}   target >= 1: {verdict}")
     print(f"load average: before {load_before}; " + "; ".join(f"{k} {v}" for k, v in loads.items()))
     print(f"wrote {out_path}")
     return 0

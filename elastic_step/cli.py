@@ -24,6 +24,7 @@ Elastic, fault-tolerant TensorFlow 2 training as one pipeline step.
   elastic-step preprocess --input data.csv --label y --output data/
   elastic-step train --model-def model.py --data data/ --output run/ --workers 2 --ps 1
   elastic-step evaluate --model run/ --data data/ --metrics-output metrics.json
+  elastic-step predict --model run/ --input new.csv --output predictions/ --workers 2
   elastic-step status run/
   elastic-step demo
 """
@@ -97,6 +98,9 @@ def _add_preprocess(commands) -> None:
 
 
 def _add_train(commands) -> None:
+    from elastic_step.master.config import DEFAULT_LOCAL_STEPS
+    from elastic_step.ps.outer_optimizer import OUTER_OPTIMIZERS
+
     p = commands.add_parser(
         "train",
         help="run elastic, fault-tolerant training (the master runs in this process)",
@@ -195,6 +199,23 @@ def _add_train(commands) -> None:
         help="divide the learning rate by the staleness of asynchronous gradients",
     )
     p.add_argument(
+        "--local-steps",
+        type=_int,
+        metavar="K",
+        default=DEFAULT_LOCAL_STEPS,
+        help="steps a worker runs on its own copy of the model, with its own optimizer, "
+        "before it pushes the change and pulls fresh parameters; 1 pushes every gradient to "
+        f"the PS's optimizer (default {DEFAULT_LOCAL_STEPS})",
+    )
+    p.add_argument(
+        "--outer-optimizer",
+        choices=OUTER_OPTIMIZERS,
+        default="average",
+        help="how the PS applies a worker's change with --local-steps > 1: average (add it, "
+        "outer SGD with learning rate 1) or nesterov (DiLoCo's outer Nesterov momentum) "
+        "(default average)",
+    )
+    p.add_argument(
         "--port", type=_int, metavar="N", default=0, help="master port (default: any free)"
     )
     p.add_argument(
@@ -271,6 +292,63 @@ def _add_evaluate(commands) -> None:
     )
 
 
+def _add_predict(commands) -> None:
+    p = commands.add_parser(
+        "predict",
+        help="run a trained model on a CSV file or a data split, as an elastic job",
+        description="Runs the master in this process with prediction tasks: workers load "
+        "the model and write each task's predictions once; the master replaces workers "
+        "that die and merges the tasks' parts into --output/predictions.csv, one row per "
+        "input row in input order, starting with its index. A CSV is encoded with the "
+        "model's schema first (into --output/input/). Running the same command again "
+        "resumes an interrupted job without redoing finished tasks.",
+    )
+    p.add_argument("--model", required=True, metavar="DIR", help="what `train` wrote")
+    p.add_argument(
+        "--input",
+        required=True,
+        metavar="CSV_OR_DATA_DIR",
+        help="a CSV file with the model's feature columns (the label column may be there), "
+        "or what `preprocess` wrote",
+    )
+    p.add_argument("--output", required=True, metavar="DIR", help="predictions and state")
+    p.add_argument(
+        "--split", default="validation", help="with a data directory: (default validation)"
+    )
+    p.add_argument("--batch-size", type=_int, metavar="N", default=256, help="(default 256)")
+    p.add_argument(
+        "--workers", type=_int, metavar="N", default=2, help="workers to start (default 2)"
+    )
+    p.add_argument(
+        "--min-workers", type=_int, metavar="N", default=1, help="fail below this many (default 1)"
+    )
+    p.add_argument(
+        "--max-workers",
+        type=_int,
+        metavar="N",
+        default=None,
+        help="grow up to this many workers while all run (default: --workers)",
+    )
+    p.add_argument(
+        "--backend",
+        default="local",
+        choices=backend_names(),
+        help="where workers run (default local)",
+    )
+    p.add_argument(
+        "--records-per-task", type=_int, metavar="N", default=512, help="task size (default 512)"
+    )
+    p.add_argument("--max-restarts", type=_int, metavar="N", default=3, help="(default 3)")
+    p.add_argument("--max-task-retries", type=_int, metavar="N", default=3, help="(default 3)")
+    p.add_argument("--task-timeout", type=float, default=120.0, metavar="SECONDS")
+    p.add_argument("--master-timeout", type=float, default=300.0, metavar="SECONDS")
+    p.add_argument("--port", type=_int, metavar="N", default=0, help="master port")
+    p.add_argument("--job-name", metavar="NAME", default=None, help="as for train")
+    p.add_argument("--state-dir", metavar="DIR", default=None, help="as for train")
+    p.add_argument("--metrics-port", type=_int, metavar="N", default=None, help="as for train")
+    add_kubernetes_flags(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elastic-step",
@@ -282,6 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_preprocess(commands)
     _add_train(commands)
     _add_evaluate(commands)
+    _add_predict(commands)
     status = commands.add_parser("status", help="print the status of a training job")
     status.add_argument("output", metavar="DIR", help="the job's --output")
     status.add_argument("--json", action="store_true", help="print status.json as it is")
@@ -347,6 +426,8 @@ def _run(args: argparse.Namespace) -> int:
             task_timeout_s=args.task_timeout,
             master_timeout_s=args.master_timeout,
             staleness_modulation=args.staleness_modulation,
+            local_steps=args.local_steps,
+            outer_optimizer=args.outer_optimizer,
             port=args.port,
             job_name=args.job_name,
             state_dir=args.state_dir,
@@ -381,6 +462,35 @@ def _run(args: argparse.Namespace) -> int:
         shown = {k: v for k, v in result.items() if k not in ("confusion_matrix", "roc")}
         print(json.dumps(shown, indent=2))
         return 0
+    if args.command == "predict":
+        from elastic_step.master.config import TrainConfig
+        from elastic_step.predict import engine_paths, predict
+
+        config = TrainConfig(
+            **engine_paths(args.model),
+            output=args.output,
+            batch_size=args.batch_size,
+            workers=args.workers,
+            min_workers=args.min_workers,
+            max_workers=args.max_workers,
+            backend=args.backend,
+            records_per_task=args.records_per_task,
+            max_restarts=args.max_restarts,
+            max_task_retries=args.max_task_retries,
+            task_timeout_s=args.task_timeout,
+            master_timeout_s=args.master_timeout,
+            port=args.port,
+            job_name=args.job_name,
+            state_dir=args.state_dir,
+            metrics_port=args.metrics_port,
+        )
+        return predict(
+            config,
+            model_dir=args.model,
+            input_path=args.input,
+            split=args.split,
+            backend_options=_backend_options(args),
+        )
     if args.command == "status":
         from elastic_step.master.reports import print_status
 

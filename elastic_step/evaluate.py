@@ -12,10 +12,28 @@ from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
 from elastic_step.errors import InputError
-from elastic_step.model_def import load_model_definition
+from elastic_step.model_def import ModelDefinition, load_model_definition
 from elastic_step.output_layout import MODEL_FILE, OutputLayout
 
 log = logging.getLogger("elastic_step")
+
+
+def trained_model_of(model_dir: str, definition: ModelDefinition):
+    """The model that training wrote to ``model_dir`` (taking the feed's features): built by
+    ``definition`` (its copy of the model definition), with the weights of its
+    ``model.keras``."""
+    import shutil
+
+    from elastic_step.serving import load_trained_model
+
+    scratch = storage.local_temp_dir()
+    try:
+        local_model = f"{scratch}/{MODEL_FILE}"
+        with open(local_model, "wb") as f:
+            f.write(storage.read_bytes(OutputLayout(model_dir).model_file))
+        return load_trained_model(definition, local_model)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def evaluate(
@@ -30,7 +48,6 @@ def evaluate(
     import keras
 
     from elastic_step.data.feed import make_dataset
-    from elastic_step.serving import load_trained_model
 
     paths = OutputLayout(model_dir)
     for path in (paths.model_file, paths.model_def):
@@ -46,11 +63,7 @@ def evaluate(
     if total == 0:
         raise InputError(f"{data_dir}: the {split} split holds no records")
     definition = load_model_definition(paths.model_def, schema)
-    scratch = storage.local_temp_dir()
-    local_model = f"{scratch}/{MODEL_FILE}"
-    with open(local_model, "wb") as f:
-        f.write(storage.read_bytes(paths.model_file))
-    model = load_trained_model(definition, local_model)
+    model = trained_model_of(model_dir, definition)
     metrics = definition.build_metrics()
     loss_sum, count = 0.0, 0
     classifier = None

@@ -327,7 +327,10 @@ def check_model_definition(definition: ModelDefinition, records: list[bytes]) ->
     from elastic_step.worker.stream import batch_size_of
 
     model = definition.build_model()
-    definition.build_optimizer()
+    from elastic_step.worker.parameters import table_optimizer_problem
+
+    if problem := table_optimizer_problem(model, definition.build_optimizer()):
+        raise ModelDefinitionError(definition.path, problem)
     metrics = definition.build_metrics()
     loss = definition.loss
     try:

@@ -35,6 +35,27 @@ class OutputLayout:
         return self._join("model_def.py")
 
     @property
+    def schema(self) -> str:
+        """A copy of the training data's ``schema.json``: how ``predict`` encodes a CSV and
+        the default feed reads it."""
+        return self._join("schema.json")
+
+    @property
+    def predictions(self) -> str:
+        """``predict``'s output: one row per input row, in input order."""
+        return self._join("predictions.csv")
+
+    @property
+    def prediction_parts(self) -> str:
+        """``predict``'s part of each task, merged into :attr:`predictions` at the end."""
+        return self._join("prediction-parts")
+
+    @property
+    def prediction_input(self) -> str:
+        """``predict``'s CSV input encoded as TFRecords with the model's schema."""
+        return self._join("input")
+
+    @property
     def status(self) -> str:
         return self._join("status.json")
 

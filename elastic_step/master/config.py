@@ -13,10 +13,14 @@ from dataclasses import dataclass
 from elastic_step.data import storage
 from elastic_step.errors import InputError
 from elastic_step.master.model_selection import EarlyStopping, MetricGoal
+from elastic_step.ps.outer_optimizer import OUTER_OPTIMIZERS
 
 #: Pod names add up to 23 characters to the job name, within Kubernetes' 63.
 MAX_JOB_NAME = 40
 JOB_NAME = re.compile(rf"[a-z]([-a-z0-9]{{0,{MAX_JOB_NAME - 2}}}[a-z0-9])?")
+
+#: Chosen from bench/throughput.py's measurements (bench/README.md).
+DEFAULT_LOCAL_STEPS = 16
 
 #: The settings that define what a job computes, by field and flag.
 FIXED_SETTINGS = {
@@ -26,6 +30,8 @@ FIXED_SETTINGS = {
     "ps": "--ps",
     "seed": "--seed",
     "records_per_task": "--records-per-task",
+    "local_steps": "--local-steps",
+    "outer_optimizer": "--outer-optimizer",
     # They decide which epochs run and which model is saved.
     "early_stopping": "--early-stopping",
     "keep_best": "--keep-best",
@@ -57,6 +63,10 @@ class TrainConfig:
     task_timeout_s: float = 120.0
     master_timeout_s: float = 300.0
     staleness_modulation: bool = False
+    #: Steps a worker runs on its own copy between pushes; the PS applies the change with
+    #: ``outer_optimizer`` (see elastic_step/ps/outer_optimizer.py). 1: push every gradient.
+    local_steps: int = DEFAULT_LOCAL_STEPS
+    outer_optimizer: str = "average"
     port: int = 0
     #: Names the job's objects and state on a cluster; None: derived from ``output``.
     job_name: str | None = None
@@ -79,6 +89,7 @@ class TrainConfig:
             "--ps": self.ps,
             "--records-per-task": self.records_per_task,
             "--keep-checkpoints": self.keep_checkpoints,
+            "--local-steps": self.local_steps,
         }
         for flag, value in positive.items():
             if value < 1:
@@ -93,6 +104,11 @@ class TrainConfig:
         for flag, value in non_negative.items():
             if value < 0:
                 raise InputError(f"{flag} must be >= 0, got {value}")
+        if self.outer_optimizer not in OUTER_OPTIMIZERS:
+            raise InputError(
+                f"--outer-optimizer must be one of {', '.join(OUTER_OPTIMIZERS)}, "
+                f"got '{self.outer_optimizer}'"
+            )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise InputError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
         # The full form, so that "loss" and "loss:2:min" are the same fixed setting.

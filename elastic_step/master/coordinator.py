@@ -44,7 +44,11 @@ from elastic_step.rpc.tensors import from_proto
 
 log = logging.getLogger("elastic_step.master")
 
-_TASK_KINDS = {TaskKind.TRAIN: master_pb2.Task.TRAIN, TaskKind.EVALUATE: master_pb2.Task.EVALUATE}
+_TASK_KINDS = {
+    TaskKind.TRAIN: master_pb2.Task.TRAIN,
+    TaskKind.EVALUATE: master_pb2.Task.EVALUATE,
+    TaskKind.PREDICT: master_pb2.Task.PREDICT,
+}
 
 
 class CallerError(Exception):
@@ -220,6 +224,7 @@ class Coordinator:
                 end=task.end,
                 epoch=task.epoch,
                 lease_id=task.lease_id,
+                first_index=task.first_index,
             )
 
     def report_task(self, caller: str, request: master_pb2.ReportTaskRequest) -> None:
@@ -265,10 +270,12 @@ class Coordinator:
                 self._log_stale(request)
                 return
             self.instances.note_task_done(request.worker)
-            if task.kind is TaskKind.TRAIN:
+            if task.kind is not TaskKind.EVALUATE:
                 self._note_trained(task.records)
-                # Once workers report their task's mean training loss, it goes to
-                # note_train_loss here, with task.records as its examples.
+            if task.kind is TaskKind.TRAIN and request.train_examples > 0:  # measured
+                self.note_train_loss(
+                    request.model_version, request.train_loss, {}, examples=task.records
+                )
             self._collect_evaluations()
 
     def note_train_loss(

@@ -36,7 +36,7 @@ def pull_model(
     model = definition.build_model()
     ps = PSClient(ps_addresses, credentials)
     try:
-        ModelParameters(model).pull(ps)
+        ModelParameters(model).pull_all(ps)
         return model, list(ps.versions)
     finally:
         ps.close()

@@ -91,6 +91,9 @@ def planned_specs(config: TrainConfig, master_address: str, secret: str) -> list
 
 
 class Job:
+    #: What the job leaves in --output, for its last log line.
+    RESULTS = "model.keras, saved_model/ and summary.json"
+
     def __init__(
         self,
         config: TrainConfig,
@@ -185,6 +188,8 @@ class Job:
             keep_checkpoints=c.keep_checkpoints,
             staleness_modulation=c.staleness_modulation,
             master_timeout_s=c.master_timeout_s,
+            local_steps=c.local_steps,
+            outer_optimizer=c.outer_optimizer,
         )
 
     def _launch_spec(self, role: Role, slot: int, name: str) -> LaunchSpec:
@@ -314,6 +319,8 @@ class Job:
             raise InputError(f"cannot resume the job in {self.output}: {e}") from e
         if record is None:
             storage.write_text_atomic(self.paths.model_def, self.definition.source)
+            # What `predict` encodes a CSV with: the model's inputs are the data's columns.
+            storage.write_text_atomic(self.paths.schema, self.schema.to_json())
             self.store.flush(FLUSH_TIMEOUT_S)
 
     def _open_coordinator(self, saved: SavedJob, record: JobRecord | None, token: int) -> None:
@@ -382,7 +389,7 @@ class Job:
                 if not resumed:
                     log.info(
                         "starting %d PS and %d workers (master on port %d, backend %s)",
-                        self.config.ps,
+                        self._membership_settings().num_ps,
                         self.config.workers,
                         coordinator.record.port,
                         self.config.backend,
@@ -612,7 +619,7 @@ class Job:
         self.backend.remove_job_objects()
         self._write_status()
         self._events.write(self._view(), final=True)
-        log.info("done: model.keras, saved_model/ and summary.json are in %s", self.output)
+        log.info("done: %s are in %s", self.RESULTS, self.output)
         return 0
 
     def _write_summary(self) -> None:

@@ -5,7 +5,8 @@ order, into ranges of ``records_per_task`` records; a shard with no records give
 their count T. Task ``i`` of that split in epoch ``e`` (1-based) has id ``(e - 1) * T + i``.
 Evaluation round ``r`` has the V tasks of the validation split, ids ``epochs * T + r * V + j``.
 A ``Task`` is built from its id on demand: per task, only what changed is stored (done bits,
-failure causes, leases).
+failure causes, leases). A prediction job (``task_kind`` PREDICT) is the same with one epoch
+and no validation split: its "training" tasks are prediction tasks, counted the same way.
 
 Order. Epochs are created lazily, when the training todo runs dry; each is handed out in its
 own seeded shuffle. Evaluation rounds start at every epoch end and every ``evaluation_steps``
@@ -68,6 +69,7 @@ MAX_CAUSE_CHARS = 1000
 class TaskKind(enum.StrEnum):
     TRAIN = "train"
     EVALUATE = "evaluate"
+    PREDICT = "predict"
 
 
 class InvalidReportError(ValueError):
@@ -91,6 +93,8 @@ class Task:
     lease_id: int | None = None
     #: How each failure so far happened, oldest first.
     failures: tuple[str, ...] = ()
+    #: The position of record ``start`` in its split (the split's shards in order).
+    first_index: int = 0
 
     @property
     def records(self) -> int:
@@ -193,6 +197,9 @@ class TaskSettings:
     metric_shapes: tuple[tuple[int, ...], ...] | None = None
     #: Run each evaluation round with no training task out (see the module's Order).
     pause_training_while_evaluating: bool = False
+    #: The kind of the tasks of ``train_shards``: TRAIN, or PREDICT for a prediction job
+    #: (one epoch, no validation split).
+    task_kind: TaskKind = TaskKind.TRAIN
 
     def __post_init__(self) -> None:
         for name, least in (
@@ -221,6 +228,13 @@ class TaskSettings:
             raise ValueError(
                 f"the training split has no records ({len(self.train_shards)} shards, all "
                 "empty): there is nothing to train"
+            )
+        if self.task_kind is TaskKind.EVALUATE:
+            raise ValueError("task_kind is evaluate; it must be train or predict")
+        if self.task_kind is TaskKind.PREDICT and (self.epochs != 1 or self.validation_shards):
+            raise ValueError(
+                f"a prediction job has one epoch and no validation split, got epochs="
+                f"{self.epochs} and {len(self.validation_shards)} validation shards"
             )
         if self.metric_shapes is not None:
             shapes = tuple(tuple(int(d) for d in shape) for shape in self.metric_shapes)
@@ -415,6 +429,11 @@ class TaskManager:
         return rounds
 
     # -- queries --
+
+    def epoch_tasks(self, epoch: int) -> list[Task]:
+        """The training (or prediction) tasks of ``epoch``, in id order: the split's order."""
+        first = (epoch - 1) * self._train.count
+        return [self._build(first + i) for i in range(self._train.count)]
 
     def task(self, task_id: int) -> Task | None:
         """The task with this id, with its lease and failures; None for an id that names no
@@ -762,14 +781,26 @@ class TaskManager:
         if task_id < self._eval_base:
             epoch, position = divmod(task_id, self._train.count)
             shard, start, end = self._train.range_of(position)
+            kind = self.settings.task_kind
+            first = self._train.first_index(position)
             return Task(
-                task_id, TaskKind.TRAIN, shard, start, end, epoch + 1, None, lease_id, failures
+                task_id, kind, shard, start, end, epoch + 1, None, lease_id, failures, first
             )
         round_id, position = divmod(task_id - self._eval_base, self._validation.count)
         shard, start, end = self._validation.range_of(position)
         epoch = self._rounds[round_id].round.epoch
+        first = self._validation.first_index(position)
         return Task(
-            task_id, TaskKind.EVALUATE, shard, start, end, epoch, round_id, lease_id, failures
+            task_id,
+            TaskKind.EVALUATE,
+            shard,
+            start,
+            end,
+            epoch,
+            round_id,
+            lease_id,
+            failures,
+            first,
         )
 
     def _check_report(self, task: Task, evaluation: EvaluationResult | None) -> list[np.ndarray]:
@@ -778,9 +809,10 @@ class TaskManager:
         def invalid(problem: str) -> InvalidReportError:
             return InvalidReportError(f"invalid report for {task.describe()}: {problem}")
 
-        if task.kind is TaskKind.TRAIN:
+        if task.kind is not TaskKind.EVALUATE:
             if evaluation is not None:
-                raise invalid("a training task was reported with an evaluation result")
+                what = "training" if task.kind is TaskKind.TRAIN else "prediction"
+                raise invalid(f"a {what} task was reported with an evaluation result")
             return []
         if evaluation is None:
             raise invalid("an evaluation task was reported without an evaluation result")
@@ -814,20 +846,28 @@ class _Split:
     def __init__(self, shards: Sequence[tuple[str, int]], per_task: int):
         self._per_task = per_task
         self._shards = [(uri, records) for uri, records in shards if records > 0]
-        #: The position of each shard's first task.
+        #: The position of each shard's first task, and of its first record in the split.
         self._first: list[int] = []
-        count = 0
+        self._first_record: list[int] = []
+        count = records_before = 0
         for _, records in self._shards:
             self._first.append(count)
+            self._first_record.append(records_before)
             count += -(-records // per_task)
+            records_before += records
         self.count = count
-        self.records = sum(records for _, records in self._shards)
+        self.records = records_before
 
     def range_of(self, position: int) -> tuple[str, int, int]:
         index = bisect.bisect_right(self._first, position) - 1
         uri, records = self._shards[index]
         start = (position - self._first[index]) * self._per_task
         return uri, start, min(start + self._per_task, records)
+
+    def first_index(self, position: int) -> int:
+        """The position in the split of the first record of the task at ``position``."""
+        index = bisect.bisect_right(self._first, position) - 1
+        return self._first_record[index] + (position - self._first[index]) * self._per_task
 
     def records_of(self, position: int) -> int:
         _, start, end = self.range_of(position)

@@ -15,10 +15,18 @@ import threading
 from concurrent import futures
 
 import grpc
+import numpy as np
 
 from elastic_step.output_layout import OutputLayout
 from elastic_step.ps import checkpoint
-from elastic_step.ps.shard import ParameterShard, ShardNotInitializedError, TableShape
+from elastic_step.ps.outer_optimizer import build_outer_optimizer
+from elastic_step.ps.shard import (
+    BadRowsError,
+    ParameterShard,
+    ShardNotInitializedError,
+    TableInitializer,
+    TableShape,
+)
 from elastic_step.rpc import auth, master_pb2, ps_pb2, ps_pb2_grpc
 from elastic_step.rpc.master_client import (
     MasterClient,
@@ -26,8 +34,9 @@ from elastic_step.rpc.master_client import (
     MasterUnreachableError,
 )
 from elastic_step.rpc.ps_client import CHANNEL_OPTIONS
-from elastic_step.rpc.tensors import from_proto, rows_from_proto, rows_to_proto, to_proto
+from elastic_step.rpc.tensors import fill, from_proto, rows_from_proto
 from elastic_step.tf_runtime import configure_threads
+from elastic_step.worker.parameters import embedding_layers
 
 log = logging.getLogger("elastic_step.ps")
 
@@ -102,50 +111,58 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         rows = {r.name: rows_from_proto(r) for r in request.embeddings}
         dense = {t.name: from_proto(t) for t in request.dense}
         state = {t.name: from_proto(t).copy() for t in request.state}
-        accepted = shard.initialize(dense, tables, rows, request.model_version, state)
+        try:
+            accepted = shard.initialize(dense, tables, rows, request.model_version, state)
+        except BadRowsError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if accepted:
             log.info("shard initialized from a worker's parameters at version %d", shard.version)
         return ps_pb2.InitializeResponse(accepted=accepted, model_version=shard.version)
 
-    def PullDense(self, request, context):
+    @staticmethod
+    def _pull_of(request: ps_pb2.PullRequest) -> tuple[dict[str, np.ndarray], bool]:
+        return {t.name: rows_from_proto(t)[0] for t in request.tables}, request.dense
+
+    @staticmethod
+    def _answer(response: ps_pb2.PullResponse, version: int, dense: dict, rows: dict) -> None:
+        response.initialized, response.model_version = True, version
+        for name, value in dense.items():
+            fill(response.dense.add(), name, value)
+        for name, values in rows.items():
+            entry = response.tables.add(name=name)
+            fill(entry.values, name, values)
+
+    def Pull(self, request, context):
         shard = self._ready(context)
         try:
-            version, values = shard.pull_dense()
+            version, dense, rows = shard.pull(*self._pull_of(request))
         except ShardNotInitializedError:
-            return ps_pb2.PullDenseResponse(initialized=False)
-        tensors = [to_proto(n, v) for n, v in values.items()]
-        return ps_pb2.PullDenseResponse(initialized=True, model_version=version, dense=tensors)
+            return ps_pb2.PullResponse(initialized=False)
+        except BadRowsError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        response = ps_pb2.PullResponse()
+        self._answer(response, version, dense, rows)
+        return response
 
-    def PullEmbeddingRows(self, request, context):
-        shard = self._ready(context)
-        try:
-            tables = []
-            for table in request.tables:
-                ids, _ = rows_from_proto(table)
-                tables.append(rows_to_proto(table.name, ids, shard.pull_rows(table.name, ids)))
-        except ShardNotInitializedError as e:
-            self._empty(context, e)
-        return ps_pb2.PullEmbeddingRowsResponse(tables=tables)
-
-    def PushGradients(self, request, context):
+    def Push(self, request, context):
         shard = self._ready(context)
         dense = {t.name: from_proto(t) for t in request.dense}
         rows = {r.name: rows_from_proto(r) for r in request.embeddings}
         state = {t.name: from_proto(t).copy() for t in request.state}
         try:
-            version, values, new_rows = shard.push(
-                dense, rows, request.model_version, request.return_parameters, state
+            version, values, pulled = shard.push(
+                dense, rows, request.model_version, state, self._pull_of(request.pull)
             )
         except ShardNotInitializedError as e:
             self._empty(context, e)
+        except BadRowsError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         steps = self.settings.checkpoint_steps
         if steps > 0 and version % steps == 0:
             self.save_checkpoint()
-        return ps_pb2.PushGradientsResponse(
-            model_version=version,
-            dense=[to_proto(n, v) for n, v in values.items()],
-            embeddings=[rows_to_proto(n, rows[n][0], v) for n, v in new_rows.items()],
-        )
+        response = ps_pb2.PushResponse(model_version=version)
+        self._answer(response.pulled, version, values, pulled)
+        return response
 
     def save_checkpoint(self) -> str | None:
         """Checkpoints the shard; the path, or None when this version is already saved."""
@@ -204,9 +221,38 @@ def shut_down(
     return 128 + signum
 
 
+def shard_optimizer(definition, settings: master_pb2.JobSettings):
+    """The model's own optimizer, or with local steps the outer optimizer."""
+    if settings.local_steps > 1:
+        return build_outer_optimizer(settings.outer_optimizer or "average")
+    return definition.build_optimizer()
+
+
+def initial_tables(definition, seed: int) -> TableInitializer:
+    """Initial table rows from this process's own build of the model (its initializers), so
+    that no worker sends a table: every row a worker uses, it pulls first."""
+    built: dict[str, np.ndarray] = {}
+
+    def initial(name: str, shape: TableShape) -> np.ndarray:
+        import keras
+
+        if not built:
+            keras.utils.set_random_seed(seed)
+            model = definition.build_model()
+            built.update({layer.embeddings.path: layer.embeddings.numpy()
+                          for layer in embedding_layers(model)})  # fmt: skip
+        values = built.pop(name, None)
+        if values is None or values.shape != (shape.rows, shape.dim):
+            raise ValueError(f"the model has no table {name} of shape {shape.rows}x{shape.dim}")
+        return values
+
+    return initial
+
+
 def serve(master_address: str, shard_index: int, name: str, host: str, secret: str) -> int:
     """Runs the PS until the job is finished (0), the master is gone or rejects it (1), or a
     stop signal (128 + signal)."""
+    from elastic_step.data.schema import Schema
     from elastic_step.model_def import load_model_definition
 
     servicer = ParameterServerServicer()
@@ -232,12 +278,14 @@ def serve(master_address: str, shard_index: int, name: str, host: str, secret: s
         )
         settings = reply.settings
         master.timeout_s = settings.master_timeout_s
-        definition = load_model_definition(settings.model_def)
+        # The schema builds a model that has no variables yet (the initial tables).
+        definition = load_model_definition(settings.model_def, Schema.load(settings.data_dir))
         shard = ParameterShard(
             shard_index,
             settings.num_ps,
-            definition.build_optimizer(),
+            shard_optimizer(definition, settings),
             settings.staleness_modulation,
+            initial_tables(definition, settings.seed),
         )
         servicer.policy = RestorePolicy(reply.model_version)
         directory = OutputLayout(settings.output_dir).checkpoint_dir(shard_index, settings.num_ps)

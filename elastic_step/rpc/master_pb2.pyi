@@ -32,7 +32,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., shard: _Optional[int] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class JobSettings(_message.Message):
-    __slots__ = ("model_def", "data_dir", "output_dir", "batch_size", "num_ps", "seed", "checkpoint_steps", "keep_checkpoints", "staleness_modulation", "master_timeout_s")
+    __slots__ = ("model_def", "data_dir", "output_dir", "batch_size", "num_ps", "seed", "checkpoint_steps", "keep_checkpoints", "staleness_modulation", "master_timeout_s", "local_steps", "outer_optimizer", "predict_model_dir", "predict_parts_dir")
     MODEL_DEF_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,10 @@ class JobSettings(_message.Message):
     KEEP_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     STALENESS_MODULATION_FIELD_NUMBER: _ClassVar[int]
     MASTER_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    PREDICT_MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
+    PREDICT_PARTS_DIR_FIELD_NUMBER: _ClassVar[int]
     model_def: str
     data_dir: str
     output_dir: str
@@ -53,7 +57,11 @@ class JobSettings(_message.Message):
     keep_checkpoints: int
     staleness_modulation: bool
     master_timeout_s: float
-    def __init__(self, model_def: _Optional[str] = ..., data_dir: _Optional[str] = ..., output_dir: _Optional[str] = ..., batch_size: _Optional[int] = ..., num_ps: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_steps: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., staleness_modulation: _Optional[bool] = ..., master_timeout_s: _Optional[float] = ...) -> None: ...
+    local_steps: int
+    outer_optimizer: str
+    predict_model_dir: str
+    predict_parts_dir: str
+    def __init__(self, model_def: _Optional[str] = ..., data_dir: _Optional[str] = ..., output_dir: _Optional[str] = ..., batch_size: _Optional[int] = ..., num_ps: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_steps: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., staleness_modulation: _Optional[bool] = ..., master_timeout_s: _Optional[float] = ..., local_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., predict_model_dir: _Optional[str] = ..., predict_parts_dir: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("settings", "model_version")
@@ -82,7 +90,7 @@ class GetTaskRequest(_message.Message):
     def __init__(self, worker: _Optional[str] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("kind", "id", "shard", "start", "end", "epoch", "lease_id")
+    __slots__ = ("kind", "id", "shard", "start", "end", "epoch", "lease_id", "first_index")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[Task.Kind]
@@ -90,11 +98,13 @@ class Task(_message.Message):
         EVALUATE: _ClassVar[Task.Kind]
         WAIT: _ClassVar[Task.Kind]
         FINISHED: _ClassVar[Task.Kind]
+        PREDICT: _ClassVar[Task.Kind]
     KIND_UNSPECIFIED: Task.Kind
     TRAIN: Task.Kind
     EVALUATE: Task.Kind
     WAIT: Task.Kind
     FINISHED: Task.Kind
+    PREDICT: Task.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +112,7 @@ class Task(_message.Message):
     END_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
     kind: Task.Kind
     id: int
     shard: str
@@ -109,10 +120,11 @@ class Task(_message.Message):
     end: int
     epoch: int
     lease_id: int
-    def __init__(self, kind: _Optional[_Union[Task.Kind, str]] = ..., id: _Optional[int] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    first_index: int
+    def __init__(self, kind: _Optional[_Union[Task.Kind, str]] = ..., id: _Optional[int] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
 
 class ReportTaskRequest(_message.Message):
-    __slots__ = ("worker", "task_id", "ok", "error", "model_version", "loss_sum", "example_count", "metric_states", "lease_id")
+    __slots__ = ("worker", "task_id", "ok", "error", "model_version", "loss_sum", "example_count", "metric_states", "lease_id", "train_loss", "train_examples")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +134,8 @@ class ReportTaskRequest(_message.Message):
     EXAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
     METRIC_STATES_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     worker: str
     task_id: int
     ok: bool
@@ -131,7 +145,9 @@ class ReportTaskRequest(_message.Message):
     example_count: int
     metric_states: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     lease_id: int
-    def __init__(self, worker: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., model_version: _Optional[int] = ..., loss_sum: _Optional[float] = ..., example_count: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., lease_id: _Optional[int] = ...) -> None: ...
+    train_loss: float
+    train_examples: int
+    def __init__(self, worker: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., model_version: _Optional[int] = ..., loss_sum: _Optional[float] = ..., example_count: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., lease_id: _Optional[int] = ..., train_loss: _Optional[float] = ..., train_examples: _Optional[int] = ...) -> None: ...
 
 class ReportTaskResponse(_message.Message):
     __slots__ = ()

@@ -12,12 +12,13 @@ and joins the answers. Errors come in two kinds:
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
-from elastic_step.rpc import placement, ps_pb2, ps_pb2_grpc
+from elastic_step.rpc import placement, ps_pb2
 from elastic_step.rpc.auth import Credentials, authenticated_channel
 from elastic_step.rpc.tensors import from_proto, rows_from_proto, rows_to_proto, to_proto
 
@@ -61,6 +62,42 @@ class TableSpec:
     dtype: str
 
 
+#: Rows of tables by name: (global row ids, values), values row i for id i.
+Rows = dict[str, tuple[np.ndarray, np.ndarray]]
+
+_METHODS = {
+    "Initialize": (ps_pb2.InitializeRequest, ps_pb2.InitializeResponse),
+    "Pull": (ps_pb2.PullRequest, ps_pb2.PullResponse),
+    "Push": (ps_pb2.PushRequest, ps_pb2.PushResponse),
+}
+
+
+class Traffic:
+    """Bytes of serialized messages this client sent and received, counted as gRPC encodes and
+    decodes them (no extra pass), and the calls made."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sent = 0
+        self.received = 0
+        self.calls = 0
+
+    def serializer(self, message) -> bytes:
+        data = message.SerializeToString()
+        with self._lock:
+            self.sent += len(data)
+            self.calls += 1
+        return data
+
+    def deserializer(self, response_type):
+        def parse(data: bytes):
+            with self._lock:
+                self.received += len(data)
+            return response_type.FromString(data)
+
+        return parse
+
+
 class PSClient:
     def __init__(
         self, addresses: list[str], credentials: Credentials, timeout_s: float = 30.0
@@ -71,7 +108,18 @@ class PSClient:
         self._channels = [
             authenticated_channel(a, credentials, options=CHANNEL_OPTIONS) for a in addresses
         ]
-        self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
+        self.traffic = Traffic()
+        self._methods = [
+            {
+                name: channel.unary_unary(
+                    f"/elastic_step.ParameterServer/{name}",
+                    request_serializer=self.traffic.serializer,
+                    response_deserializer=self.traffic.deserializer(response_type),
+                )
+                for name, (_, response_type) in _METHODS.items()
+            }
+            for channel in self._channels
+        ]
         #: Each shard's model version as last seen.
         self.versions = [0] * self.num_ps
 
@@ -89,6 +137,53 @@ class PSClient:
             shard = placement.shard_of_variable(name, self.num_ps)
             getattr(requests[shard], field).append(to_proto(name, value))
 
+    def _split(self, ids: np.ndarray) -> list[np.ndarray | slice]:
+        """For each shard, which of ``ids`` it owns: a mask, or everything with one shard."""
+        if self.num_ps == 1:
+            return [slice(None)]
+        owners = placement.shard_of_rows(ids, self.num_ps)
+        return [owners == shard for shard in range(self.num_ps)]
+
+    def _place_rows(self, rows: Rows, fields: list) -> None:
+        """Adds each table's rows to the repeated field (one per shard) of their owner."""
+        for name, (ids, values) in rows.items():
+            for field, owned in zip(fields, self._split(ids), strict=True):
+                part = ids[owned]
+                if len(part):
+                    field.append(rows_to_proto(name, part, values[owned]))
+
+    def _pull_request(self, request: ps_pb2.PullRequest, ids: dict[str, np.ndarray], dense: bool):
+        """Fills one pull per shard into ``request`` (a list, one per shard); returns the masks
+        that put the answers back in order."""
+        masks = {}
+        for shard_request in request:
+            shard_request.dense = dense
+        for name, table_ids in ids.items():
+            masks[name] = self._split(table_ids)
+            for shard_request, owned in zip(request, masks[name], strict=True):
+                shard_request.tables.append(rows_to_proto(name, table_ids[owned], None))
+        return masks
+
+    def _join_pulled(
+        self, responses: list, ids: dict[str, np.ndarray], masks: dict
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        dense, rows = {}, {}
+        for shard, response in enumerate(responses):
+            if not response.initialized:
+                raise PSUnavailableError(shard, "holds no parameters")
+            self.versions[shard] = response.model_version
+            dense |= {t.name: from_proto(t) for t in response.dense}
+        for i, name in enumerate(ids):
+            parts = [rows_from_proto(response.tables[i])[1] for response in responses]
+            if self.num_ps == 1:
+                rows[name] = parts[0]
+                continue
+            joined = np.empty((len(ids[name]), parts[0].shape[1]), parts[0].dtype)
+            for owned, part in zip(masks[name], parts, strict=True):
+                joined[owned] = part
+            rows[name] = joined
+        return dense, rows
+
     def _call_all(self, method: str, requests: list) -> list:
         """Calls ``method`` on every shard at once; answers in shard order.
 
@@ -101,7 +196,7 @@ class PSClient:
                 return PSUnavailableError(shard, f"{e.code().name}: {e.details()}")
             return PSError(shard, method, e.code(), e.details() or "")
 
-        calls = [getattr(stub, method) for stub in self._stubs]
+        calls = [methods[method] for methods in self._methods]
         futures = [
             call.future(request, timeout=self._timeout)
             for call, request in zip(calls[1:], requests[1:], strict=True)
@@ -122,85 +217,58 @@ class PSClient:
         self,
         dense: dict[str, np.ndarray],
         tables: dict[str, TableSpec],
-        table_values: dict[str, np.ndarray],
+        rows: Rows,
         model_version: int,
         state: dict[str, np.ndarray] | None = None,
     ) -> list[bool]:
-        """Offers every shard its part of the parameters; returns which shards took them.
+        """Offers every shard its dense values, the tables' shapes and the table ``rows`` this
+        worker has pulled; returns which shards took them. A shard starts every other row
+        from the model's initializers.
 
         ``state`` holds non-trainable values (BatchNorm statistics), placed like dense ones.
         """
-        requests = [ps_pb2.InitializeRequest(model_version=model_version) for _ in self._stubs]
+        requests = [ps_pb2.InitializeRequest(model_version=model_version) for _ in self._methods]
         self._place("dense", dense, requests)
         self._place("state", state or {}, requests)
         for name, spec in tables.items():
-            ids = np.arange(spec.rows, dtype=np.int64)
-            for shard, request in enumerate(requests):
-                owned = ids[placement.shard_of_rows(ids, self.num_ps) == shard]
+            for request in requests:
                 request.tables.add(name=name, rows=spec.rows, dim=spec.dim, dtype=spec.dtype)
-                request.embeddings.append(rows_to_proto(name, owned, table_values[name][owned]))
+        self._place_rows(rows, [r.embeddings for r in requests])
         return [response.accepted for response in self._call_all("Initialize", requests)]
 
-    def pull_dense(self) -> dict[str, np.ndarray]:
-        requests = [ps_pb2.PullDenseRequest()] * self.num_ps
-        values = {}
-        for shard, response in enumerate(self._call_all("PullDense", requests)):
-            if not response.initialized:
-                raise PSUnavailableError(shard, "holds no parameters")
-            self.versions[shard] = response.model_version
-            values |= {t.name: from_proto(t) for t in response.dense}
-        return values
+    def initialized(self) -> list[bool]:
+        """Which shards hold parameters (a relaunched one without a checkpoint does not)."""
+        requests = [ps_pb2.PullRequest() for _ in self._methods]
+        return [response.initialized for response in self._call_all("Pull", requests)]
 
-    def pull_rows(self, name: str, ids: np.ndarray) -> np.ndarray:
-        """Rows ``ids`` of table ``name``, in the order of ``ids``."""
-        ids = np.asarray(ids, dtype=np.int64)
-        owners = placement.shard_of_rows(ids, self.num_ps)
-        requests = [
-            ps_pb2.PullEmbeddingRowsRequest(tables=[rows_to_proto(name, ids[owners == s], None)])
-            for s in range(self.num_ps)
-        ]
-        result = None
-        for shard, response in enumerate(self._call_all("PullEmbeddingRows", requests)):
-            _, values = rows_from_proto(response.tables[0])
-            if result is None:
-                result = np.empty((len(ids), values.shape[1]), values.dtype)
-            result[owners == shard] = values
-        return result
+    def pull(
+        self, ids: dict[str, np.ndarray] | None = None, dense: bool = True
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The dense values (if ``dense``) and, for each table in ``ids``, the rows of those
+        ids in their order."""
+        ids = {n: np.asarray(i, dtype=np.int64) for n, i in (ids or {}).items()}
+        requests = [ps_pb2.PullRequest() for _ in self._methods]
+        masks = self._pull_request(requests, ids, dense)
+        return self._join_pulled(self._call_all("Pull", requests), ids, masks)
 
     def push(
         self,
-        dense_grads: dict[str, np.ndarray],
-        row_grads: dict[str, tuple[np.ndarray, np.ndarray]],
-        return_parameters: bool = True,
+        dense_update: dict[str, np.ndarray],
+        row_update: Rows,
         state: dict[str, np.ndarray] | None = None,
-    ) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]:
-        """Pushes one step's gradients to every shard; returns the new dense values and rows.
+        pull_ids: dict[str, np.ndarray] | None = None,
+        pull_dense: bool = True,
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Pushes one update (each table's row ids unique) to every shard, and answers with
+        the pull of ``pull_ids`` and the dense values after it, as :meth:`pull` does.
 
         Every shard gets a request, even an empty one, so all shards' versions advance together.
         """
-        requests = [
-            ps_pb2.PushGradientsRequest(model_version=v, return_parameters=return_parameters)
-            for v in self.versions
-        ]
-        self._place("dense", dense_grads, requests)
+        pull_ids = {n: np.asarray(i, dtype=np.int64) for n, i in (pull_ids or {}).items()}
+        requests = [ps_pb2.PushRequest(model_version=v) for v in self.versions]
+        self._place("dense", dense_update, requests)
         self._place("state", state or {}, requests)
-        for name, (ids, values) in row_grads.items():
-            owners = placement.shard_of_rows(ids, self.num_ps)
-            for shard, request in enumerate(requests):
-                mask = owners == shard
-                if mask.any():
-                    request.embeddings.append(rows_to_proto(name, ids[mask], values[mask]))
-        dense, rows = {}, {}
-        for shard, response in enumerate(self._call_all("PushGradients", requests)):
-            self.versions[shard] = response.model_version
-            dense |= {t.name: from_proto(t) for t in response.dense}
-            for entry in response.embeddings:
-                ids, values = rows_from_proto(entry)
-                if entry.name in rows:
-                    old_ids, old_values = rows[entry.name]
-                    ids, values = (
-                        np.concatenate([old_ids, ids]),
-                        np.concatenate([old_values, values]),
-                    )
-                rows[entry.name] = (ids, values)
-        return dense, rows
+        self._place_rows(row_update, [r.embeddings for r in requests])
+        masks = self._pull_request([r.pull for r in requests], pull_ids, pull_dense)
+        responses = self._call_all("Push", requests)
+        return self._join_pulled([r.pulled for r in responses], pull_ids, masks)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from elastic_step.rpc import tensor_pb2 as elastic__step_dot_rpc_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65lastic_step/rpc/ps.proto\x12\x0c\x65lastic_step\x1a\x1d\x65lastic_step/rpc/tensor.proto\"H\n\x0e\x45mbeddingTable\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x03\x12\x0b\n\x03\x64im\x18\x03 \x01(\x03\x12\r\n\x05\x64type\x18\x04 \x01(\t\"\xd3\x01\n\x11InitializeRequest\x12#\n\x05\x64\x65nse\x18\x01 \x03(\x0b\x32\x14.elastic_step.Tensor\x12,\n\x06tables\x18\x02 \x03(\x0b\x32\x1c.elastic_step.EmbeddingTable\x12/\n\nembeddings\x18\x03 \x03(\x0b\x32\x1b.elastic_step.EmbeddingRows\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12#\n\x05state\x18\x05 \x03(\x0b\x32\x14.elastic_step.Tensor\"=\n\x12InitializeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"\x12\n\x10PullDenseRequest\"d\n\x11PullDenseResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12#\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x14.elastic_step.Tensor\"G\n\x18PullEmbeddingRowsRequest\x12+\n\x06tables\x18\x01 \x03(\x0b\x32\x1b.elastic_step.EmbeddingRows\"H\n\x19PullEmbeddingRowsResponse\x12+\n\x06tables\x18\x01 \x03(\x0b\x32\x1b.elastic_step.EmbeddingRows\"\xc3\x01\n\x14PushGradientsRequest\x12#\n\x05\x64\x65nse\x18\x01 \x03(\x0b\x32\x14.elastic_step.Tensor\x12/\n\nembeddings\x18\x02 \x03(\x0b\x32\x1b.elastic_step.EmbeddingRows\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12\x19\n\x11return_parameters\x18\x04 \x01(\x08\x12#\n\x05state\x18\x05 \x03(\x0b\x32\x14.elastic_step.Tensor\"\x84\x01\n\x15PushGradientsResponse\x12\x15\n\rmodel_version\x18\x01 \x01(\x03\x12#\n\x05\x64\x65nse\x18\x02 \x03(\x0b\x32\x14.elastic_step.Tensor\x12/\n\nembeddings\x18\x03 \x03(\x0b\x32\x1b.elastic_step.EmbeddingRows2\xf0\x02\n\x0fParameterServer\x12O\n\nInitialize\x12\x1f.elastic_step.InitializeRequest\x1a .elastic_step.InitializeResponse\x12L\n\tPullDense\x12\x1e.elastic_step.PullDenseRequest\x1a\x1f.elastic_step.PullDenseResponse\x12\x64\n\x11PullEmbeddingRows\x12&.elastic_step.PullEmbeddingRowsRequest\x1a\'.elastic_step.PullEmbeddingRowsResponse\x12X\n\rPushGradients\x12\".elastic_step.PushGradientsRequest\x1a#.elastic_step.PushGradientsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65lastic_step/rpc/ps.proto\x12\x0c\x65lastic_step\x1a\x1d\x65lastic_step/rpc/tensor.proto\"H\n\x0e\x45mbeddingTable\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x01(\x03\x12\x0b\n\x03\x64im\x18\x03 \x01(\x03\x12\r\n\x05\x64type\x18\x04 \x01(\t\"\xd3\x01\n\x11InitializeRequest\x12#\n\x05\x64\x65nse\x18\x01 \x03(\x0b\x32\x14.elastic_step.Tensor\x12,\n\x06tables\x18\x02 \x03(\x0b\x32\x1c.elastic_step.EmbeddingTable\x12/\n\nembeddings\x18\x03 \x03(\x0b\x32\x1b.elastic_step.EmbeddingRows\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\x12#\n\x05state\x18\x05 \x03(\x0b\x32\x14.elastic_step.Tensor\"=\n\x12InitializeResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\"I\n\x0bPullRequest\x12\r\n\x05\x64\x65nse\x18\x01 \x01(\x08\x12+\n\x06tables\x18\x02 \x03(\x0b\x32\x1b.elastic_step.EmbeddingRows\"\x8c\x01\n\x0cPullResponse\x12\x13\n\x0binitialized\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12#\n\x05\x64\x65nse\x18\x03 \x03(\x0b\x32\x14.elastic_step.Tensor\x12+\n\x06tables\x18\x04 \x03(\x0b\x32\x1b.elastic_step.EmbeddingRows\"\xc8\x01\n\x0bPushRequest\x12#\n\x05\x64\x65nse\x18\x01 \x03(\x0b\x32\x14.elastic_step.Tensor\x12/\n\nembeddings\x18\x02 \x03(\x0b\x32\x1b.elastic_step.EmbeddingRows\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12#\n\x05state\x18\x04 \x03(\x0b\x32\x14.elastic_step.Tensor\x12\'\n\x04pull\x18\x05 \x01(\x0b\x32\x19.elastic_step.PullRequest\"Q\n\x0cPushResponse\x12\x15\n\rmodel_version\x18\x01 \x01(\x03\x12*\n\x06pulled\x18\x02 \x01(\x0b\x32\x1a.elastic_step.PullResponse2\xe0\x01\n\x0fParameterServer\x12O\n\nInitialize\x12\x1f.elastic_step.InitializeRequest\x1a .elastic_step.InitializeResponse\x12=\n\x04Pull\x12\x19.elastic_step.PullRequest\x1a\x1a.elastic_step.PullResponse\x12=\n\x04Push\x12\x19.elastic_step.PushRequest\x1a\x1a.elastic_step.PushResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,18 +38,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INITIALIZEREQUEST']._serialized_end=360
   _globals['_INITIALIZERESPONSE']._serialized_start=362
   _globals['_INITIALIZERESPONSE']._serialized_end=423
-  _globals['_PULLDENSEREQUEST']._serialized_start=425
-  _globals['_PULLDENSEREQUEST']._serialized_end=443
-  _globals['_PULLDENSERESPONSE']._serialized_start=445
-  _globals['_PULLDENSERESPONSE']._serialized_end=545
-  _globals['_PULLEMBEDDINGROWSREQUEST']._serialized_start=547
-  _globals['_PULLEMBEDDINGROWSREQUEST']._serialized_end=618
-  _globals['_PULLEMBEDDINGROWSRESPONSE']._serialized_start=620
-  _globals['_PULLEMBEDDINGROWSRESPONSE']._serialized_end=692
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_start=695
-  _globals['_PUSHGRADIENTSREQUEST']._serialized_end=890
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_start=893
-  _globals['_PUSHGRADIENTSRESPONSE']._serialized_end=1025
-  _globals['_PARAMETERSERVER']._serialized_start=1028
-  _globals['_PARAMETERSERVER']._serialized_end=1396
+  _globals['_PULLREQUEST']._serialized_start=425
+  _globals['_PULLREQUEST']._serialized_end=498
+  _globals['_PULLRESPONSE']._serialized_start=501
+  _globals['_PULLRESPONSE']._serialized_end=641
+  _globals['_PUSHREQUEST']._serialized_start=644
+  _globals['_PUSHREQUEST']._serialized_end=844
+  _globals['_PUSHRESPONSE']._serialized_start=846
+  _globals['_PUSHRESPONSE']._serialized_end=927
+  _globals['_PARAMETERSERVER']._serialized_start=930
+  _globals['_PARAMETERSERVER']._serialized_end=1154
 # @@protoc_insertion_point(module_scope)

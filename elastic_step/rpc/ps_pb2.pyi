@@ -41,52 +41,44 @@ class InitializeResponse(_message.Message):
     model_version: int
     def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[int] = ...) -> None: ...
 
-class PullDenseRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+class PullRequest(_message.Message):
+    __slots__ = ("dense", "tables")
+    DENSE_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    dense: bool
+    tables: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.EmbeddingRows]
+    def __init__(self, dense: _Optional[bool] = ..., tables: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ...) -> None: ...
 
-class PullDenseResponse(_message.Message):
-    __slots__ = ("initialized", "model_version", "dense")
+class PullResponse(_message.Message):
+    __slots__ = ("initialized", "model_version", "dense", "tables")
     INITIALIZED_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DENSE_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
     initialized: bool
     model_version: int
     dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
-
-class PullEmbeddingRowsRequest(_message.Message):
-    __slots__ = ("tables",)
-    TABLES_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.EmbeddingRows]
-    def __init__(self, tables: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ...) -> None: ...
+    def __init__(self, initialized: _Optional[bool] = ..., model_version: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., tables: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ...) -> None: ...
 
-class PullEmbeddingRowsResponse(_message.Message):
-    __slots__ = ("tables",)
-    TABLES_FIELD_NUMBER: _ClassVar[int]
-    tables: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.EmbeddingRows]
-    def __init__(self, tables: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ...) -> None: ...
-
-class PushGradientsRequest(_message.Message):
-    __slots__ = ("dense", "embeddings", "model_version", "return_parameters", "state")
+class PushRequest(_message.Message):
+    __slots__ = ("dense", "embeddings", "model_version", "state", "pull")
     DENSE_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
-    RETURN_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
     dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
     embeddings: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.EmbeddingRows]
     model_version: int
-    return_parameters: bool
     state: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ..., model_version: _Optional[int] = ..., return_parameters: _Optional[bool] = ..., state: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ...) -> None: ...
+    pull: PullRequest
+    def __init__(self, dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ..., model_version: _Optional[int] = ..., state: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., pull: _Optional[_Union[PullRequest, _Mapping]] = ...) -> None: ...
 
-class PushGradientsResponse(_message.Message):
-    __slots__ = ("model_version", "dense", "embeddings")
+class PushResponse(_message.Message):
+    __slots__ = ("model_version", "pulled")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
-    DENSE_FIELD_NUMBER: _ClassVar[int]
-    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    PULLED_FIELD_NUMBER: _ClassVar[int]
     model_version: int
-    dense: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.Tensor]
-    embeddings: _containers.RepeatedCompositeFieldContainer[_tensor_pb2.EmbeddingRows]
-    def __init__(self, model_version: _Optional[int] = ..., dense: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., embeddings: _Optional[_Iterable[_Union[_tensor_pb2.EmbeddingRows, _Mapping]]] = ...) -> None: ...
+    pulled: PullResponse
+    def __init__(self, model_version: _Optional[int] = ..., pulled: _Optional[_Union[PullResponse, _Mapping]] = ...) -> None: ...

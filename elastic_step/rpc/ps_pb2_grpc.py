@@ -27,7 +27,8 @@ if _version_not_supported:
 
 class ParameterServerStub:
     """One shard of the model's parameters. Dense variables live on the shard that a stable hash
-    of their name picks; embedding rows live on shard (row id mod number of shards).
+    of their name picks; embedding rows live on shard (row id mod number of shards). A worker
+    moves only what a window of steps needs: the dense values and the rows of its batches' ids.
     """
 
     def __init__(self, channel):
@@ -41,51 +42,41 @@ class ParameterServerStub:
                 request_serializer=elastic__step_dot_rpc_dot_ps__pb2.InitializeRequest.SerializeToString,
                 response_deserializer=elastic__step_dot_rpc_dot_ps__pb2.InitializeResponse.FromString,
                 _registered_method=True)
-        self.PullDense = channel.unary_unary(
-                '/elastic_step.ParameterServer/PullDense',
-                request_serializer=elastic__step_dot_rpc_dot_ps__pb2.PullDenseRequest.SerializeToString,
-                response_deserializer=elastic__step_dot_rpc_dot_ps__pb2.PullDenseResponse.FromString,
+        self.Pull = channel.unary_unary(
+                '/elastic_step.ParameterServer/Pull',
+                request_serializer=elastic__step_dot_rpc_dot_ps__pb2.PullRequest.SerializeToString,
+                response_deserializer=elastic__step_dot_rpc_dot_ps__pb2.PullResponse.FromString,
                 _registered_method=True)
-        self.PullEmbeddingRows = channel.unary_unary(
-                '/elastic_step.ParameterServer/PullEmbeddingRows',
-                request_serializer=elastic__step_dot_rpc_dot_ps__pb2.PullEmbeddingRowsRequest.SerializeToString,
-                response_deserializer=elastic__step_dot_rpc_dot_ps__pb2.PullEmbeddingRowsResponse.FromString,
-                _registered_method=True)
-        self.PushGradients = channel.unary_unary(
-                '/elastic_step.ParameterServer/PushGradients',
-                request_serializer=elastic__step_dot_rpc_dot_ps__pb2.PushGradientsRequest.SerializeToString,
-                response_deserializer=elastic__step_dot_rpc_dot_ps__pb2.PushGradientsResponse.FromString,
+        self.Push = channel.unary_unary(
+                '/elastic_step.ParameterServer/Push',
+                request_serializer=elastic__step_dot_rpc_dot_ps__pb2.PushRequest.SerializeToString,
+                response_deserializer=elastic__step_dot_rpc_dot_ps__pb2.PushResponse.FromString,
                 _registered_method=True)
 
 
 class ParameterServerServicer:
     """One shard of the model's parameters. Dense variables live on the shard that a stable hash
-    of their name picks; embedding rows live on shard (row id mod number of shards).
+    of their name picks; embedding rows live on shard (row id mod number of shards). A worker
+    moves only what a window of steps needs: the dense values and the rows of its batches' ids.
     """
 
     def Initialize(self, request, context):
-        """Fills an empty shard with a worker's values; a no-op on a shard that already has them.
+        """Fills an empty shard with a worker's dense values; a no-op on a shard that has them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PullDense(self, request, context):
-        """The shard's dense variables, trainable and not.
+    def Pull(self, request, context):
+        """Dense values (trainable and not) and rows of embedding tables.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def PullEmbeddingRows(self, request, context):
-        """Rows of embedding tables.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PushGradients(self, request, context):
-        """Applies gradients with the user's optimizer and optionally returns the new values.
+    def Push(self, request, context):
+        """Applies an update with the shard's optimizer, then answers a pull: one message per shard
+        per window of steps.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -99,20 +90,15 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     request_deserializer=elastic__step_dot_rpc_dot_ps__pb2.InitializeRequest.FromString,
                     response_serializer=elastic__step_dot_rpc_dot_ps__pb2.InitializeResponse.SerializeToString,
             ),
-            'PullDense': grpc.unary_unary_rpc_method_handler(
-                    servicer.PullDense,
-                    request_deserializer=elastic__step_dot_rpc_dot_ps__pb2.PullDenseRequest.FromString,
-                    response_serializer=elastic__step_dot_rpc_dot_ps__pb2.PullDenseResponse.SerializeToString,
+            'Pull': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pull,
+                    request_deserializer=elastic__step_dot_rpc_dot_ps__pb2.PullRequest.FromString,
+                    response_serializer=elastic__step_dot_rpc_dot_ps__pb2.PullResponse.SerializeToString,
             ),
-            'PullEmbeddingRows': grpc.unary_unary_rpc_method_handler(
-                    servicer.PullEmbeddingRows,
-                    request_deserializer=elastic__step_dot_rpc_dot_ps__pb2.PullEmbeddingRowsRequest.FromString,
-                    response_serializer=elastic__step_dot_rpc_dot_ps__pb2.PullEmbeddingRowsResponse.SerializeToString,
-            ),
-            'PushGradients': grpc.unary_unary_rpc_method_handler(
-                    servicer.PushGradients,
-                    request_deserializer=elastic__step_dot_rpc_dot_ps__pb2.PushGradientsRequest.FromString,
-                    response_serializer=elastic__step_dot_rpc_dot_ps__pb2.PushGradientsResponse.SerializeToString,
+            'Push': grpc.unary_unary_rpc_method_handler(
+                    servicer.Push,
+                    request_deserializer=elastic__step_dot_rpc_dot_ps__pb2.PushRequest.FromString,
+                    response_serializer=elastic__step_dot_rpc_dot_ps__pb2.PushResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -124,7 +110,8 @@ def add_ParameterServerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class ParameterServer:
     """One shard of the model's parameters. Dense variables live on the shard that a stable hash
-    of their name picks; embedding rows live on shard (row id mod number of shards).
+    of their name picks; embedding rows live on shard (row id mod number of shards). A worker
+    moves only what a window of steps needs: the dense values and the rows of its batches' ids.
     """
 
     @staticmethod
@@ -155,7 +142,7 @@ class ParameterServer:
             _registered_method=True)
 
     @staticmethod
-    def PullDense(request,
+    def Pull(request,
             target,
             options=(),
             channel_credentials=None,
@@ -168,9 +155,9 @@ class ParameterServer:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/elastic_step.ParameterServer/PullDense',
-            elastic__step_dot_rpc_dot_ps__pb2.PullDenseRequest.SerializeToString,
-            elastic__step_dot_rpc_dot_ps__pb2.PullDenseResponse.FromString,
+            '/elastic_step.ParameterServer/Pull',
+            elastic__step_dot_rpc_dot_ps__pb2.PullRequest.SerializeToString,
+            elastic__step_dot_rpc_dot_ps__pb2.PullResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -182,7 +169,7 @@ class ParameterServer:
             _registered_method=True)
 
     @staticmethod
-    def PullEmbeddingRows(request,
+    def Push(request,
             target,
             options=(),
             channel_credentials=None,
@@ -195,36 +182,9 @@ class ParameterServer:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/elastic_step.ParameterServer/PullEmbeddingRows',
-            elastic__step_dot_rpc_dot_ps__pb2.PullEmbeddingRowsRequest.SerializeToString,
-            elastic__step_dot_rpc_dot_ps__pb2.PullEmbeddingRowsResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PushGradients(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/elastic_step.ParameterServer/PushGradients',
-            elastic__step_dot_rpc_dot_ps__pb2.PushGradientsRequest.SerializeToString,
-            elastic__step_dot_rpc_dot_ps__pb2.PushGradientsResponse.FromString,
+            '/elastic_step.ParameterServer/Push',
+            elastic__step_dot_rpc_dot_ps__pb2.PushRequest.SerializeToString,
+            elastic__step_dot_rpc_dot_ps__pb2.PushResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65lastic_step/rpc/tensor.proto\x12\x0c\x65lastic_step\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\x0c\"P\n\rEmbeddingRows\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x03\x12$\n\x06values\x18\x03 \x01(\x0b\x32\x14.elastic_step.Tensorb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65lastic_step/rpc/tensor.proto\x12\x0c\x65lastic_step\"E\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\x0c\"V\n\rEmbeddingRows\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x04 \x01(\x0c\x12$\n\x06values\x18\x03 \x01(\x0b\x32\x14.elastic_step.TensorJ\x04\x08\x02\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,5 +34,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENSOR']._serialized_start=47
   _globals['_TENSOR']._serialized_end=116
   _globals['_EMBEDDINGROWS']._serialized_start=118
-  _globals['_EMBEDDINGROWS']._serialized_end=198
+  _globals['_EMBEDDINGROWS']._serialized_end=204
 # @@protoc_insertion_point(module_scope)

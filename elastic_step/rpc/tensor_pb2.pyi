@@ -24,6 +24,6 @@ class EmbeddingRows(_message.Message):
     IDS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     name: str
-    ids: _containers.RepeatedScalarFieldContainer[int]
+    ids: bytes
     values: Tensor
-    def __init__(self, name: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., ids: _Optional[bytes] = ..., values: _Optional[_Union[Tensor, _Mapping]] = ...) -> None: ...

@@ -1,4 +1,8 @@
-"""Numpy arrays to and from the wire's Tensor messages, without copies where numpy allows."""
+"""Numpy arrays to and from the wire's messages: raw bytes, one copy each way at most.
+
+Row ids travel as packed int64 bytes, not as a repeated field, which costs a Python object
+per id to build and to read.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,21 @@ import numpy as np
 
 from elastic_step.rpc import tensor_pb2
 
+_IDS = np.dtype("<i8")
+
 
 def to_proto(name: str, array: np.ndarray) -> tensor_pb2.Tensor:
+    tensor = tensor_pb2.Tensor()
+    fill(tensor, name, array)
+    return tensor
+
+
+def fill(tensor: tensor_pb2.Tensor, name: str, array: np.ndarray) -> None:
+    """Writes ``array`` into a message in place (a sub-message set this way is not copied)."""
     array = np.asarray(array, order="C")  # ascontiguousarray would make 0-d arrays 1-d
-    return tensor_pb2.Tensor(
-        name=name, dtype=array.dtype.name, shape=array.shape, content=array.tobytes()
-    )
+    tensor.name, tensor.dtype = name, array.dtype.name
+    tensor.shape[:] = array.shape
+    tensor.content = array.tobytes()
 
 
 def from_proto(tensor: tensor_pb2.Tensor) -> np.ndarray:
@@ -22,13 +35,14 @@ def from_proto(tensor: tensor_pb2.Tensor) -> np.ndarray:
 def rows_to_proto(
     name: str, ids: np.ndarray, values: np.ndarray | None
 ) -> tensor_pb2.EmbeddingRows:
-    rows = tensor_pb2.EmbeddingRows(name=name, ids=np.asarray(ids, dtype=np.int64).tolist())
+    rows = tensor_pb2.EmbeddingRows(name=name, ids=np.asarray(ids, dtype=_IDS).tobytes())
     if values is not None:
-        rows.values.CopyFrom(to_proto(name, values))
+        fill(rows.values, name, values)
     return rows
 
 
 def rows_from_proto(rows: tensor_pb2.EmbeddingRows) -> tuple[np.ndarray, np.ndarray | None]:
-    ids = np.asarray(rows.ids, dtype=np.int64)
+    """The ids and values as read-only views of the message's bytes (values None if absent)."""
+    ids = np.frombuffer(rows.ids, dtype=_IDS)
     values = from_proto(rows.values) if rows.HasField("values") else None
     return ids, values

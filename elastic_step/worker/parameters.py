@@ -6,24 +6,43 @@ are split across PS shards by row id; every other trainable variable is dense. T
 floating-point non-trainable variables (BatchNorm's moving mean and variance) are *state*:
 the PS keeps the last values a worker pushed, so the saved model has them. Integer ones
 (random seed generators) stay with each worker.
+
+A worker's copy of a table is a cache: before a batch uses rows, the worker pulls exactly
+those rows (:meth:`ModelParameters.batch_ids` finds them), so rows no batch of its used are
+never sent either way.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from elastic_step.rpc.ps_client import PSClient, TableSpec
+from elastic_step.rpc.ps_client import PSClient, Rows, TableSpec
+
+
+def embedding_layers(model) -> list:
+    import keras
+
+    return [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.Embedding)]
+
+
+def table_optimizer_problem(model, optimizer) -> str | None:
+    """Why ``optimizer`` cannot update ``model``'s embedding tables row by row, or None."""
+    from elastic_step.ps.row_optimizer import UnsupportedOptimizerError, check_optimizer
+
+    if not embedding_layers(model):
+        return None
+    try:
+        check_optimizer(optimizer)
+    except UnsupportedOptimizerError as e:
+        return str(e)
+    return None
 
 
 class ModelParameters:
     def __init__(self, model) -> None:
-        import keras
-
-        table_ids = {
-            id(layer.embeddings)
-            for layer in model._flatten_layers()
-            if isinstance(layer, keras.layers.Embedding)
-        }
+        self._model = model
+        self._layers = embedding_layers(model)
+        table_ids = {id(layer.embeddings) for layer in self._layers}
         self.variables = list(model.trainable_variables)
         names = [v.path for v in self.variables]
         if len(set(names)) != len(names):
@@ -35,7 +54,10 @@ class ModelParameters:
             for v in model.non_trainable_variables
             if np.issubdtype(np.dtype(v.dtype), np.floating)
         }
+        #: Per table, which rows this worker has pulled: what it can offer a relaunched PS.
+        self._pulled = {n: np.zeros(int(v.shape[0]), bool) for n, v in self.tables.items()}
         self._assign_functions: dict[tuple[str, ...], object] = {}
+        self._ids_function = None
 
     def table_specs(self) -> dict[str, TableSpec]:
         return {
@@ -48,14 +70,73 @@ class ModelParameters:
     def state_values(self) -> dict[str, np.ndarray]:
         return {n: v.numpy() for n, v in self.state.items()}
 
-    def table_values(self) -> dict[str, np.ndarray]:
-        return {n: v.numpy() for n, v in self.tables.items()}
+    def pulled_rows(self) -> Rows:
+        """The table rows this worker has pulled, as it holds them now."""
+        return {
+            n: (ids, self.gather(n, ids))
+            for n, mask in self._pulled.items()
+            if len(ids := np.flatnonzero(mask))
+        }
 
-    def assign_dense(self, values: dict[str, np.ndarray]) -> None:
-        """Sets the dense and state variables named in ``values`` in one compiled call.
+    def gather(self, name: str, ids: np.ndarray) -> np.ndarray:
+        import tensorflow as tf
 
-        A push returns the trainable values, a pull the state too: one function each.
+        return tf.gather(self.tables[name], ids).numpy()
+
+    # -- which rows a batch needs --
+
+    def batch_ids(self, features) -> dict[str, np.ndarray]:
+        """The unique row ids each table's lookups read for ``features``, sorted.
+
+        Runs the model with every Embedding layer replaced by a recorder of its ids that
+        returns zeros: TensorFlow prunes the rest of the model from the graph, so this costs
+        the feed-side ops only (0.3 ms against a 13 ms forward pass, measured).
         """
+        if not self.tables:
+            return {}
+        if self._ids_function is None:
+            self._ids_function = self._compile_ids_function()
+        return {n: np.sort(ids.numpy()) for n, ids in self._ids_function(features).items()}
+
+    def _compile_ids_function(self):
+        import tensorflow as tf
+
+        model, layers = self._model, self._layers
+
+        @tf.function(reduce_retracing=True)
+        def ids_of(features):
+            seen = {layer.embeddings.path: [] for layer in layers}
+            for layer in layers:
+
+                def record(inputs, layer=layer):
+                    seen[layer.embeddings.path].append(tf.reshape(tf.cast(inputs, tf.int64), [-1]))
+                    shape = tf.concat([tf.shape(inputs), [layer.output_dim]], 0)
+                    return tf.zeros(shape, layer.compute_dtype)
+
+                layer.call = record  # on the instance, for this trace only
+            try:
+                model(features, training=False)
+            finally:
+                for layer in layers:
+                    del layer.call
+            return {n: tf.unique(tf.concat(ids, 0)).y for n, ids in seen.items() if ids}
+
+        return ids_of
+
+    # -- taking values --
+
+    def assign(self, dense: dict[str, np.ndarray], rows: dict[str, tuple]) -> None:
+        """Sets dense and state variables in one compiled call, and table rows by id."""
+        import tensorflow as tf
+
+        if dense:
+            self._assign_dense(dense)
+        for name, (ids, values) in rows.items():
+            self.tables[name].value.scatter_update(tf.IndexedSlices(values, ids))
+            self._pulled[name][ids] = True
+
+    def _assign_dense(self, values: dict[str, np.ndarray]) -> None:
+        # A push answers the trainable values, a pull the state too: one function each.
         names = tuple(sorted(values))
         assign = self._assign_functions.get(names)
         if assign is None:
@@ -71,40 +152,14 @@ class ModelParameters:
             self._assign_functions[names] = assign
         assign([values[name] for name in names])
 
-    def assign_rows(self, rows: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
-        import tensorflow as tf
+    def pull(self, ps: PSClient, ids: dict[str, np.ndarray], dense: bool = True) -> dict:
+        """Takes the dense values (if ``dense``) and the rows ``ids`` from the PS; returns the
+        rows pulled by table, as ``(ids, values)``."""
+        values, pulled = ps.pull(ids, dense)
+        rows = {n: (ids[n], pulled[n]) for n in ids}
+        self.assign(values, rows)
+        return rows
 
-        for name, (ids, values) in rows.items():
-            self.tables[name].value.scatter_update(tf.IndexedSlices(values, ids))
-
-    def pull(self, ps: PSClient) -> None:
-        """Replaces every value with the PS's."""
-        self.assign_dense(ps.pull_dense())
-        for name, spec in self.table_specs().items():
-            self.tables[name].assign(ps.pull_rows(name, np.arange(spec.rows)))
-
-    def split_gradients(
-        self, grads: list
-    ) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]:
-        """Dense gradients by name, and each table's gradient as (unique row ids, summed rows)."""
-        import tensorflow as tf
-
-        dense, rows = {}, {}
-        for variable, grad in zip(self.variables, grads, strict=True):
-            if grad is None:
-                continue
-            name = variable.path
-            if name not in self.tables:
-                dense[name] = tf.convert_to_tensor(grad).numpy()
-                continue
-            if isinstance(grad, tf.IndexedSlices):
-                ids, values = grad.indices.numpy().astype(np.int64), grad.values.numpy()
-            else:
-                values = grad.numpy()
-                ids = np.flatnonzero(np.any(values != 0, axis=1)).astype(np.int64)
-                values = values[ids]
-            unique, inverse = np.unique(ids, return_inverse=True)
-            summed = np.zeros((len(unique), values.shape[1]), values.dtype)
-            np.add.at(summed, inverse, values)
-            rows[name] = (unique, summed)
-        return dense, rows
+    def pull_all(self, ps: PSClient) -> None:
+        """Replaces every value with the PS's, every row of every table included."""
+        self.pull(ps, {n: np.arange(spec.rows) for n, spec in self.table_specs().items()})

@@ -1,8 +1,10 @@
 """The worker process: asks the master for tasks and runs them.
 
-A training task reads its record range, and for each batch computes gradients with
-``tf.GradientTape`` inside ``tf.function``, pushes them to the PS and takes back the new
-parameters. An evaluation task reports the loss and the metrics' states, not predictions.
+A training task's batches run in windows of ``--local-steps`` steps against the PS (see
+:mod:`elastic_step.worker.windows`). An evaluation task reports the loss and the metrics'
+states, not predictions. In a prediction job (``elastic-step predict``) the worker loads the
+trained model and writes each task's predictions (:mod:`elastic_step.worker.predictor`); it
+has no PS.
 
 An error in the user's code fails the task (the master retries it elsewhere, up to its
 limit); a PS that goes away is waited for and reconnected, and the batch is pushed again.
@@ -16,7 +18,6 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from elastic_step.rpc.master_client import (
 from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError
 from elastic_step.rpc.tensors import to_proto
 from elastic_step.tf_runtime import configure_threads
+from elastic_step.worker.windows import UserCodeError, WindowTrainer
 
 log = logging.getLogger("elastic_step.worker")
 
@@ -37,10 +39,6 @@ HEARTBEAT_S = 2.0
 # Waiting for the PS to come back: the first retry is quick, later ones back off to the cap.
 PS_RETRY_FIRST_S = 0.25
 PS_RETRY_MAX_S = 2.0
-
-
-class UserCodeError(Exception):
-    """The model definition's code failed while running a task."""
 
 
 class Worker:
@@ -54,18 +52,17 @@ class Worker:
         #: The lease of the task in hand and the batches finished on it, for heartbeats.
         self._lease_id = 0
         self._batches_done = 0
-        # One push at a time, off the main thread, so it overlaps the next step's compute.
-        self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="push")
+        self.steps_trained = 0
 
     # -- setup --
 
     def setup(self) -> None:
         import keras
-        import tensorflow as tf
 
         from elastic_step.data.schema import Schema
         from elastic_step.model_def import load_model_definition
         from elastic_step.worker.parameters import ModelParameters
+        from elastic_step.worker.steps import Steps
 
         reply = self.master.call(
             "Register",
@@ -73,35 +70,36 @@ class Worker:
         )
         self.settings = reply.settings
         self.master.timeout_s = self.settings.master_timeout_s
+        self.local_steps = max(1, self.settings.local_steps)
         self.schema = Schema.load(self.settings.data_dir)
         self.definition = load_model_definition(self.settings.model_def, self.schema)
-        # The same seed in every worker: the first to reach an empty PS gives the initial values.
+        # The same seed in every worker, as the final model is built on the master.
         keras.utils.set_random_seed(self.settings.seed)
+        if self.settings.predict_model_dir:
+            from elastic_step.evaluate import trained_model_of
+            from elastic_step.worker.predictor import Predictor
+
+            model = trained_model_of(self.settings.predict_model_dir, self.definition)
+            parts = self.settings.predict_parts_dir
+            self.predictor = Predictor(model, self.schema, parts, on_batch=self._count_batch)
+            return
         self.model = self.definition.build_model()
         self.metrics = self.definition.build_metrics()
         self.parameters = ModelParameters(self.model)
-        loss_fn = self.definition.loss
-        model, variables = self.model, self.parameters.variables
-
-        @tf.function(reduce_retracing=True)
-        def train_step(features, labels):
-            with tf.GradientTape() as tape:
-                outputs = model(features, training=True)
-                loss = loss_fn(labels, outputs)
-                if model.losses:
-                    loss += tf.add_n(model.losses)
-            return loss, tape.gradient(loss, variables)
-
-        @tf.function(reduce_retracing=True)
-        def eval_step(features, labels):
-            outputs = model(features, training=False)
-            return outputs, loss_fn(labels, outputs)
-
-        self._train_step, self._eval_step = train_step, eval_step
+        local_optimizer = self.definition.build_optimizer() if self.local_steps > 1 else None
+        steps = Steps(self.model, self.definition.loss, self.parameters, local_optimizer)
+        self.trainer = WindowTrainer(
+            self.parameters, steps, self.local_steps, self, on_step=self._count_batch
+        )
         self.connect_ps()
 
+    def _count_batch(self) -> None:
+        self._batches_done += 1
+        self.steps_trained += 1
+
     def connect_ps(self) -> None:
-        """Waits for every PS shard, offers them this worker's parameters, and pulls theirs.
+        """Waits for every PS shard, and offers an empty one this worker's dense values and
+        the table rows it has pulled (a relaunched shard without a checkpoint).
 
         Retries with capped exponential backoff while a shard is away or empty, and raises
         :class:`PSUnavailableError` after the master timeout. A :class:`PSError` is raised at
@@ -115,15 +113,17 @@ class Worker:
             if reply.ready:
                 ps = PSClient(list(reply.addresses), self.credentials)
                 try:
-                    version = self.ps.model_version if self.ps else 0
-                    accepted = ps.initialize(
-                        self.parameters.dense_values(),
-                        self.parameters.table_specs(),
-                        self.parameters.table_values(),
-                        version,
-                        self.parameters.state_values(),
-                    )
-                    self.parameters.pull(ps)
+                    accepted = []
+                    if not all(ps.initialized()):
+                        accepted = ps.initialize(
+                            self.parameters.dense_values(),
+                            self.parameters.table_specs(),
+                            self.parameters.pulled_rows(),
+                            self.ps.model_version if self.ps else 0,
+                            self.parameters.state_values(),
+                        )
+                    if not all(ps.initialized()):  # refused: the shard waits for a pulled worker
+                        raise PSUnavailableError(accepted.index(False), "holds no parameters")
                 except PSUnavailableError as e:
                     ps.close()
                     if time.monotonic() > deadline:
@@ -155,7 +155,19 @@ class Worker:
         while True:
             task = self.master.call("GetTask", master_pb2.GetTaskRequest(worker=self.name))
             if task.kind == master_pb2.Task.FINISHED:
-                log.info("%s: the job is finished; exiting", self.name)
+                if self.ps is None:
+                    log.info("%s: the job is finished; exiting", self.name)
+                else:
+                    traffic = self.ps.traffic
+                    log.info(
+                        "%s: the job is finished; exiting. PS traffic: %d training steps, "
+                        "%d calls, %d bytes sent, %d bytes received",
+                        self.name,
+                        self.steps_trained,
+                        traffic.calls,
+                        traffic.sent,
+                        traffic.received,
+                    )
                 for stream in self._streams.values():
                     stream.close()
                 self.finished.set()
@@ -169,7 +181,9 @@ class Worker:
             )
             try:
                 if task.kind == master_pb2.Task.TRAIN:
-                    self.train(task)
+                    self.train(task, report)
+                elif task.kind == master_pb2.Task.PREDICT:
+                    self.predictor.predict(task, self._batches(task, "predict"))
                 else:
                     self.evaluate(task, report)
             except UserCodeError as e:
@@ -181,7 +195,7 @@ class Worker:
                     ok=False,
                     error=str(e),
                 )
-            report.model_version = self.ps.model_version
+            report.model_version = self.ps.model_version if self.ps else 0
             self._lease_id = 0
             self.master.call("ReportTask", report)
 
@@ -224,66 +238,17 @@ class Worker:
         except FeedContractError as e:
             raise UserCodeError(str(e)) from e
 
-    def _refresh(self) -> None:
-        while True:
-            try:
-                self.parameters.pull(self.ps)
-                return
-            except PSUnavailableError as e:
-                log.warning("%s: %s; reconnecting", self.name, e)
-                self.connect_ps()
-
-    def train(self, task) -> None:
-        """Trains on the task's batches; each step's push overlaps the next step's compute.
-
-        Step k is computed on the parameters that push k-2 returned while push k-1 is on
-        the wire: one more step of staleness, which asynchronous updates accept, for about
-        max(compute, round trip) per step instead of their sum.
-        """
-        self._refresh()
-        in_flight = None
-        try:
-            for features, labels in self._batches(task, "train"):
-                try:
-                    _, grads = self._train_step(features, labels)
-                except Exception as e:
-                    raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
-                dense, rows = self.parameters.split_gradients(grads)
-                state = self.parameters.state_values()
-                if in_flight is not None:
-                    self._finish_push(*in_flight)
-                in_flight = (
-                    self._pusher.submit(self.ps.push, dense, rows, True, state),
-                    dense,
-                    rows,
-                    state,
-                )
-                self._batches_done += 1
-        finally:
-            if in_flight is not None:
-                self._finish_push(*in_flight)
-
-    def _finish_push(self, future, dense, rows, state) -> None:
-        """Waits for a push, pushing again after a reconnect, and takes the new values."""
-        while True:
-            try:
-                new_dense, new_rows = future.result()
-                break
-            except PSUnavailableError as e:
-                log.warning("%s: %s; reconnecting", self.name, e)
-                self.connect_ps()
-                future = self._pusher.submit(self.ps.push, dense, rows, True, state)
-        self.parameters.assign_dense(new_dense)
-        self.parameters.assign_rows(new_rows)
+    def train(self, task, report: master_pb2.ReportTaskRequest) -> None:
+        loss = self.trainer.train(self._batches(task, "train"))
+        report.train_loss, report.train_examples = loss.mean, loss.examples
 
     def evaluate(self, task, report: master_pb2.ReportTaskRequest) -> None:
-        self._refresh()
         for metric in self.metrics.values():
             metric.reset_state()
         loss_sum, count = 0.0, 0
-        for features, labels in self._batches(task, "evaluate"):
+        for features, labels in self.trainer.evaluation_batches(self._batches(task, "evaluate")):
             try:
-                outputs, loss = self._eval_step(features, labels)
+                outputs, loss = self.trainer.steps.evaluate(features, labels)
                 for metric in self.metrics.values():
                     metric.update_state(labels, outputs)
             except Exception as e:

@@ -190,6 +190,21 @@ def test_tensorboard_events_hold_the_evaluation_series(watched) -> None:
     assert all(v > 0 for _, v in scalars["job/examples_per_second"])
 
 
+def test_workers_report_the_training_loss_into_summary_and_tensorboard(watched) -> None:
+    summary = watched["summary"]
+    windows = summary["train_loss"]
+    # Every training task reported its loss once: the windows cover every record trained.
+    trained = sum(e["records_trained"] for e in summary["epochs"])
+    assert sum(w["examples"] for w in windows) == trained
+    assert len(windows) >= 2
+    # SGD minimizes the loss (minus xent): it falls from the first window to the last.
+    assert windows[-1]["loss"] < windows[0]["loss"]
+    series = sorted(_scalars(watched["run"].output / "tensorboard")["train/loss"])
+    expected = sorted((w["max_model_version"], w["loss"]) for w in windows)
+    assert [s for s, _ in series] == [s for s, _ in expected]
+    assert np.allclose([v for _, v in series], [v for _, v in expected], rtol=1e-6)
+
+
 def test_a_metric_the_model_does_not_report_is_one_line_and_exit_status_2(
     digits_data, tmp_path, capsys
 ) -> None:

@@ -124,7 +124,7 @@ def test_valid_caller_is_served(ps_server: tuple[ParameterServerServicer, str]) 
     client = PSClient([address], Credentials.for_instance(SECRET, WORKER), timeout_s=10)
     try:
         assert client.initialize({"w": np.ones(2, np.float32)}, {}, {}, model_version=0) == [True]
-        np.testing.assert_array_equal(client.pull_dense()["w"], [1, 1])
+        np.testing.assert_array_equal(client.pull()[0]["w"], [1, 1])
     finally:
         client.close()
     assert servicer.shard.initialized
@@ -207,7 +207,7 @@ def test_every_ps_rpc_needs_credentials(
     _, address = ps_server
     caplog.set_level(logging.WARNING, logger=auth.__name__)
     codes = _call_every_method(address, PS_SERVICE, ps_pb2_grpc.ParameterServerStub, ps_pb2)
-    assert set(codes) == {"Initialize", "PullDense", "PullEmbeddingRows", "PushGradients"}
+    assert set(codes) == {"Initialize", "Pull", "Push"}
     assert set(codes.values()) == {grpc.StatusCode.UNAUTHENTICATED}
     assert len(_auth_records(caplog)) == len(codes)
 
@@ -255,9 +255,9 @@ def test_the_master_identity_calls_the_ps(ps_server: tuple[ParameterServerServic
     forged = PSClient([address], Credentials(auth.MASTER_NAME, "f" * 64), timeout_s=10)
     try:
         good.initialize({"w": np.zeros(2, np.float32)}, {}, {}, model_version=0)
-        assert set(good.pull_dense()) == {"w"}
-        with pytest.raises(PSError, match=r"^PS shard 0 rejected PullDense: UNAUTHENTICATED"):
-            forged.pull_dense()
+        assert set(good.pull()[0]) == {"w"}
+        with pytest.raises(PSError, match=r"^PS shard 0 rejected Pull: UNAUTHENTICATED"):
+            forged.pull()
     finally:
         good.close()
         forged.close()

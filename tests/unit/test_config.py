@@ -32,6 +32,7 @@ def test_defaults_are_valid() -> None:
         ("ps", "--ps"),
         ("records_per_task", "--records-per-task"),
         ("keep_checkpoints", "--keep-checkpoints"),
+        ("local_steps", "--local-steps"),
     ],
 )
 def test_counts_must_be_at_least_one(field: str, flag: str) -> None:
@@ -93,6 +94,13 @@ def test_a_bad_timeout_error_names_its_flag_and_value() -> None:
     assert "-1.5" in message
 
 
+def test_outer_optimizer_must_be_known() -> None:
+    with pytest.raises(
+        InputError, match=r"^--outer-optimizer must be one of average, nesterov, got 'adam'$"
+    ):
+        config(outer_optimizer="adam")
+
+
 def test_invalid_config_is_an_input_error_with_exit_code_2() -> None:
     with pytest.raises(InputError) as info:
         config(epochs=0)
@@ -129,6 +137,8 @@ def test_fixed_settings_ignore_elasticity_settings(elastic: dict) -> None:
         ({"ps": 2}, "--ps"),
         ({"seed": 1}, "--seed"),
         ({"records_per_task": 256}, "--records-per-task"),
+        ({"local_steps": 7}, "--local-steps"),
+        ({"outer_optimizer": "nesterov"}, "--outer-optimizer"),
     ],
 )
 def test_fixed_settings_name_what_a_resume_must_share(fixed: dict, flag: str) -> None:

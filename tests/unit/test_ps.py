@@ -39,16 +39,24 @@ SECRET = auth.new_secret()
 WORKER = Credentials.for_instance(SECRET, "worker-0")
 
 
-def _params() -> tuple[dict[str, np.ndarray], dict[str, TableSpec], dict[str, np.ndarray]]:
+#: The table's initial values: what the model's initializers give the PS (``initial_table``).
+INITIAL = {
+    TABLE: np.arange(TABLE_ROWS * TABLE_DIM, dtype=np.float32).reshape(TABLE_ROWS, TABLE_DIM)
+}
+
+
+def _initial_table(name: str, shape: TableShape) -> np.ndarray:
+    assert (shape.rows, shape.dim) == INITIAL[name].shape
+    return INITIAL[name]
+
+
+def _params() -> tuple[dict[str, np.ndarray], dict[str, TableSpec], dict]:
+    """What a fresh worker offers: its dense values and the tables' shapes, no rows."""
     dense = {
         KERNEL: np.arange(6, dtype=np.float32).reshape(3, 2) / 10,
         BIAS: np.array([1.0, -1.0], np.float32),
     }
-    tables = {TABLE: TableSpec(TABLE_ROWS, TABLE_DIM, "float32")}
-    table_values = {
-        TABLE: np.arange(TABLE_ROWS * TABLE_DIM, dtype=np.float32).reshape(TABLE_ROWS, TABLE_DIM)
-    }
-    return dense, tables, table_values
+    return dense, {TABLE: TableSpec(TABLE_ROWS, TABLE_DIM, "float32")}, {}
 
 
 @dataclass
@@ -96,7 +104,9 @@ def start_cluster(tmp_path: Path) -> Iterator[StartCluster]:
                 keep_checkpoints=keep_checkpoints,
                 num_ps=num_ps,
             )
-            servicer.shard = ParameterShard(i, num_ps, optimizer(), staleness_modulation)
+            servicer.shard = ParameterShard(
+                i, num_ps, optimizer(), staleness_modulation, _initial_table
+            )
             server = grpc.server(
                 futures.ThreadPoolExecutor(4), interceptors=[AuthInterceptor(SECRET)]
             )
@@ -170,34 +180,48 @@ def test_rows_by_id_modulo() -> None:
 
 def test_initialize_places_dense_by_hash_and_rows_by_id(cluster: Cluster) -> None:
     client = cluster.client()
-    dense, tables, table_values = _params()
-    assert client.initialize(dense, tables, table_values, model_version=0) == [True, True]
+    dense, tables, _ = _params()
+    table_values = INITIAL
+    assert client.initialize(dense, tables, {}, model_version=0) == [True, True]
     s0, s1 = cluster.shard(0), cluster.shard(1)
     assert set(s0._dense) == {BIAS}
     assert set(s1._dense) == {KERNEL}
-    np.testing.assert_array_equal(s0.pull_dense()[1][BIAS], dense[BIAS])
-    np.testing.assert_array_equal(s1.pull_dense()[1][KERNEL], dense[KERNEL])
-    # Shard s holds rows s, s + 2, s + 4, ... in that order.
-    np.testing.assert_array_equal(s0._tables[TABLE].numpy(), table_values[TABLE][0::2])
-    np.testing.assert_array_equal(s1._tables[TABLE].numpy(), table_values[TABLE][1::2])
-    assert s0._table_shapes[TABLE] == TableShape(TABLE_ROWS, TABLE_DIM, "float32")
+    np.testing.assert_array_equal(s0.pull({}, True)[:2][1][BIAS], dense[BIAS])
+    np.testing.assert_array_equal(s1.pull({}, True)[:2][1][KERNEL], dense[KERNEL])
+    # Shard s holds rows s, s + 2, s + 4, ... in that order, from the model's initializers.
+    np.testing.assert_array_equal(s0.tables[TABLE].values, table_values[TABLE][0::2])
+    np.testing.assert_array_equal(s1.tables[TABLE].values, table_values[TABLE][1::2])
+    assert s0.tables[TABLE].shape == TableShape(TABLE_ROWS, TABLE_DIM, "float32")
+
+
+def test_initialize_takes_the_rows_a_worker_pulled(cluster: Cluster) -> None:
+    dense, tables, _ = _params()
+    pulled = {TABLE: (np.array([5, 2]), np.full((2, TABLE_DIM), -1, np.float32))}
+    assert cluster.client().initialize(dense, tables, pulled, model_version=3) == [True, True]
+    expected = INITIAL[TABLE].copy()
+    expected[[5, 2]] = -1
+    np.testing.assert_array_equal(cluster.shard(0).tables[TABLE].values, expected[0::2])
+    np.testing.assert_array_equal(cluster.shard(1).tables[TABLE].values, expected[1::2])
 
 
 def test_second_initialize_is_refused_and_keeps_values(ps: PSClient, cluster: Cluster) -> None:
-    dense, tables, table_values = _params()
+    dense, tables, _ = _params()
+    table_values = INITIAL
     other_dense = {n: v + 100 for n, v in dense.items()}
-    other_rows = {TABLE: table_values[TABLE] + 100}
+    other_rows = {TABLE: (np.arange(TABLE_ROWS), table_values[TABLE] + 100)}
     assert ps.initialize(other_dense, tables, other_rows, model_version=5) == [False, False]
-    pulled = ps.pull_dense()
+    pulled = ps.pull()[0]
     for name, value in dense.items():
         np.testing.assert_array_equal(pulled[name], value)
-    np.testing.assert_array_equal(ps.pull_rows(TABLE, np.arange(TABLE_ROWS)), table_values[TABLE])
+    np.testing.assert_array_equal(
+        ps.pull({TABLE: np.arange(TABLE_ROWS)}, dense=False)[1][TABLE], table_values[TABLE]
+    )
     assert [cluster.shard(i).version for i in range(2)] == [0, 0]
 
 
 def test_pull_dense_joins_all_shards(ps: PSClient) -> None:
     dense, _, _ = _params()
-    pulled = ps.pull_dense()
+    pulled = ps.pull()[0]
     assert set(pulled) == {KERNEL, BIAS}
     for name, value in dense.items():
         np.testing.assert_array_equal(pulled[name], value)
@@ -206,26 +230,35 @@ def test_pull_dense_joins_all_shards(ps: PSClient) -> None:
 
 
 def test_pull_rows_in_requested_order_across_shards(ps: PSClient) -> None:
-    _, _, table_values = _params()
+    _, _, _ = _params()
+    table_values = INITIAL
     ids = np.array([5, 0, 3, 3, 6, 1, 2])
-    np.testing.assert_array_equal(ps.pull_rows(TABLE, ids), table_values[TABLE][ids])
+    np.testing.assert_array_equal(
+        ps.pull({TABLE: ids}, dense=False)[1][TABLE], table_values[TABLE][ids]
+    )
 
 
 def test_pull_rows_all_on_one_shard(ps: PSClient) -> None:
-    _, _, table_values = _params()
+    _, _, _ = _params()
+    table_values = INITIAL
     ids = np.array([4, 0, 2])  # all even: shard 1 is asked for no rows
-    np.testing.assert_array_equal(ps.pull_rows(TABLE, ids), table_values[TABLE][ids])
+    np.testing.assert_array_equal(
+        ps.pull({TABLE: ids}, dense=False)[1][TABLE], table_values[TABLE][ids]
+    )
 
 
 def test_push_applies_sgd_exactly(ps: PSClient) -> None:
-    dense, _, table_values = _params()
+    dense, _, _ = _params()
+    table_values = INITIAL
     kernel_grad = np.full((3, 2), 0.5, np.float32)
     bias_grad = np.array([2.0, -4.0], np.float32)
     row_ids = np.array([1, 4], np.int64)  # one row on each shard
     row_grad = np.array([[1.0, 2.0, 3.0], [-1.0, 0.0, 10.0]], np.float32)
 
     new_dense, new_rows = ps.push(
-        {KERNEL: kernel_grad, BIAS: bias_grad}, {TABLE: (row_ids, row_grad)}
+        {KERNEL: kernel_grad, BIAS: bias_grad},
+        {TABLE: (row_ids, row_grad)},
+        pull_ids={TABLE: np.array([4, 0, 1])},
     )
 
     expected_kernel = dense[KERNEL] - LR * kernel_grad
@@ -234,15 +267,13 @@ def test_push_applies_sgd_exactly(ps: PSClient) -> None:
     np.testing.assert_allclose(new_dense[BIAS], expected_bias, rtol=1e-6)
     expected_table = table_values[TABLE].copy()
     expected_table[row_ids] -= LR * row_grad
-    returned_ids, returned_values = new_rows[TABLE]
-    assert sorted(returned_ids.tolist()) == [1, 4]
-    for row_id, value in zip(returned_ids, returned_values, strict=True):
-        np.testing.assert_allclose(value, expected_table[row_id], rtol=1e-6)
+    # The pull after the update: the rows asked for, in the order asked.
+    np.testing.assert_allclose(new_rows[TABLE], expected_table[[4, 0, 1]], rtol=1e-6)
     # The shards hold the new values; rows that got no gradient are unchanged.
-    pulled = ps.pull_dense()
+    pulled = ps.pull()[0]
     np.testing.assert_allclose(pulled[KERNEL], expected_kernel, rtol=1e-6)
     np.testing.assert_allclose(pulled[BIAS], expected_bias, rtol=1e-6)
-    table = ps.pull_rows(TABLE, np.arange(TABLE_ROWS))
+    table = ps.pull({TABLE: np.arange(TABLE_ROWS)}, dense=False)[1][TABLE]
     np.testing.assert_allclose(table, expected_table, rtol=1e-6)
     untouched = [0, 2, 3, 5, 6]
     np.testing.assert_array_equal(table[untouched], table_values[TABLE][untouched])
@@ -252,44 +283,51 @@ def test_push_applies_sgd_exactly(ps: PSClient) -> None:
 def test_push_advances_every_shard_even_without_its_gradients(
     ps: PSClient, cluster: Cluster
 ) -> None:
-    dense, _, table_values = _params()
+    dense, _, _ = _params()
+    table_values = INITIAL
     # Only shard 1 (the kernel's, and odd row 3's) gets gradients.
     grad = np.ones((3, 2), np.float32)
-    new_dense, new_rows = ps.push({KERNEL: grad}, {TABLE: (np.array([3]), np.ones((1, 3)))})
+    new_dense, new_rows = ps.push(
+        {KERNEL: grad}, {TABLE: (np.array([3]), np.ones((1, 3)))}, pull_ids={TABLE: [3]}
+    )
     assert [cluster.shard(i).version for i in range(2)] == [1, 1]
     assert ps.versions == [1, 1]
     assert ps.model_version == 1
     np.testing.assert_array_equal(new_dense[BIAS], dense[BIAS])  # every shard's values come back
     np.testing.assert_allclose(new_dense[KERNEL], dense[KERNEL] - LR, rtol=1e-6)
-    assert new_rows[TABLE][0].tolist() == [3]
+    np.testing.assert_allclose(new_rows[TABLE], INITIAL[TABLE][[3]] - LR, rtol=1e-6)
     ps.push({}, {})
     assert [cluster.shard(i).version for i in range(2)] == [2, 2]
-    np.testing.assert_array_equal(ps.pull_dense()[BIAS], dense[BIAS])
-    np.testing.assert_array_equal(ps.pull_rows(TABLE, [0, 1, 2]), table_values[TABLE][[0, 1, 2]])
+    np.testing.assert_array_equal(ps.pull()[0][BIAS], dense[BIAS])
+    np.testing.assert_array_equal(
+        ps.pull({TABLE: [0, 1, 2]}, dense=False)[1][TABLE], table_values[TABLE][[0, 1, 2]]
+    )
 
 
-def test_push_without_return_parameters(ps: PSClient) -> None:
+def test_push_without_a_pull(ps: PSClient) -> None:
     dense, _, _ = _params()
-    assert ps.push({BIAS: np.ones(2, np.float32)}, {}, return_parameters=False) == ({}, {})
-    np.testing.assert_allclose(ps.pull_dense()[BIAS], dense[BIAS] - LR, rtol=1e-6)
+    assert ps.push({BIAS: np.ones(2, np.float32)}, {}, pull_dense=False) == ({}, {})
+    np.testing.assert_allclose(ps.pull()[0][BIAS], dense[BIAS] - LR, rtol=1e-6)
 
 
 def test_uninitialized_shard_is_unavailable(cluster: Cluster) -> None:
-    dense, tables, table_values = _params()
+    dense, tables, _ = _params()
     client = cluster.client()
     with pytest.raises(PSUnavailableError, match="holds no parameters") as e:
-        client.pull_dense()
+        client.pull()[0]
     assert e.value.shard == 0
     with pytest.raises(PSUnavailableError, match="UNAVAILABLE: PS shard 0 holds no parameters"):
         client.push({BIAS: np.ones(2, np.float32)}, {})
-    with pytest.raises(PSUnavailableError, match="UNAVAILABLE: PS shard 0 holds no parameters"):
-        client.pull_rows(TABLE, np.array([0, 1]))
+    with pytest.raises(PSUnavailableError, match="holds no parameters"):
+        client.pull({TABLE: np.array([0, 1])}, dense=False)
+    assert client.initialized() == [False, False]
     # Only shard 0 filled (as after shard 1 was relaunched without a checkpoint).
     shard0_dense = {n: v for n, v in dense.items() if placement.shard_of_variable(n, 2) == 0}
-    rows = {TABLE: (np.array([0, 2, 4, 6]), table_values[TABLE][0::2])}
-    assert cluster.shard(0).initialize(shard0_dense, tables, rows, 0)
+    shapes = {n: TableShape(t.rows, t.dim, t.dtype) for n, t in tables.items()}
+    assert cluster.shard(0).initialize(shard0_dense, shapes, {}, 0)
+    assert client.initialized() == [True, False]
     with pytest.raises(PSUnavailableError, match="holds no parameters") as e:
-        client.pull_dense()
+        client.pull()[0]
     assert e.value.shard == 1
     with pytest.raises(PSUnavailableError, match="holds no parameters") as e:
         client.push({BIAS: np.ones(2, np.float32)}, {})
@@ -299,14 +337,14 @@ def test_uninitialized_shard_is_unavailable(cluster: Cluster) -> None:
 def test_starting_ps_is_unavailable(cluster: Cluster) -> None:
     cluster.servicers[1].shard = None
     with pytest.raises(PSUnavailableError, match="UNAVAILABLE") as e:
-        cluster.client().pull_dense()
+        cluster.client().pull()[0]
     assert e.value.shard == 1
 
 
 def test_stopped_server_is_unavailable(ps: PSClient, cluster: Cluster) -> None:
     cluster.servers[0].stop(None).wait()
     with pytest.raises(PSUnavailableError, match="UNAVAILABLE") as e:
-        ps.pull_dense()
+        ps.pull()[0]
     assert e.value.shard == 0
     with pytest.raises(PSUnavailableError) as e:
         ps.push({KERNEL: np.ones((3, 2), np.float32)}, {})
@@ -316,14 +354,14 @@ def test_stopped_server_is_unavailable(ps: PSClient, cluster: Cluster) -> None:
 class _RejectingServicer(ParameterServerServicer):
     """A shard that turns pushes down as a PS with a bug, or a bad request, would."""
 
-    def PushGradients(self, request, context):
+    def Push(self, request, context):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, "gradient for unknown variable 'x'")
 
 
 class _SlowServicer(ParameterServerServicer):
-    def PullDense(self, request, context):
+    def Pull(self, request, context):
         time.sleep(1.0)
-        return super().PullDense(request, context)
+        return super().Pull(request, context)
 
 
 def test_other_statuses_are_ps_errors_not_unavailable(start_cluster: StartCluster) -> None:
@@ -333,33 +371,34 @@ def test_other_statuses_are_ps_errors_not_unavailable(start_cluster: StartCluste
         client.push({BIAS: np.ones(2, np.float32)}, {})
     assert not isinstance(e.value, PSUnavailableError)
     assert str(e.value) == (
-        "PS shard 0 rejected PushGradients: INVALID_ARGUMENT: gradient for unknown variable 'x'"
+        "PS shard 0 rejected Push: INVALID_ARGUMENT: gradient for unknown variable 'x'"
     )
     assert (e.value.shard, e.value.code) == (0, grpc.StatusCode.INVALID_ARGUMENT)
 
 
 def test_refused_credentials_are_ps_errors(cluster: Cluster) -> None:
     stranger = Credentials.for_instance(auth.new_secret(), "worker-0")
-    with pytest.raises(PSError, match=r"^PS shard 0 rejected PullDense: UNAUTHENTICATED"):
-        cluster.client(credentials=stranger).pull_dense()
+    with pytest.raises(PSError, match=r"^PS shard 0 rejected Pull: UNAUTHENTICATED"):
+        cluster.client(credentials=stranger).pull()[0]
 
 
 def test_deadline_exceeded_is_unavailable(start_cluster: StartCluster) -> None:
     cluster = start_cluster(servicer_class=_SlowServicer)
     cluster.client().initialize(*_params(), model_version=0)
     with pytest.raises(PSUnavailableError, match="DEADLINE_EXCEEDED"):
-        cluster.client(timeout_s=0.2).pull_dense()
+        cluster.client(timeout_s=0.2).pull()[0]
 
 
 # -- where a (re)started shard gets its parameters --
 
 
 def _offset_params(offset: float) -> tuple:
-    dense, tables, table_values = _params()
+    """What a worker that has pulled every row offers, its values shifted by ``offset``."""
+    dense, tables, _ = _params()
     return (
         {n: v + offset for n, v in dense.items()},
         tables,
-        {n: v + offset for n, v in table_values.items()},
+        {n: (np.arange(len(v)), v + offset) for n, v in INITIAL.items()},
     )
 
 
@@ -368,7 +407,7 @@ def test_job_start_takes_the_first_initialize(start_cluster: StartCluster) -> No
     first, second = cluster.client(), cluster.client()
     assert first.initialize(*_params(), model_version=0) == [True, True]
     assert second.initialize(*_offset_params(100), model_version=0) == [False, False]
-    np.testing.assert_array_equal(second.pull_dense()[BIAS], _params()[0][BIAS])
+    np.testing.assert_array_equal(second.pull()[0][BIAS], _params()[0][BIAS])
 
 
 def test_mid_job_a_fresh_workers_values_are_refused(
@@ -384,12 +423,12 @@ def test_mid_job_a_fresh_workers_values_are_refused(
     refusals = [r for r in caplog.records if "refuses a fresh worker" in r.getMessage()]
     assert len(refusals) == 2  # once per shard, not once per offer
     with pytest.raises(PSUnavailableError, match="holds no parameters"):
-        fresh.pull_dense()
+        fresh.pull()[0]
 
     # A worker that has pulled version 40 fills the shards, at its version.
     assert pulled.initialize(*_offset_params(100), model_version=40) == [True, True]
     assert [cluster.shard(i).version for i in range(2)] == [40, 40]
-    values = fresh.pull_dense()
+    values = fresh.pull()[0]
     np.testing.assert_array_equal(values[BIAS], _params()[0][BIAS] + 100)
     assert fresh.versions == [40, 40]
 
@@ -400,18 +439,19 @@ def test_a_checkpoint_comes_before_any_worker(start_cluster: StartCluster) -> No
     policy = cluster.servicers[0].policy
     assert policy.restore(ParameterShard(0, 1, keras.optimizers.SGD(LR)), directory) is None
 
-    trained = ParameterShard(0, 1, keras.optimizers.SGD(LR))
-    dense, tables, table_values = _params()
+    trained = ParameterShard(0, 1, keras.optimizers.SGD(LR), initial_table=_initial_table)
+    dense, tables, _ = _params()
+    table_values = INITIAL
     rows = {TABLE: (np.arange(TABLE_ROWS), table_values[TABLE])}
     shapes = {n: TableShape(t.rows, t.dim, t.dtype) for n, t in tables.items()}
     assert trained.initialize(dense, shapes, rows, 30)
-    trained.push({BIAS: np.ones(2, np.float32)}, {}, 30, return_parameters=False)
+    trained.push({BIAS: np.ones(2, np.float32)}, {}, 30)
     checkpoint.save(directory, *trained.state_arrays(), keep=2)
 
     assert policy.restore(cluster.shard(0), directory) == 31
     client = cluster.client()
     assert client.initialize(*_offset_params(100), model_version=40) == [False]
-    np.testing.assert_allclose(client.pull_dense()[BIAS], dense[BIAS] - LR, rtol=1e-6)
+    np.testing.assert_allclose(client.pull()[0][BIAS], dense[BIAS] - LR, rtol=1e-6)
     assert client.versions == [31]
 
 
@@ -468,12 +508,13 @@ def _adam_push(shard: ParameterShard, step: int) -> tuple[int, dict, dict]:
         for n, v in _params()[0].items()
         if n in shard._dense
     }
+    # One row updated before (1 or 2) and one never (0 or 3), on each shard.
     ids = np.arange(shard.shard, TABLE_ROWS, shard.num_ps)[:2]
     rows = {TABLE: (ids, rng.normal(size=(len(ids), TABLE_DIM)).astype(np.float32))}
-    return shard.push(dense, rows, shard.version, return_parameters=True)
+    return shard.push(dense, rows, shard.version, pull=({TABLE: ids}, True))
 
 
-def test_checkpoint_restores_values_version_and_optimizer_state(
+def test_checkpoint_restores_values_version_and_per_row_optimizer_state(
     start_cluster: StartCluster,
 ) -> None:
     cluster = start_cluster(optimizer=lambda: keras.optimizers.Adam(0.01), checkpoint_steps=3)
@@ -491,24 +532,38 @@ def test_checkpoint_restores_values_version_and_optimizer_state(
         assert saved is not None
         version, arrays = saved
         assert version == 3
+        # Adam's slots per row: the rows pushed (1, 2, 5) have 3 steps each; the others none.
+        owned = np.arange(i, TABLE_ROWS, 2)
+        count = arrays[f"table_slot/{TABLE}/count"]
+        np.testing.assert_array_equal(count, np.where(np.isin(owned, [1, 2, 5]), 3, 0))
+        untouched = ~np.isin(owned, [1, 2, 5])
+        for slot in ("m", "v"):
+            assert arrays[f"table_slot/{TABLE}/{slot}"].shape == (len(owned), TABLE_DIM)
+            assert not arrays[f"table_slot/{TABLE}/{slot}"][untouched].any()
+            assert arrays[f"table_slot/{TABLE}/{slot}"][~untouched].all()
         restored = ParameterShard(i, 2, keras.optimizers.Adam(0.01))
         restored.restore(version, arrays)
+        for slot, values in original.tables[TABLE].optimizer.slots.items():
+            np.testing.assert_array_equal(restored.tables[TABLE].optimizer.slots[slot], values)
         assert restored.initialized
         assert restored.version == original.version == 3
-        _, original_dense = original.pull_dense()
-        _, restored_dense = restored.pull_dense()
+        _, original_dense = original.pull({}, True)[:2]
+        _, restored_dense = restored.pull({}, True)[:2]
         assert set(restored_dense) == set(original_dense)
         for name, value in original_dense.items():
             np.testing.assert_array_equal(restored_dense[name], value)
-        owned = np.arange(i, TABLE_ROWS, 2)
         np.testing.assert_array_equal(
-            restored.pull_rows(TABLE, owned), original.pull_rows(TABLE, owned)
+            restored.pull({TABLE: owned}, False)[2][TABLE],
+            original.pull({TABLE: owned}, False)[2][TABLE],
         )
-        assert restored._table_shapes == original._table_shapes
+        assert restored.tables[TABLE].shape == original.tables[TABLE].shape
 
         # Without the optimizer's moments the next step differs ...
         fresh = ParameterShard(i, 2, keras.optimizers.Adam(0.01))
-        fresh.restore(version, {k: v for k, v in arrays.items() if not k.startswith("optimizer/")})
+        fresh.restore(
+            version,
+            {k: v for k, v in arrays.items() if not k.startswith(("optimizer/", "table_slot/"))},
+        )
         # ... with them it is the very step the original takes.
         expected = _adam_push(original, 7)
         got = _adam_push(restored, 7)
@@ -572,7 +627,7 @@ def test_shut_down_serves_no_more_and_writes_a_final_checkpoint(
     assert saved is not None and saved[0] == 3
     np.testing.assert_allclose(saved[1][f"dense/{BIAS}"], _params()[0][BIAS] - 3 * LR, rtol=1e-6)
     with pytest.raises(PSUnavailableError, match="UNAVAILABLE"):
-        client.pull_dense()
+        client.pull()[0]
 
 
 def test_shut_down_without_parameters_writes_nothing(
@@ -720,11 +775,11 @@ def test_ps_without_the_secret_exits_1(
 
 
 def _modulated_shard(version: int) -> ParameterShard:
-    shard = ParameterShard(0, 1, keras.optimizers.SGD(LR), staleness_modulation=True)
+    shard = ParameterShard(
+        0, 1, keras.optimizers.SGD(LR), True, lambda name, shape: np.zeros((4, 2), np.float32)
+    )
     dense = {"w": np.zeros(2, np.float32)}
-    tables = {TABLE: TableShape(4, 2, "float32")}
-    rows = {TABLE: (np.arange(4), np.zeros((4, 2), np.float32))}
-    assert shard.initialize(dense, tables, rows, version)
+    assert shard.initialize(dense, {TABLE: TableShape(4, 2, "float32")}, {}, version)
     return shard
 
 
@@ -733,14 +788,14 @@ def test_stale_push_is_scaled_by_staleness() -> None:
     grad = np.array([1.0, -2.0], np.float32)
     row_grad = np.array([[4.0, 8.0]], np.float32)
     version, dense, rows = shard.push(
-        {"w": grad}, {TABLE: (np.array([2]), row_grad)}, version=0, return_parameters=True
+        {"w": grad}, {TABLE: (np.array([2]), row_grad)}, version=0, pull=({TABLE: [2]}, True)
     )
     assert version == 5
     np.testing.assert_allclose(dense["w"], -LR / 4 * grad, rtol=1e-6)
     np.testing.assert_allclose(rows[TABLE], -LR / 4 * row_grad, rtol=1e-6)
     assert float(shard._optimizer.learning_rate.numpy()) == pytest.approx(LR)
     # A fresh push afterwards moves at the full rate again.
-    _, after, _ = shard.push({"w": grad}, {}, version=5, return_parameters=True)
+    _, after, _ = shard.push({"w": grad}, {}, version=5, pull=({}, True))
     np.testing.assert_allclose(after["w"], -LR / 4 * grad - LR * grad, rtol=1e-6)
 
 
@@ -748,14 +803,14 @@ def test_stale_push_is_scaled_by_staleness() -> None:
 def test_fresh_push_uses_full_rate(staleness: int) -> None:
     shard = _modulated_shard(version=3)
     grad = np.array([1.0, -2.0], np.float32)
-    _, dense, _ = shard.push({"w": grad}, {}, version=3 - staleness, return_parameters=True)
+    _, dense, _ = shard.push({"w": grad}, {}, version=3 - staleness, pull=({}, True))
     np.testing.assert_allclose(dense["w"], -LR * grad, rtol=1e-6)
 
 
 def test_without_modulation_stale_push_uses_full_rate() -> None:
     shard = ParameterShard(0, 1, keras.optimizers.SGD(LR))
     assert shard.initialize({"w": np.zeros(2, np.float32)}, {}, {}, 10)
-    _, dense, _ = shard.push({"w": np.ones(2, np.float32)}, {}, 0, return_parameters=True)
+    _, dense, _ = shard.push({"w": np.ones(2, np.float32)}, {}, 0, pull=({}, True))
     np.testing.assert_allclose(dense["w"], [-LR, -LR], rtol=1e-6)
 
 
@@ -764,7 +819,7 @@ def test_stale_push_over_grpc(start_cluster: StartCluster) -> None:
     fast, slow = cluster.client(), cluster.client()
     dense, _, _ = _params()
     fast.initialize(*_params(), model_version=0)
-    slow.pull_dense()  # computes its gradients at version 0
+    slow.pull()[0]  # computes its gradients at version 0
     for _ in range(4):
         fast.push({}, {})
     grad = np.ones(2, np.float32)
@@ -784,16 +839,17 @@ def test_state_is_last_writer_wins_and_checkpointed(tmp_path: Path) -> None:
     shard = ParameterShard(0, 1, keras.optimizers.SGD(LR))
     kernel = np.ones((2, 2), np.float32)
     shard.initialize({"k": kernel}, {}, {}, 0, {"bn/mean": np.zeros(2, np.float32)})
-    _, values = shard.pull_dense()
+    _, values = shard.pull({}, True)[:2]
     np.testing.assert_array_equal(values["bn/mean"], [0, 0])
 
-    _, returned, _ = shard.push({"k": kernel}, {}, 0, True, {"bn/mean": np.array([1, 2], "f4")})
+    state = {"bn/mean": np.array([1, 2], "f4")}
+    _, returned, _ = shard.push({"k": kernel}, {}, 0, state, pull=({}, True))
     assert "bn/mean" not in returned
-    shard.push({"k": kernel}, {}, 1, True, {"bn/mean": np.array([3, 4], "f4")})
-    _, values = shard.pull_dense()
+    shard.push({"k": kernel}, {}, 1, {"bn/mean": np.array([3, 4], "f4")})
+    _, values = shard.pull({}, True)[:2]
     np.testing.assert_array_equal(values["bn/mean"], [3, 4])
 
     version, arrays = shard.state_arrays()
     restored = ParameterShard(0, 1, keras.optimizers.SGD(LR))
     restored.restore(version, arrays)
-    np.testing.assert_array_equal(restored.pull_dense()[1]["bn/mean"], [3, 4])
+    np.testing.assert_array_equal(restored.pull({}, True)[:2][1]["bn/mean"], [3, 4])

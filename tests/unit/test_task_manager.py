@@ -982,3 +982,45 @@ def test_handing_out_and_reporting_100k_tasks() -> None:
     print(f"100,000 tasks handed out and reported in {elapsed:.2f} s")
     assert count == 100_000
     assert tm.finished and tm.records_trained(1) == 100_000
+
+
+# -- prediction jobs --
+
+
+def test_a_prediction_job_hands_out_predict_tasks_with_their_first_row_index() -> None:
+    tm = make(task_kind=TaskKind.PREDICT)
+    tasks = tm.epoch_tasks(1)
+    assert {t.kind for t in tasks} == {TaskKind.PREDICT}
+    # Shard a's 10 records then shard b's 7, 4 a task: every record has one index, in order.
+    assert [(key(t), t.first_index) for t in tasks] == [
+        (("a", 0, 4), 0), (("a", 4, 8), 4), (("a", 8, 10), 8), (("b", 0, 4), 10), (("b", 4, 7), 14),
+    ]  # fmt: skip
+    handed = []
+    while (task := tm.get_task("w")) is not None:
+        assert task.kind is TaskKind.PREDICT and task.first_index == tasks[task.id].first_index
+        handed.append(task.id)
+        assert succeed(tm, task) is not None
+    assert sorted(handed) == [t.id for t in tasks]
+    assert tm.finished and tm.records_trained(1) == RECORDS_PER_EPOCH
+
+
+def test_a_prediction_task_reported_with_an_evaluation_result_is_refused() -> None:
+    tm = make(task_kind=TaskKind.PREDICT)
+    task = tm.get_task("w")
+    with pytest.raises(
+        InvalidReportError, match="a prediction task was reported with an evaluation"
+    ):
+        succeed(tm, task, evaluation=eval_result(1.0, 4))
+
+
+@pytest.mark.parametrize(
+    ("kind", "overrides"),
+    [
+        (TaskKind.PREDICT, {"epochs": 2}),
+        (TaskKind.PREDICT, {"validation_shards": VALIDATION}),
+        (TaskKind.EVALUATE, {}),
+    ],
+)
+def test_a_prediction_job_has_one_epoch_and_no_validation(kind, overrides) -> None:
+    with pytest.raises(ValueError, match=r"a prediction job has one epoch|task_kind is evaluate"):
+        settings(task_kind=kind, **overrides)

@@ -1,10 +1,12 @@
-"""ModelParameters: a Keras model's variables split into dense ones and embedding tables, its
-gradients split for the PS, and a round trip through two real gRPC PS shards."""
+"""A worker's side of the parameters: a Keras model's variables split into dense ones and
+embedding tables, the rows a batch reads, its gradients as the PS takes them, and windows of
+steps through real gRPC PS shards, asserted from the shards' side."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 import keras
@@ -12,16 +14,19 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from elastic_step.ps.outer_optimizer import build_outer_optimizer
 from elastic_step.ps.server import ParameterServerServicer
 from elastic_step.ps.shard import ParameterShard
 from elastic_step.rpc import master_pb2, ps_pb2_grpc
 from elastic_step.rpc.auth import Credentials
 from elastic_step.rpc.ps_client import PSClient, TableSpec
 from elastic_step.worker.parameters import ModelParameters
+from elastic_step.worker.steps import Steps, _row_gradient
+from elastic_step.worker.windows import WindowTrainer
 
 LR = 0.1
 TABLE, KERNEL, BIAS = "embedding/embeddings", "dense/kernel", "dense/bias"
-SEQ = 3
+ROWS, SEQ = 10, 3
 # The shards here run without AuthInterceptor: the credentials travel but nobody checks them.
 CREDENTIALS = Credentials.for_instance("test-secret", "worker-0")
 
@@ -31,52 +36,96 @@ def build_model(seed: int = 7) -> keras.Model:
     keras.backend.clear_session()
     keras.utils.set_random_seed(seed)
     ids = keras.Input(shape=(SEQ,), dtype="int32")
-    x = keras.layers.Embedding(input_dim=10, output_dim=3)(ids)
+    x = keras.layers.Embedding(input_dim=ROWS, output_dim=3)(ids)
     x = keras.layers.Flatten()(x)
     outputs = keras.layers.Dense(1)(x)
     return keras.Model(ids, outputs)
 
 
-def loss_fn(model: keras.Model, ids, labels):
-    return tf.reduce_sum(tf.square(model(ids) - labels))
+def loss(labels, outputs):
+    return tf.reduce_sum(tf.square(outputs - labels))
 
 
-def gradients(model: keras.Model, ids, labels) -> list:
-    with tf.GradientTape() as tape:
-        loss = loss_fn(model, ids, labels)
-    return tape.gradient(loss, model.trainable_variables)
+def initial_values(seed: int = 7) -> dict[str, np.ndarray]:
+    return {v.path: v.numpy() for v in build_model(seed).trainable_variables}
+
+
+@dataclass
+class Connected:
+    """The worker's side of a PS that never moves (WindowTrainer's PSConnection)."""
+
+    ps: PSClient
+
+    def connect_ps(self) -> None:
+        raise AssertionError("the PS never moves in these tests")
+
+
+StartPS = Callable[..., tuple[list[ParameterShard], PSClient]]
 
 
 @pytest.fixture
-def ps(tmp_path) -> Iterator[PSClient]:
-    """Two real in-process gRPC PS shards with SGD, and a client over them."""
-    servers, addresses = [], []
-    for i in range(2):
-        servicer = ParameterServerServicer()
-        servicer.settings = master_pb2.JobSettings(
-            output_dir=str(tmp_path), checkpoint_steps=0, keep_checkpoints=1, num_ps=2
-        )
-        servicer.shard = ParameterShard(i, 2, keras.optimizers.SGD(LR))
-        server = grpc.server(futures.ThreadPoolExecutor(4))
-        ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
-        addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
-        server.start()
-        servers.append(server)
-    client = PSClient(addresses, CREDENTIALS, timeout_s=10)
-    yield client
-    client.close()
+def start_ps(tmp_path) -> Iterator[StartPS]:
+    """``start_ps(optimizer, num_ps=2)``: real in-process gRPC PS shards whose tables start
+    from build_model()'s initial rows (as a PS builds the model itself), and a client."""
+    servers, clients = [], []
+
+    def start(optimizer: Callable, num_ps: int = 2) -> tuple[list[ParameterShard], PSClient]:
+        table = initial_values()[TABLE]
+        shards, addresses = [], []
+        for i in range(num_ps):
+            servicer = ParameterServerServicer()
+            servicer.settings = master_pb2.JobSettings(
+                output_dir=str(tmp_path), checkpoint_steps=0, keep_checkpoints=1, num_ps=num_ps
+            )
+            servicer.shard = ParameterShard(
+                i, num_ps, optimizer(), initial_table=lambda name, shape: table
+            )
+            shards.append(servicer.shard)
+            server = grpc.server(futures.ThreadPoolExecutor(4))
+            ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
+            addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+            server.start()
+            servers.append(server)
+        clients.append(PSClient(addresses, CREDENTIALS, timeout_s=10))
+        return shards, clients[-1]
+
+    yield start
+    for client in clients:
+        client.close()
     for server in servers:
         server.stop(None).wait()
+
+
+def connect(ps: PSClient, model: keras.Model, local_steps: int = 1, local_optimizer=None):
+    """A worker's parameters, steps and window trainer over ``ps``, as Worker.setup makes."""
+    params = ModelParameters(model)
+    ps.initialize(params.dense_values(), params.table_specs(), params.pulled_rows(), 0)
+    steps = Steps(model, loss, params, local_optimizer)
+    return params, WindowTrainer(params, steps, local_steps, Connected(ps))
+
+
+def batches(count: int, seed: int = 3, high: int = ROWS) -> list[tuple[tf.Tensor, tf.Tensor]]:
+    rng = np.random.default_rng(seed)
+    return [
+        (
+            tf.constant(rng.integers(0, high, size=(4, SEQ)).astype(np.int32)),
+            tf.constant(rng.normal(size=(4, 1)).astype(np.float32)),
+        )
+        for _ in range(count)
+    ]
+
+
+# -- the split --
 
 
 def test_tables_and_dense_split_by_path() -> None:
     params = ModelParameters(build_model())
     assert list(params.tables) == [TABLE]
     assert set(params.dense) == {KERNEL, BIAS}
-    assert params.table_specs() == {TABLE: TableSpec(10, 3, "float32")}
-    assert params.table_values()[TABLE].shape == (10, 3)
+    assert params.table_specs() == {TABLE: TableSpec(ROWS, 3, "float32")}
     assert params.dense_values()[KERNEL].shape == (SEQ * 3, 1)
     assert [v.path for v in params.variables] == [TABLE, KERNEL, BIAS]
+    assert params.pulled_rows() == {}  # a fresh worker has no rows to offer
 
 
 def test_models_built_the_model_def_way_have_the_same_paths() -> None:
@@ -89,142 +138,177 @@ def test_models_built_the_model_def_way_have_the_same_paths() -> None:
 
 def _functional_parts():
     ids = keras.Input(shape=(SEQ,), dtype="int32")
-    x = keras.layers.Flatten()(keras.layers.Embedding(10, 3)(ids))
+    x = keras.layers.Flatten()(keras.layers.Embedding(ROWS, 3)(ids))
     return ids, keras.layers.Dense(1)(x)
+
+
+# -- which rows a batch reads --
+
+
+def test_batch_ids_are_the_unique_ids_each_table_reads() -> None:
+    keras.backend.clear_session()
+    user = keras.Input(shape=(2,), dtype="int64", name="user")
+    item = keras.Input(shape=(), dtype="int64", name="item")
+    items = keras.layers.Embedding(50, 4, name="items")
+    users = keras.layers.Embedding(20, 4, name="users")
+    # The item table is read twice: directly and through a computed id.
+    parts = [
+        keras.layers.Flatten()(users(user)),
+        items(item),
+        items(keras.ops.mod(item + 7, 50)),
+    ]
+    model = keras.Model(
+        {"user": user, "item": item}, keras.layers.Dense(1)(keras.ops.concatenate(parts, 1))
+    )
+    params = ModelParameters(model)
+    features = {
+        "user": tf.constant([[3, 3], [19, 0]], tf.int64),
+        "item": tf.constant([45, 1], tf.int64),
+    }
+    ids = params.batch_ids(features)
+    np.testing.assert_array_equal(ids["users/embeddings"], [0, 3, 19])
+    np.testing.assert_array_equal(ids["items/embeddings"], [1, 2, 8, 45])
+    # The model itself is untouched: its layers look up rows again afterwards.
+    assert model(features).shape == (2, 1)
+    assert ModelParameters(keras.Model(*_dense_only())).batch_ids(tf.zeros((1, 2))) == {}
+
+
+def _dense_only():
+    keras.backend.clear_session()
+    inputs = keras.Input((2,))
+    return inputs, keras.layers.Dense(1)(inputs)
+
+
+# -- gradients as the PS takes them --
 
 
 def _expected_row_grads(model: keras.Model, ids: np.ndarray, labels: np.ndarray) -> np.ndarray:
     """d loss / d embedding, by hand: position j of example b adds dL/dout_b * kernel[j]."""
     kernel = model.get_layer(index=3).kernel.numpy().reshape(SEQ, 3)
     d_out = 2 * (model(ids).numpy() - labels)  # (batch, 1)
-    table_grad = np.zeros((10, 3), np.float32)
+    table_grad = np.zeros((ROWS, 3), np.float32)
     for b in range(ids.shape[0]):
         for j in range(SEQ):
             table_grad[ids[b, j]] += d_out[b, 0] * kernel[j]
     return table_grad
 
 
-@pytest.mark.parametrize("in_function", [False, True])
-def test_split_gradients_sums_duplicate_rows(in_function: bool) -> None:
-    model = build_model()
-    params = ModelParameters(model)
-    ids = np.array([[1, 1, 4]], np.int32)
-    labels = np.array([[0.5]], np.float32)
-    step = tf.function(gradients) if in_function else gradients
-    grads = step(model, tf.constant(ids), tf.constant(labels))
-    assert isinstance(grads[0], tf.IndexedSlices)
-    assert len(grads[0].indices) == 3  # the raw gradient repeats row 1
-
-    dense, rows = params.split_gradients(grads)
-
-    row_ids, row_values = rows[TABLE]
-    assert row_ids.dtype == np.int64
-    np.testing.assert_array_equal(row_ids, [1, 4])
-    expected = _expected_row_grads(model, ids, labels)
-    np.testing.assert_allclose(row_values, expected[[1, 4]], rtol=1e-5, atol=1e-6)
-    # Row 1's gradient is the sum of its two occurrences' (positions 0 and 1).
-    raw = grads[0].values.numpy()
-    np.testing.assert_allclose(row_values[0], raw[0] + raw[1], rtol=1e-6)
-    np.testing.assert_allclose(row_values[1], raw[2], rtol=1e-6)
-    assert set(dense) == {KERNEL, BIAS}
-    np.testing.assert_allclose(dense[KERNEL], grads[1].numpy(), rtol=1e-6)
-    np.testing.assert_allclose(dense[BIAS], grads[2].numpy(), rtol=1e-6)
-    assert isinstance(dense[KERNEL], np.ndarray)
-
-
-def test_split_gradients_unique_sorted_over_a_batch() -> None:
+def test_gradients_sum_duplicate_rows_over_a_batch() -> None:
     model = build_model()
     params = ModelParameters(model)
     ids = np.array([[7, 2, 7], [2, 9, 0]], np.int32)
     labels = np.array([[1.0], [-1.0]], np.float32)
-    _, rows = params.split_gradients(gradients(model, ids, labels))
+    _, dense, rows = Steps(model, loss, params).gradients(tf.constant(ids), tf.constant(labels))
     row_ids, row_values = rows[TABLE]
-    np.testing.assert_array_equal(row_ids, [0, 2, 7, 9])
+    assert row_ids.dtype == np.int64
+    assert sorted(row_ids.tolist()) == [0, 2, 7, 9]  # each row once
     expected = _expected_row_grads(model, ids, labels)
-    np.testing.assert_allclose(row_values, expected[[0, 2, 7, 9]], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(row_values, expected[row_ids], rtol=1e-5, atol=1e-6)
+    with tf.GradientTape() as tape:
+        reference = loss(labels, model(ids))
+    kernel_grad, bias_grad = tape.gradient(reference, [params.dense[KERNEL], params.dense[BIAS]])
+    np.testing.assert_allclose(dense[KERNEL], kernel_grad.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(dense[BIAS], bias_grad.numpy(), rtol=1e-5)
 
 
-def test_split_gradients_dense_table_gradient() -> None:
+def test_row_gradient_of_a_dense_table_gradient() -> None:
+    grad = np.zeros((ROWS, 3), np.float32)
+    grad[[4, 1]] = [[1, 2, 3], [0, 0, 5]]
+    ids, values = _row_gradient(tf.constant(grad))
+    assert sorted(ids.numpy().tolist()) == [1, 4]
+    np.testing.assert_array_equal(values.numpy(), grad[ids.numpy()])
+
+
+# -- windows of steps through the PS --
+
+
+def test_one_step_windows_train_exactly_as_sgd_does(start_ps: StartPS) -> None:
+    _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
     model = build_model()
-    params = ModelParameters(model)
-    ids = np.array([[1, 1, 4]], np.int32)
-    labels = np.array([[0.5]], np.float32)
-    grads = gradients(model, ids, labels)
-    grads[0] = tf.convert_to_tensor(grads[0])  # a (10, 3) dense gradient
-    _, rows = params.split_gradients(grads)
-    np.testing.assert_array_equal(rows[TABLE][0], [1, 4])
-    expected = _expected_row_grads(model, ids, labels)
-    np.testing.assert_allclose(rows[TABLE][1], expected[[1, 4]], rtol=1e-5, atol=1e-6)
+    _, trainer = connect(ps, model)
+    reference = build_model()
+    optimizer = keras.optimizers.SGD(LR)
 
+    data = batches(5)
+    trainer.train(data)
+    for ids, labels in data:
+        with tf.GradientTape() as tape:
+            value = loss(labels, reference(ids))
+        grads = tape.gradient(value, reference.trainable_variables)
+        optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
+    assert ps.versions == [5, 5]
 
-def test_split_gradients_skips_none() -> None:
-    model = build_model()
-    params = ModelParameters(model)
-    grads = gradients(model, np.array([[1, 2, 3]], np.int32), np.zeros((1, 1), np.float32))
-    dense, rows = params.split_gradients([None, grads[1], None])
-    assert rows == {}
-    assert set(dense) == {KERNEL}
-    dense, rows = params.split_gradients([grads[0], None, None])
-    assert dense == {}
-    assert list(rows) == [TABLE]
-
-
-def _batches(steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    rng = np.random.default_rng(3)
-    return [
-        (
-            rng.integers(0, 10, size=(4, SEQ)).astype(np.int32),
-            rng.normal(size=(4, 1)).astype(np.float32),
+    # The PS holds the model SGD trains, every row included.
+    worker_b = ModelParameters(build_model(seed=99))
+    worker_b.pull_all(ps)
+    for variable in reference.trainable_variables:
+        np.testing.assert_allclose(
+            worker_b.tables.get(variable.path, worker_b.dense.get(variable.path)).numpy(),
+            variable.numpy(),
+            rtol=1e-5,
+            atol=1e-6,
         )
-        for _ in range(steps)
-    ]
+    # A second worker's own initial values are refused: the shards are filled.
+    assert ps.initialize(worker_b.dense_values(), worker_b.table_specs(), {}, 0) == [False, False]
 
 
-def test_round_trip_through_the_ps(ps: PSClient) -> None:
-    model_a = build_model()
-    a = ModelParameters(model_a)
-    initial = {v.path: v.numpy() for v in a.variables}
-    assert ps.initialize(a.dense_values(), a.table_specs(), a.table_values(), 0) == [True, True]
+@pytest.mark.parametrize("local_steps", [1, 3])
+def test_sparse_pulls_touch_only_the_batches_rows(start_ps: StartPS, local_steps: int) -> None:
+    """Asserted from the PS side: how often each row was sent, and Adam's per-row steps."""
+    shards, ps = start_ps(lambda: keras.optimizers.Adam(0.01))
+    model = build_model()
+    local = keras.optimizers.Adam(0.01) if local_steps > 1 else None
+    params, trainer = connect(ps, model, local_steps, local)
+    # Ids 0..5 only: rows 6..9 are never read.
+    data = batches(6, seed=5, high=6)
+    trainer.train(data)
 
-    # A reference model trained locally with plain SGD on the same batches.
-    model_ref = build_model()
-    for variable in model_ref.trainable_variables:
-        variable.assign(initial[variable.path])
-    reference = keras.optimizers.SGD(LR)
+    windows = [data[i : i + local_steps] for i in range(0, len(data), local_steps)]
+    in_windows = np.zeros(ROWS, int)
+    for window in windows:
+        in_windows[np.unique(np.concatenate([ids.numpy().ravel() for ids, _ in window]))] += 1
+    assert in_windows[:6].all() and not in_windows[6:].any()
+    initial = initial_values()[TABLE]
+    for shard in shards:
+        owned = np.arange(shard.shard, ROWS, 2)
+        table = shard.tables[TABLE]
+        # Each window's rows are pulled once (with the first window, or with the previous push)
+        np.testing.assert_array_equal(table.reads, in_windows[owned])
+        # ... and pushed once: one per-row Adam step per window that read the row.
+        np.testing.assert_array_equal(table.optimizer.slots["count"], in_windows[owned])
+        untouched = in_windows[owned] == 0
+        assert not table.optimizer.slots["m"][untouched].any()
+        np.testing.assert_array_equal(table.values[untouched], initial[owned][untouched])
+        assert not np.allclose(table.values[~untouched], initial[owned][~untouched])
+    assert ps.versions == [len(windows)] * 2
+    # What the worker could offer a relaunched PS: the rows it pulled, no others.
+    assert params.pulled_rows()[TABLE][0].tolist() == list(range(6))
 
-    step = tf.function(gradients)
-    for ids, labels in _batches(4):
-        dense, rows = a.split_gradients(step(model_a, tf.constant(ids), tf.constant(labels)))
-        new_dense, new_rows = ps.push(dense, rows)
-        assert set(new_dense) == {KERNEL, BIAS}
-        np.testing.assert_array_equal(np.sort(new_rows[TABLE][0]), rows[TABLE][0])
-        a.assign_dense(new_dense)
-        a.assign_rows(new_rows)
-        ref_grads = gradients(model_ref, ids, labels)
-        reference.apply_gradients(zip(ref_grads, model_ref.trainable_variables, strict=True))
-    assert ps.versions == [4, 4]
 
-    trained = {v.path: v.numpy() for v in a.variables}
-    for variable in model_ref.trainable_variables:
-        np.testing.assert_allclose(trained[variable.path], variable.numpy(), rtol=1e-5, atol=1e-6)
-    assert not np.allclose(trained[TABLE], initial[TABLE])
-    assert not np.allclose(trained[KERNEL], initial[KERNEL])
+def test_local_steps_with_one_worker_are_its_steps(start_ps: StartPS) -> None:
+    """K = 3 with the default outer optimizer (add the change): the PS ends where a model
+    trained locally with the same optimizer does."""
+    _, ps = start_ps(lambda: build_outer_optimizer("average"))
+    model = build_model()
+    _, trainer = connect(ps, model, 3, keras.optimizers.SGD(LR))
+    reference = build_model()
+    optimizer = keras.optimizers.SGD(LR)
+    data = batches(7)  # windows of 3, 3 and 1
+    trainer.train(data)
+    for ids, labels in data:
+        with tf.GradientTape() as tape:
+            value = loss(labels, reference(ids))
+        grads = tape.gradient(value, reference.trainable_variables)
+        optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
+    assert ps.versions == [3, 3]
+    pulled = ModelParameters(build_model(seed=99))
+    pulled.pull_all(ps)
+    for variable in reference.trainable_variables:
+        got = pulled.tables.get(variable.path, pulled.dense.get(variable.path)).numpy()
+        np.testing.assert_allclose(got, variable.numpy(), rtol=1e-5, atol=1e-6)
 
-    # Worker B: a separately built model, with its own (different) initial values.
-    model_b = build_model(seed=99)
-    b = ModelParameters(model_b)
-    assert [v.path for v in b.variables] == [v.path for v in a.variables]
-    assert not np.allclose(b.table_values()[TABLE], trained[TABLE])
-    client_b = PSClient(ps.addresses, CREDENTIALS, timeout_s=10)
-    try:
-        accepted = client_b.initialize(b.dense_values(), b.table_specs(), b.table_values(), 0)
-        assert accepted == [False, False]
-        b.pull(client_b)
-        assert client_b.versions == [4, 4]
-    finally:
-        client_b.close()
-    for variable in b.variables:
-        np.testing.assert_array_equal(variable.numpy(), trained[variable.path])
+
+# -- BatchNorm statistics --
 
 
 def build_batchnorm_model(seed: int = 7) -> keras.Model:
@@ -247,28 +331,20 @@ def test_floating_point_non_trainable_variables_are_state() -> None:
     assert not set(params.state) & set(params.dense)
 
 
-def test_batchnorm_statistics_travel_through_the_ps(ps: PSClient) -> None:
+def test_batchnorm_statistics_travel_through_the_ps(start_ps: StartPS) -> None:
     """The PS keeps the statistics a worker pushed; a pull (the saved model's) gets them."""
+    _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
     model_a = build_batchnorm_model()
     a = ModelParameters(model_a)
     assert ps.initialize(a.dense_values(), {}, {}, 0, a.state_values()) == [True, True]
+    trainer = WindowTrainer(a, Steps(model_a, loss, a), 1, Connected(ps))
     features = np.random.default_rng(0).normal(5.0, 2.0, size=(64, 4)).astype("float32")
     labels = features.sum(axis=1, keepdims=True)
-    for _ in range(3):
-        with tf.GradientTape() as tape:
-            loss = keras.ops.mean((model_a(features, training=True) - labels) ** 2)
-        grads = tape.gradient(loss, a.variables)
-        dense, rows = a.split_gradients(grads)
-        new_dense, _ = ps.push(dense, rows, state=a.state_values())
-        # A push answers with trainable values only: the worker's statistics are newer.
-        assert set(new_dense) == set(a.dense)
-        a.assign_dense(new_dense)
+    trainer.train([(tf.constant(features), tf.constant(labels))] * 3)
     moved = a.state_values()
     assert not np.allclose(moved[BN_MEAN], 0.0), "training moved the moving mean"
 
     b = ModelParameters(build_batchnorm_model(seed=99))
-    b.pull(ps)
+    b.pull_all(ps)
     for name in (BN_MEAN, BN_VARIANCE):
         np.testing.assert_array_equal(b.state_values()[name], moved[name])
-    for name, value in a.dense_values().items():
-        np.testing.assert_array_equal(b.dense_values()[name], value)

@@ -1,0 +1,82 @@
+"""``elastic-step predict``: checks the model and the input, then runs the prediction job.
+
+``--model`` is the ``--output`` of a finished training: its ``model_def.py`` builds the model,
+its ``model.keras`` holds the weights and its ``schema.json`` says how the data was encoded.
+``--input`` is a CSV file (encoded with that schema into ``--output/input/`` first, see
+:mod:`elastic_step.predict_input`) or a preprocessed data directory (``--split`` of it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from elastic_step.data import storage
+from elastic_step.data.schema import Schema
+from elastic_step.errors import InputError
+from elastic_step.master.config import TrainConfig
+from elastic_step.model_def import load_model_definition
+from elastic_step.output_layout import OutputLayout
+from elastic_step.predict_input import SPLIT, check_data_dir, encode_csv
+from elastic_step.predict_job import PredictInput, PredictJob
+
+log = logging.getLogger("elastic_step")
+
+
+def predict(
+    config: TrainConfig,
+    *,
+    model_dir: str,
+    input_path: str,
+    split: str = "validation",
+    backend_options: object = None,
+) -> int:
+    """Runs one prediction job; returns its exit status. Bad input raises InputError before
+    any launch.
+
+    ``config``: the engine's settings; its ``model_def`` and ``data`` are ``model_dir``'s
+    (see :func:`engine_paths`). ``split`` applies to a data directory input only."""
+    from elastic_step.evaluate import trained_model_of
+
+    model = OutputLayout(model_dir)
+    for path in (model.model_file, model.model_def, model.schema):
+        if not storage.exists(path):
+            raise InputError(
+                f"no {path}; is {model_dir} the --output of a finished training (by this "
+                "version of elastic-step)?"
+            )
+    schema = Schema.load(model_dir)
+    definition = load_model_definition(model.model_def, schema)
+    try:
+        trained_model_of(model_dir, definition)
+    except Exception as e:
+        raise InputError(
+            f"{model.model_file}: cannot load it into the model of {model.model_def}: "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    if not storage.exists(input_path):
+        raise InputError(f"{input_path}: no such file or directory")
+    if storage.isdir(input_path):
+        given = PredictInput(
+            model_dir=model_dir,
+            shards=tuple(check_data_dir(input_path, split, schema)),
+            source=f"{input_path} (split {split})",
+        )
+    else:
+        encoded_dir = OutputLayout(config.output).prediction_input
+        storage.makedirs(config.output)
+        if storage.exists(storage.join(encoded_dir, "schema.json")):
+            log.info("using the input encoded by an earlier run: %s", encoded_dir)
+            encoded = Schema.load(encoded_dir)
+        else:
+            encoded = encode_csv(input_path, schema, encoded_dir, progress=log.info)
+        given = PredictInput(
+            model_dir=model_dir,
+            shards=tuple(encoded.shard_paths(encoded_dir, SPLIT)),
+            source=input_path,
+        )
+    return PredictJob(config, schema, definition, given, backend_options=backend_options).run()
+
+
+def engine_paths(model_dir: str) -> dict[str, str]:
+    """The ``model_def`` and ``data`` of the engine's config for a prediction job."""
+    return {"model_def": OutputLayout(model_dir).model_def, "data": model_dir}

@@ -1,0 +1,116 @@
+"""The compiled functions a worker runs on a batch.
+
+- :meth:`Steps.gradients` (``--local-steps 1``): the step's loss and gradients, for the PS's
+  optimizer.
+- :meth:`Steps.local` (``--local-steps K > 1``): one step of the worker's own optimizer on its
+  copy, as ``model.fit`` does: gradients and the dense update in one compiled call; table rows
+  are updated row by row with per-row state (see ``ps/row_optimizer.py``). It returns the
+  step's loss.
+- :meth:`Steps.evaluate`: outputs and loss.
+
+A table's gradient leaves the graph as (unique row ids, summed rows): what a push carries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from elastic_step.ps.row_optimizer import RowOptimizer
+from elastic_step.rpc.ps_client import Rows
+from elastic_step.worker.parameters import ModelParameters
+
+
+def _row_gradient(grad):
+    """A table's gradient as (unique ids, summed rows), in the graph."""
+    import tensorflow as tf
+
+    if isinstance(grad, tf.IndexedSlices):
+        ids, values = tf.cast(grad.indices, tf.int64), grad.values
+    else:  # a table used other than by lookup: its non-zero rows
+        ids = tf.reshape(tf.where(tf.reduce_any(tf.not_equal(grad, 0), axis=1)), [-1])
+        values = tf.gather(grad, ids)
+    unique, index = tf.unique(ids)
+    return unique, tf.math.unsorted_segment_sum(values, index, tf.size(unique))
+
+
+class Steps:
+    def __init__(
+        self,
+        model,
+        loss_fn: Callable,
+        parameters: ModelParameters,
+        local_optimizer=None,
+    ) -> None:
+        import tensorflow as tf
+
+        self._parameters = parameters
+        dense_names = list(parameters.dense)
+        tables = list(parameters.tables)
+        variables = [*parameters.dense.values(), *parameters.tables.values()]
+
+        def loss_and_gradients(features, labels):
+            with tf.GradientTape() as tape:
+                outputs = model(features, training=True)
+                loss = loss_fn(labels, outputs)
+                if model.losses:
+                    loss += tf.add_n(model.losses)
+            grads = tape.gradient(loss, variables)
+            dense = dict(zip(dense_names, grads[: len(dense_names)], strict=True))
+            rows = dict(zip(tables, grads[len(dense_names) :], strict=True))
+            dense = {n: tf.convert_to_tensor(g) for n, g in dense.items() if g is not None}
+            rows = {n: _row_gradient(g) for n, g in rows.items() if g is not None}
+            return loss, dense, rows
+
+        @tf.function(reduce_retracing=True)
+        def gradients(features, labels):
+            return loss_and_gradients(features, labels)
+
+        self._gradients = gradients
+        self._optimizer = local_optimizer
+        if local_optimizer is not None:
+            local_optimizer.build(list(parameters.dense.values()))
+            self._row_optimizers = {
+                n: RowOptimizer(local_optimizer, s.rows, s.dim, s.dtype)
+                for n, s in parameters.table_specs().items()
+            }
+
+            @tf.function(reduce_retracing=True)
+            def local(features, labels):
+                loss, dense, rows = loss_and_gradients(features, labels)
+                local_optimizer.apply(list(dense.values()), [parameters.dense[n] for n in dense])
+                return loss, rows
+
+            self._local = local
+
+        @tf.function(reduce_retracing=True)
+        def evaluate(features, labels):
+            outputs = model(features, training=False)
+            return outputs, loss_fn(labels, outputs)
+
+        self.evaluate = evaluate
+
+    def gradients(self, features, labels) -> tuple[float, dict[str, np.ndarray], Rows]:
+        """The batch's loss and gradients: dense ones by name, and each table's (unique ids,
+        rows)."""
+        loss, dense, rows = self._gradients(features, labels)
+        return (
+            float(loss),
+            {n: g.numpy() for n, g in dense.items()},
+            {n: (ids.numpy(), g.numpy()) for n, (ids, g) in rows.items()},
+        )
+
+    def local(self, features, labels) -> float:
+        """One step of the worker's own optimizer on its copy of the model; its loss."""
+        import tensorflow as tf
+
+        # Read before the step: the dense update advances a schedule's iteration count.
+        lr = float(self._optimizer.learning_rate)
+        loss, rows = self._local(features, labels)
+        for name, (ids, grads) in rows.items():
+            ids = ids.numpy()
+            values = np.array(self._parameters.gather(name, ids))
+            self._row_optimizers[name].apply(values, ids, grads.numpy(), lr)
+            self._parameters.tables[name].value.scatter_update(tf.IndexedSlices(values, ids))
+        return float(loss)

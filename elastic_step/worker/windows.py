@@ -1,0 +1,176 @@
+"""A worker's training and evaluation against the PS, one window of up to K steps at a time.
+
+Before a window the worker holds the PS's dense values and the table rows of the window's
+ids (found by :meth:`ModelParameters.batch_ids`). With K = 1 it computes the batch's
+gradients and pushes them; the PS applies its optimizer. With K > 1 it runs K steps of its
+own optimizer on its copy and pushes the change, negated (a pseudo-gradient), which the PS
+applies with the outer optimizer. Each push also carries the next window's ids and is
+answered with the dense values and the rows of those ids: one round trip per shard per
+window. A task's first window pulls only its rows (nothing for a model without tables): the
+dense values came with the last push. A window never spans tasks,
+so a task is reported only after its last push: a worker that dies loses at most one
+window, and its task is re-queued. ``train`` returns the task's mean training loss, which the
+worker reports with the task.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from elastic_step.rpc.ps_client import PSClient, PSUnavailableError, Rows
+from elastic_step.worker.parameters import ModelParameters
+from elastic_step.worker.steps import Steps
+from elastic_step.worker.stream import batch_size_of
+
+log = logging.getLogger("elastic_step.worker")
+
+
+class UserCodeError(Exception):
+    """The model definition's code failed while running a task."""
+
+
+@dataclass
+class TrainingLoss:
+    """A task's training loss: summed over its examples (each batch's mean loss times its
+    size), so that batches of different sizes weigh by their examples."""
+
+    loss_sum: float = 0.0
+    examples: int = 0
+
+    def add(self, loss: float, examples: int) -> None:
+        self.loss_sum += loss * examples
+        self.examples += examples
+
+    @property
+    def mean(self) -> float:
+        return self.loss_sum / self.examples if self.examples else math.nan
+
+
+class PSConnection(Protocol):
+    """The worker's current PS client, and how to get a new one when the PS moves."""
+
+    ps: PSClient
+
+    def connect_ps(self) -> None: ...
+
+
+class WindowTrainer:
+    def __init__(
+        self,
+        parameters: ModelParameters,
+        steps: Steps,
+        local_steps: int,
+        connection: PSConnection,
+        on_step: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.parameters = parameters
+        self.steps = steps
+        self.local_steps = local_steps
+        self._connection = connection
+        self._on_step = on_step
+        #: The trainable dense values last taken from the PS (what the copy's change is
+        #: measured from with K > 1); None before the first pull.
+        self._base: dict[str, np.ndarray] | None = None
+
+    def train(self, batches: Iterable[tuple]) -> TrainingLoss:
+        """Trains on ``batches`` (a task's), a window of up to K steps per round trip;
+        returns their training loss."""
+        loss = TrainingLoss()
+        batches = iter(batches)
+        window, ids = self._window(batches)
+        if not window:
+            return loss
+        if self._base is None or ids:
+            self._pull(ids, dense=self._base is None)
+        while window:
+            dense, rows = self._run_window(window, ids, loss)
+            window, next_ids = self._window(batches)
+            self._push(dense, rows, next_ids)
+            ids = next_ids
+        return loss
+
+    def evaluation_batches(self, batches: Iterable[tuple]) -> Iterator[tuple]:
+        """Yields ``batches`` each once the worker holds the values it reads."""
+        first = True
+        for features, labels in batches:
+            ids = self._ids(features)
+            if first or ids:
+                self._pull(ids, dense=first)
+            first = False
+            yield features, labels
+
+    # -- internals --
+
+    def _ids(self, features) -> dict[str, np.ndarray]:
+        try:
+            return self.parameters.batch_ids(features)
+        except Exception as e:
+            raise UserCodeError(f"the model failed: {type(e).__name__}: {e}") from e
+
+    def _window(self, batches: Iterator[tuple]) -> tuple[list, dict[str, np.ndarray]]:
+        """The next up to K batches, and the row ids they read by table (sorted, unique)."""
+        window, ids = [], {}
+        for features, labels in batches:
+            window.append((features, labels))
+            for name, batch_ids in self._ids(features).items():
+                ids[name] = np.union1d(ids[name], batch_ids) if name in ids else batch_ids
+            if len(window) == self.local_steps:
+                break
+        return window, ids
+
+    def _run_window(self, window: list, ids: dict, loss: TrainingLoss) -> tuple[dict, Rows]:
+        """Runs the window's steps, adding their losses to ``loss``; its update: the gradients
+        (K = 1), or the negated change of the worker's copy since the values last pulled
+        (K > 1)."""
+        try:
+            if self.local_steps == 1:
+                ((features, labels),) = window
+                value, dense, rows = self.steps.gradients(features, labels)
+                loss.add(value, batch_size_of(labels, features))
+                self._on_step()
+                return dense, rows
+            base_rows = {n: self.parameters.gather(n, i) for n, i in ids.items()}
+            for features, labels in window:
+                loss.add(self.steps.local(features, labels), batch_size_of(labels, features))
+                self._on_step()
+        except Exception as e:
+            raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
+        dense = {n: self._base[n] - v.numpy() for n, v in self.parameters.dense.items()}
+        rows = {n: (i, base_rows[n] - self.parameters.gather(n, i)) for n, i in ids.items()}
+        return dense, rows
+
+    def _pull(self, ids: dict[str, np.ndarray], dense: bool) -> None:
+        """Takes the dense values (if ``dense``) and the rows ``ids``, reconnecting while the
+        PS is away."""
+        while True:
+            try:
+                values, rows = self._connection.ps.pull(ids, dense)
+                break
+            except PSUnavailableError as e:
+                log.warning("%s; reconnecting", e)
+                self._connection.connect_ps()
+        self._take(values, ids, rows)
+
+    def _push(self, dense: dict, rows: Rows, ids: dict) -> None:
+        """Pushes a window's update and takes the dense values and the next window's rows,
+        pushing again after a reconnect."""
+        state = self.parameters.state_values()
+        while True:
+            try:
+                values, pulled = self._connection.ps.push(dense, rows, state, ids)
+                break
+            except PSUnavailableError as e:
+                log.warning("%s; reconnecting", e)
+                self._connection.connect_ps()
+        self._take(values, ids, pulled)
+
+    def _take(self, values: dict, ids: dict, rows: dict) -> None:
+        self.parameters.assign(values, {n: (ids[n], rows[n]) for n in ids})
+        if values:
+            self._base = {n: values[n] for n in self.parameters.dense}

@@ -1,0 +1,160 @@
+"""`elastic-step predict` as an elastic job: real workers, one killed with SIGKILL mid-run,
+and still exactly one prediction per input row, in input order, equal to the trained model's
+own outputs.
+
+One training run (digits, one epoch) gives the model; one prediction run serves most
+assertions.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TrainRun
+
+pytestmark = pytest.mark.e2e
+
+#: The digits repeated this many times: enough tasks that the job is still running when a
+#: worker is killed.
+REPEATS = 12
+
+
+class PredictRun(TrainRun):
+    """One `elastic-step predict` process and the files it writes."""
+
+    def __init__(self, model: Path, csv_path: Path, output: Path, *extra: str) -> None:
+        self.output = output
+        self.argv = [
+            sys.executable, "-m", "elastic_step", "predict",
+            "--model", str(model), "--input", str(csv_path), "--output", str(output),
+            "--records-per-task", "100", "--batch-size", "50", *extra,
+        ]  # fmt: skip
+        self.log_path = output.parent / f"{output.name}.master.log"
+        self.proc = None
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, digits_data) -> Path:
+    run = TrainRun(digits_data, tmp_path_factory.mktemp("model") / "run", "--epochs", "1")
+    try:
+        assert run.start().wait() == 0, run.log()[-3000:]
+    finally:
+        run.kill_all()
+    return run.output
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory, digits_data) -> Path:
+    """A CSV of REPEATS copies of the digits, label column included (predict ignores it)."""
+    source = (digits_data.parent / "digits.csv").read_text().splitlines()
+    path = tmp_path_factory.mktemp("input") / "rows.csv"
+    path.write_text("\n".join([source[0], *source[1:] * REPEATS]) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, trained, rows):
+    """The prediction run with 2 workers, one killed with SIGKILL once tasks are done."""
+    run = PredictRun(trained, rows, tmp_path_factory.mktemp("predict") / "out", "--workers", "2")
+    run.start()
+    try:
+        status = run.wait_for(
+            "predictions under way with 2 workers",
+            lambda s: (
+                s.get("progress", {}).get("records_trained", 0) > 0
+                and sum(w["state"] == "running" for w in s.get("workers", [])) == 2
+            ),
+        )
+        progress = status["progress"]
+        victim = next(w for w in status["workers"] if w["state"] == "running")
+        os.kill(victim["pid"], signal.SIGKILL)
+        assert run.wait() == 0, run.log()[-3000:]
+    finally:
+        run.kill_all()
+    return {"run": run, "victim": victim, "progress_at_kill": progress}
+
+
+def _predictions(path: Path) -> tuple[list[str], list[list[str]]]:
+    with open(path, newline="") as f:
+        table = list(csv.reader(f))
+    return table[0], table[1:]
+
+
+def test_one_prediction_per_input_row_in_input_order(killed, rows) -> None:
+    run = killed["run"]
+    progress = killed["progress_at_kill"]
+    # The worker died mid-run: tasks were done, and tasks were left.
+    assert 0 < progress["records_trained"] < progress["records_per_epoch"]
+    assert f"{killed['victim']['id']} crashed (killed by SIGKILL)" in run.log()
+    summary = run.summary()
+    assert summary["restarts"]["worker"] >= 1
+    header, table = _predictions(run.output / "predictions.csv")
+    assert header == ["index", "class"] + [f"output_{j}" for j in range(10)]
+    expected = len(rows.read_text().splitlines()) - 1
+    assert [int(r[0]) for r in table] == list(range(expected))
+    assert summary["records"] == summary["records_predicted"] == expected
+    # One file: the tasks' parts are merged and gone.
+    assert not (run.output / "prediction-parts").exists()
+
+
+def test_predictions_are_the_trained_models_outputs(killed, trained, rows) -> None:
+    import keras
+
+    schema = json.loads((trained / "schema.json").read_text())
+    with open(rows, newline="") as f:
+        records = list(csv.DictReader(f))
+    features = {
+        c["input_name"]: np.array([(float(r[c["name"]]) - c["mean"]) / c["std"] for r in records])
+        for c in schema["columns"]
+    }
+    model = keras.models.load_model(trained / "model.keras")
+    outputs = np.asarray(model.predict(features, batch_size=512, verbose=0))
+    _, table = _predictions(killed["run"].output / "predictions.csv")
+    got = np.array([[float(v) for v in r[2:]] for r in table])
+    assert np.allclose(got, outputs, atol=1e-4)
+    classes = [schema["label_vocabulary"][j] for j in outputs.argmax(axis=1)]
+    assert [r[1] for r in table] == classes
+    # The model learned the digits: most predicted classes are the rows' labels.
+    accuracy = np.mean([r[1] == rec["digit"] for r, rec in zip(table, records, strict=True)])
+    assert accuracy > 0.8
+
+
+def test_running_a_finished_job_again_changes_nothing(killed) -> None:
+    run = killed["run"]
+    before = (run.output / "predictions.csv").read_bytes()
+    started = time.monotonic()
+    again = subprocess.run(run.argv, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "already finished; nothing to do" in again.stderr
+    assert (run.output / "predictions.csv").read_bytes() == before
+    assert time.monotonic() - started < 60
+
+
+def test_columns_that_do_not_match_the_schema_are_one_line_and_exit_status_2(
+    trained, tmp_path
+) -> None:
+    bad = tmp_path / "bad.csv"
+    header = [f"pixel_{i}" for i in range(63)] + ["brightness"]
+    bad.write_text(",".join(header) + "\n" + ",".join(["0"] * 64) + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "elastic_step", "predict", "--model", str(trained),
+         "--input", str(bad), "--output", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"elastic-step: error: {bad}: the columns do not match the model's schema (missing "
+        "pixel_63; unknown brightness); the model reads "
+        + ", ".join(f"pixel_{i}" for i in range(64))
+        + " (and ignores its label 'digit')"
+    )
+    assert not (tmp_path / "out" / "predictions.csv").exists()

@@ -1,0 +1,128 @@
+"""Per-row ("lazy") optimizer steps on embedding rows against Keras's own dense steps, and
+the outer optimizers of local steps."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from elastic_step.ps.outer_optimizer import build_outer_optimizer
+from elastic_step.ps.row_optimizer import RowOptimizer, UnsupportedOptimizerError
+from elastic_step.ps.shard import ParameterShard, TableShape
+
+ROWS, DIM = 6, 3
+OPTIMIZERS = {
+    "sgd": lambda: keras.optimizers.SGD(0.1),
+    "momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "nesterov": lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+    "adam": lambda: keras.optimizers.Adam(0.01, beta_1=0.8, beta_2=0.95, epsilon=1e-6),
+    "adagrad": lambda: keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.2),
+}
+
+
+def _grads(steps: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.normal(size=(ROWS, DIM)).astype(np.float32) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_rows_updated_at_every_step_match_keras(kind: str) -> None:
+    start = np.random.default_rng(1).normal(size=(ROWS, DIM)).astype(np.float32)
+    variable = keras.Variable(start.copy())
+    dense = OPTIMIZERS[kind]()
+    rows = RowOptimizer(OPTIMIZERS[kind](), ROWS, DIM, "float32")
+    values = start.copy()
+    for grad in _grads(4):
+        dense.apply_gradients([(grad, variable)])
+        rows.apply(values, np.arange(ROWS), grad, lr=float(dense.learning_rate))
+    np.testing.assert_allclose(values, variable.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_adam_leaves_untouched_rows_and_their_state_alone() -> None:
+    rows = RowOptimizer(keras.optimizers.Adam(0.01), ROWS, DIM, "float32")
+    table = np.ones((ROWS, DIM), np.float32)
+    for grad in _grads(3):
+        part = table[[1, 4]]
+        rows.apply(part, np.array([1, 4]), grad[[1, 4]], lr=0.01)
+        table[[1, 4]] = part
+    assert rows.slots["count"].tolist() == [0, 3, 0, 0, 3, 0]
+    untouched = [0, 2, 3, 5]
+    assert not rows.slots["m"][untouched].any() and not rows.slots["v"][untouched].any()
+    np.testing.assert_array_equal(table[untouched], 1)
+    # Row 1's bias correction counts its own 3 steps: the same as a dense Adam's on it alone.
+    variable = keras.Variable(np.ones((1, DIM), np.float32))
+    dense = keras.optimizers.Adam(0.01)
+    for grad in _grads(3):
+        dense.apply_gradients([(grad[[1]], variable)])
+    np.testing.assert_allclose(table[[1]], variable.numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "message"),
+    [
+        (
+            lambda: keras.optimizers.RMSprop(0.1),
+            "SGD, Adam or Adagrad; the model's optimizer is RMSprop",
+        ),
+        (lambda: keras.optimizers.AdamW(0.1), "option weight_decay=0.004"),
+        (lambda: keras.optimizers.Adam(0.1, clipnorm=1.0), "option clipnorm=1.0"),
+        (lambda: keras.optimizers.Adam(0.1, amsgrad=True), "option amsgrad=True"),
+    ],
+)
+def test_optimizers_without_a_per_row_form_are_refused(optimizer, message: str) -> None:
+    with pytest.raises(UnsupportedOptimizerError, match=message):
+        RowOptimizer(optimizer(), ROWS, DIM, "float32")
+
+
+def test_outer_nesterov_is_diloco_s_on_dense_and_rows_alike() -> None:
+    """Two pushes of pseudo-gradient g (a window's change, negated): with v = mu*v - lr*g,
+    w += mu*v - lr*g (Keras's Nesterov SGD, DiLoCo's outer step with lr 0.7, mu 0.9)."""
+    table = np.zeros((4, 2), np.float32)
+    shard = ParameterShard(
+        0, 1, build_outer_optimizer("nesterov"), initial_table=lambda n, s: table
+    )
+    assert shard.initialize(
+        {"w": np.zeros(2, np.float32)}, {"t": TableShape(4, 2, "float32")}, {}, 0
+    )
+    g = np.array([1.0, -2.0], np.float32)
+    expected, velocity = np.zeros(2), np.zeros(2)
+    for _ in range(2):
+        _, dense, rows = shard.push({"w": g}, {"t": (np.array([3]), g[None])}, shard.version,
+                                    pull=({"t": np.array([3, 0])}, True))  # fmt: skip
+        velocity = 0.9 * velocity - 0.7 * g
+        expected = expected + 0.9 * velocity - 0.7 * g
+        np.testing.assert_allclose(dense["w"], expected, rtol=1e-6)
+        np.testing.assert_allclose(rows["t"], [expected, [0, 0]], rtol=1e-6)
+    # The momentum is per row: row 3's; the others have none.
+    np.testing.assert_allclose(
+        shard.tables["t"].optimizer.slots["momentum"][3], velocity, rtol=1e-6
+    )
+    assert not shard.tables["t"].optimizer.slots["momentum"][[0, 1, 2]].any()
+
+
+def test_outer_average_adds_the_change() -> None:
+    shard = ParameterShard(0, 1, build_outer_optimizer("average"))
+    assert shard.initialize({"w": np.ones(2, np.float32)}, {}, {}, 0)
+    change = np.array([0.5, -0.25], np.float32)
+    _, dense, _ = shard.push({"w": -change}, {}, 0, pull=({}, True))
+    np.testing.assert_allclose(dense["w"], 1 + change, rtol=1e-6)
+    with pytest.raises(ValueError, match="one of average, nesterov, got 'adam'"):
+        build_outer_optimizer("adam")
+
+
+def test_the_model_check_names_an_optimizer_tables_cannot_use() -> None:
+    from elastic_step.worker.parameters import table_optimizer_problem
+
+    keras.backend.clear_session()
+    ids = keras.Input(shape=(), dtype="int64")
+    with_table = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Embedding(5, 2)(ids)))
+    inputs = keras.Input((2,))
+    without = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    problem = table_optimizer_problem(with_table, keras.optimizers.Nadam())
+    assert problem == (
+        "embedding tables are updated row by row with SGD, Adam or Adagrad; the model's "
+        "optimizer is Nadam"
+    )
+    assert table_optimizer_problem(with_table, keras.optimizers.Adam()) is None
+    assert table_optimizer_problem(without, keras.optimizers.Nadam()) is None
