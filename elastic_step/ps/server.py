@@ -279,7 +279,8 @@ def serve(master_address: str, shard_index: int, name: str, host: str, secret: s
         settings = reply.settings
         master.timeout_s = settings.master_timeout_s
         # The schema builds a model that has no variables yet (the initial tables).
-        definition = load_model_definition(settings.model_def, Schema.load(settings.data_dir))
+        schema = Schema.load(settings.data_dir) if settings.data_dir else None
+        definition = load_model_definition(settings.model_def, schema)
         shard = ParameterShard(
             shard_index,
             settings.num_ps,
