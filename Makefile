@@ -6,7 +6,7 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
 .PHONY: setup browser demo test test-unit test-e2e test-k8s cluster lint format proto clean \
-	bench bench-throughput bench-master bench-goodput
+	bench bench-throughput bench-embedding bench-master bench-goodput
 
 setup: $(STAMP)
 
@@ -58,10 +58,13 @@ proto: $(STAMP)
 	$(BIN)/python elastic_step/rpc/generate.py
 
 # Benchmarks print their figures (see bench/README.md); none fails on a missed target.
-bench: bench-throughput bench-master bench-goodput
+bench: bench-throughput bench-embedding bench-master bench-goodput
 
 bench-throughput: $(STAMP)
 	$(BIN)/python bench/throughput.py
+
+bench-embedding: $(STAMP)
+	$(BIN)/python bench/embedding.py
 
 bench-master: $(STAMP)
 	$(BIN)/python bench/master_scale.py

@@ -5,7 +5,8 @@ A training task's batches run in windows of ``--local-steps`` steps against the 
 states, not predictions.
 
 An error in the user's code fails the task (the master retries it elsewhere, up to its
-limit); a PS that goes away is waited for and reconnected, and the batch is pushed again.
+limit); a PS that goes away is waited for and reconnected, and the window's update is pushed
+again.
 A master or PS that answers with an error that retrying cannot cure ends the worker (exit 1).
 """
 
@@ -26,7 +27,7 @@ from elastic_step.rpc.master_client import (
     MasterRejectedError,
     MasterUnreachableError,
 )
-from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError
+from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, Traffic
 from elastic_step.rpc.tensors import to_proto
 from elastic_step.tf_runtime import configure_threads
 from elastic_step.worker.windows import UserCodeError, WindowTrainer
@@ -51,6 +52,7 @@ class Worker:
         self._lease_id = 0
         self._batches_done = 0
         self.steps_trained = 0
+        self.traffic = Traffic()  # to every PS this worker connects to
 
     # -- setup --
 
@@ -101,7 +103,7 @@ class Worker:
         while True:
             reply = self.master.call("GetPSAddresses", master_pb2.GetPSAddressesRequest())
             if reply.ready:
-                ps = PSClient(list(reply.addresses), self.credentials)
+                ps = PSClient(list(reply.addresses), self.credentials, traffic=self.traffic)
                 try:
                     accepted = []
                     if not all(ps.initialized()):
@@ -145,7 +147,7 @@ class Worker:
         while True:
             task = self.master.call("GetTask", master_pb2.GetTaskRequest(worker=self.name))
             if task.kind == master_pb2.Task.FINISHED:
-                traffic = self.ps.traffic
+                traffic = self.traffic
                 log.info(
                     "%s: the job is finished; exiting. PS traffic: %d training steps, %d calls, "
                     "%d bytes sent, %d bytes received",
