@@ -6,7 +6,8 @@ UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
 .PHONY: setup browser demo test test-unit test-e2e test-k8s cluster lint format proto clean \
-	components bench bench-throughput bench-master bench-goodput bench-preprocess bench-k8s
+	components bench bench-throughput bench-embedding bench-master bench-goodput \
+	bench-preprocess bench-k8s
 
 setup: $(STAMP)
 
@@ -62,10 +63,13 @@ components: $(STAMP)
 	$(BIN)/python -m elastic_step.components.render
 
 # Benchmarks print their figures (see bench/README.md); none fails on a missed target.
-bench: bench-throughput bench-master bench-goodput bench-preprocess
+bench: bench-throughput bench-embedding bench-master bench-goodput bench-preprocess
 
 bench-throughput: $(STAMP)
 	$(BIN)/python bench/throughput.py
+
+bench-embedding: $(STAMP)
+	$(BIN)/python bench/embedding.py
 
 bench-master: $(STAMP)
 	$(BIN)/python bench/master_scale.py

@@ -100,15 +100,20 @@ class Traffic:
 
 class PSClient:
     def __init__(
-        self, addresses: list[str], credentials: Credentials, timeout_s: float = 30.0
+        self,
+        addresses: list[str],
+        credentials: Credentials,
+        timeout_s: float = 30.0,
+        traffic: Traffic | None = None,
     ) -> None:
+        """``traffic``: where to count bytes, e.g. one counter across a worker's connections."""
         self.addresses = list(addresses)
         self.num_ps = len(addresses)
         self._timeout = timeout_s
         self._channels = [
             authenticated_channel(a, credentials, options=CHANNEL_OPTIONS) for a in addresses
         ]
-        self.traffic = Traffic()
+        self.traffic = traffic or Traffic()
         self._methods = [
             {
                 name: channel.unary_unary(

@@ -79,9 +79,8 @@ class ModelParameters:
         }
 
     def gather(self, name: str, ids: np.ndarray) -> np.ndarray:
-        import tensorflow as tf
-
-        return tf.gather(self.tables[name], ids).numpy()
+        # A sparse read: tf.gather on the Keras variable would read (copy) the whole table.
+        return self.tables[name].value.sparse_read(ids).numpy()
 
     # -- which rows a batch needs --
 

@@ -7,7 +7,8 @@ trained model and writes each task's predictions (:mod:`elastic_step.worker.pred
 has no PS.
 
 An error in the user's code fails the task (the master retries it elsewhere, up to its
-limit); a PS that goes away is waited for and reconnected, and the batch is pushed again.
+limit); a PS that goes away is waited for and reconnected, and the window's update is pushed
+again.
 A master or PS that answers with an error that retrying cannot cure ends the worker (exit 1).
 """
 
@@ -28,7 +29,7 @@ from elastic_step.rpc.master_client import (
     MasterRejectedError,
     MasterUnreachableError,
 )
-from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError
+from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, Traffic
 from elastic_step.rpc.tensors import to_proto
 from elastic_step.tf_runtime import configure_threads
 from elastic_step.worker.windows import UserCodeError, WindowTrainer
@@ -53,6 +54,7 @@ class Worker:
         self._lease_id = 0
         self._batches_done = 0
         self.steps_trained = 0
+        self.traffic = Traffic()  # to every PS this worker connects to
 
     # -- setup --
 
@@ -111,7 +113,7 @@ class Worker:
         while True:
             reply = self.master.call("GetPSAddresses", master_pb2.GetPSAddressesRequest())
             if reply.ready:
-                ps = PSClient(list(reply.addresses), self.credentials)
+                ps = PSClient(list(reply.addresses), self.credentials, traffic=self.traffic)
                 try:
                     accepted = []
                     if not all(ps.initialized()):
@@ -158,7 +160,7 @@ class Worker:
                 if self.ps is None:
                     log.info("%s: the job is finished; exiting", self.name)
                 else:
-                    traffic = self.ps.traffic
+                    traffic = self.traffic
                     log.info(
                         "%s: the job is finished; exiting. PS traffic: %d training steps, "
                         "%d calls, %d bytes sent, %d bytes received",

@@ -66,13 +66,14 @@ def test_embedding_rows_live_on_the_shard_of_their_id(tmp_path):
         "train", "--model-def", str(tmp_path / "model.py"), "--data", str(data),
         "--output", str(run), "--ps", "2", "--workers", "2", "--epochs", "3",
         "--batch-size", "32", "--records-per-task", "128", "--checkpoint-steps", "20",
-        "--evaluation-steps", "25",
+        "--evaluation-steps", "5",
     )  # fmt: skip
     assert train.returncode == 0, train.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert records_exact(summary)
     assert summary["metrics"]["accuracy"] > 0.95
-    # Evaluations every 25 model versions, besides one at the end of each epoch.
+    # Evaluations every 5 model versions (a version is a push: a window of local steps, here
+    # a whole task), besides one at the end of each epoch.
     triggers = [e["trigger"] for e in summary["evaluations"]]
     assert triggers.count("epoch-end") == 3 and "steps" in triggers
     assert summary["evaluations"][-1]["trigger"] == "epoch-end"
