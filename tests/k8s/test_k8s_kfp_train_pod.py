@@ -50,10 +50,11 @@ def _executor_input(bucket: str, secret: str) -> dict:
             "artifacts": {"dataset": _artifact("dataset", "system.Dataset", f"s3://{bucket}/data")},
             "parameterValues": {
                 "model_def_text": Path(path_of("digits")).read_text(),
-                # 5 epochs of 45 steps pass the PS's first checkpoint (every 200 steps).
+                # A model version is a push, one per task here: 5 epochs of 45 tasks pass
+                # the PS's first checkpoint (every 200 versions by default).
                 "epochs": 5,
                 "batch_size": 32,
-                "records_per_task": 64,
+                "records_per_task": 32,
                 "workers": 2,
                 "ps": 1,
                 "seed": 7,
