@@ -33,7 +33,7 @@ def test_preprocess_train_evaluate_on_s3(s3_env, tmp_path):
         "train", "--model-def", path_of("digits"), "--data", f"{root}/data",
         "--output", f"{root}/run", "--state-dir", str(state_dir), "--epochs", "2",
         "--workers", "1", "--ps", "1", "--batch-size", "32", "--records-per-task", "256",
-        "--checkpoint-steps", "20", "--seed", "3",
+        "--checkpoint-steps", "2", "--seed", "3",  # 12 versions (pushes): 6 checkpoints
     ]  # fmt: skip
     assert main(train) == 0
 
