@@ -109,11 +109,14 @@ def test_one_prediction_per_input_row_in_input_order(killed, rows) -> None:
 def test_predictions_are_the_trained_models_outputs(killed, trained, rows) -> None:
     import keras
 
+    import elastic_step.serving  # noqa: F401 - registers the raw-input layer for load_model
+
     schema = json.loads((trained / "schema.json").read_text())
     with open(rows, newline="") as f:
         records = list(csv.DictReader(f))
+    # model.keras takes the CSV's raw values and applies the schema's preprocessing itself.
     features = {
-        c["input_name"]: np.array([(float(r[c["name"]]) - c["mean"]) / c["std"] for r in records])
+        c["input_name"]: np.array([float(r[c["name"]]) for r in records], dtype=np.float32)
         for c in schema["columns"]
     }
     model = keras.models.load_model(trained / "model.keras")
