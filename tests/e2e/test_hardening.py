@@ -214,6 +214,7 @@ print(" ".join(codes))
 """
 
 
+@pytest.mark.timeout(600)  # kills, replacements and a PS restore: minutes on 2 loaded cores
 def test_chaos_random_worker_kills_and_a_ps_kill_keep_accounting_exact(train_run):
     run = train_run(
         "--epochs", "8", "--batch-size", "4", "--checkpoint-steps", "50",
