@@ -16,6 +16,7 @@ import yaml
 from k8s_helpers import wait_for
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
+from local_cluster import write_token_kubeconfig
 
 from elastic_step.backends.kubernetes import KubernetesBackend
 from elastic_step.backends.kubernetes_options import KubernetesOptions
@@ -36,26 +37,6 @@ class Restricted:
     master_kubeconfig: Path
     #: As the namespace's "default" ServiceAccount, which may do nothing.
     nobody_kubeconfig: Path
-
-
-def _kubeconfig(path: Path, admin_kubeconfig: Path, namespace: str, user: str, token: str) -> Path:
-    admin = yaml.safe_load(admin_kubeconfig.read_text())
-    cluster = admin["clusters"][0]
-    context = {"cluster": cluster["name"], "user": user, "namespace": namespace}
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [cluster],
-                "users": [{"name": user, "user": {"token": token}}],
-                "contexts": [{"name": user, "context": context}],
-                "current-context": user,
-            }
-        )
-    )
-    path.chmod(0o600)
-    return path
 
 
 @pytest.fixture(scope="session", name="restricted")
@@ -93,10 +74,10 @@ def restricted_fixture(cluster) -> Restricted:
         work = cluster.workdir
         return Restricted(
             ns,
-            _kubeconfig(
+            write_token_kubeconfig(
                 work / f"{ns}-master.kubeconfig", admin_kubeconfig, ns, MASTER_SA, token(MASTER_SA)
             ),
-            _kubeconfig(
+            write_token_kubeconfig(
                 work / f"{ns}-nobody.kubeconfig", admin_kubeconfig, ns, "nobody", token("default")
             ),
         )
