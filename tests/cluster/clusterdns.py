@@ -212,16 +212,37 @@ def answer(records: Records, query: bytes, udp: bool = True) -> bytes | None:
 # --- servers -----------------------------------------------------------------------------
 
 
+def _bind_pair(address: str, port: int) -> tuple[socket.socket, socket.socket | None]:
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind((address, port))
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        tcp.bind((address, udp.getsockname()[1]))
+    except OSError:
+        tcp.close()
+        if port != 0:
+            udp.close()
+            raise
+        return udp, None
+    return udp, tcp
+
+
 class DNSServer:
     """UDP and TCP on (address, port), answering from records until stop()."""
 
     def __init__(self, records: Records, address: str, port: int = 53):
         self.records = records
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind((address, port))
-        self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.tcp.bind((address, self.udp.getsockname()[1]))
+        # Port 0 picks a UDP port the kernel knows free for UDP only; the same number may
+        # be taken for TCP, so try a bounded number of fresh picks.
+        attempts = 20 if port == 0 else 1
+        for attempt in range(attempts):
+            self.udp, self.tcp = _bind_pair(address, port)
+            if self.tcp is not None:
+                break
+            self.udp.close()
+            if attempt == attempts - 1:
+                raise OSError(f"no port on {address} free for both UDP and TCP (asked {port})")
         self.tcp.listen(64)
         self.address = self.udp.getsockname()
         self.stopping = threading.Event()
