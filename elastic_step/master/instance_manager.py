@@ -231,6 +231,16 @@ class InstanceManager:
         elif transition is Transition.COMPLETED and event.name not in self._dismissed:
             transition, reason = Transition.FAILED, ExitReason.CRASHED
             message = f"{message}, before the master dismissed it"
+        elif (
+            reason is ExitReason.LOST
+            and event.exit_code is None
+            and event.name in self._dismissed
+            and not self.stopping
+        ):
+            # An adopted process's exit status went to init, not to this master; exiting
+            # once dismissed is what it was told to do.
+            transition, reason = Transition.COMPLETED, ExitReason.COMPLETED
+            message = f"{message}, after the master dismissed it"
         new_state = next_state(instance.state, transition)
         if new_state is None:
             return None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TrainRun
+from conftest import TrainRun, pid_alive
 
 pytestmark = pytest.mark.e2e
 
@@ -161,3 +161,46 @@ def test_columns_that_do_not_match_the_schema_are_one_line_and_exit_status_2(
         + " (and ignores its label 'digit')"
     )
     assert not (tmp_path / "out" / "predictions.csv").exists()
+
+
+def test_master_killed_mid_run_and_run_again_resumes_with_its_workers(
+    tmp_path, trained, rows, killed
+) -> None:
+    run = PredictRun(trained, rows, tmp_path / "out", "--workers", "2")
+    again = PredictRun(trained, rows, tmp_path / "out", "--workers", "2")
+    run.start()
+    try:
+        status = run.wait_for(
+            "predictions under way with 2 workers",
+            lambda s: (
+                s.get("progress", {}).get("records_trained", 0) > 0
+                and sum(w["state"] == "running" for w in s.get("workers", [])) == 2
+            ),
+        )
+        workers = run.member_pids(status)
+        run.proc.send_signal(signal.SIGKILL)
+        run.proc.wait(timeout=10)
+        done_at_kill = status["progress"]["records_trained"]
+        assert 0 < done_at_kill < status["progress"]["records_per_epoch"]
+
+        assert again.start().wait() == 0, again.log()[-3000:]
+    finally:
+        run.kill_all()
+        again.kill_all()
+    log = again.log()
+    # The new master takes over the workers that kept predicting, rather than starting others.
+    assert "adopted worker-0, worker-1" in log
+    # ... and, once they are dismissed and exit, neither is taken for lost and replaced.
+    assert "replacing" not in log, log
+    summary = again.summary()
+    assert summary["restarts"]["master"] == 1
+    assert summary["restarts"]["worker"] == 0
+    assert not any(pid_alive(pid) for pid in workers.values())
+    # The same predictions as the run that lost a worker, row for row.
+    header, table = _predictions(again.output / "predictions.csv")
+    reference_header, reference = _predictions(killed["run"].output / "predictions.csv")
+    assert header == reference_header
+    assert [r[:2] for r in table] == [r[:2] for r in reference]
+    got = np.array([[float(v) for v in r[2:]] for r in table])
+    assert np.allclose(got, np.array([[float(v) for v in r[2:]] for r in reference]), atol=1e-6)
+    assert summary["records"] == summary["records_predicted"] == len(table)

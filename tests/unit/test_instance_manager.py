@@ -239,6 +239,25 @@ def test_a_dismissed_worker_that_exited_with_status_0_is_not_replaced() -> None:
     assert backend.names() == ["ps-0", "worker-0", "worker-1"]
 
 
+def test_an_adopted_worker_that_exits_unseen_after_its_dismissal_is_done_not_lost() -> None:
+    # An adopted local process's exit status goes to init: the backend says "lost". Once the
+    # master has dismissed it, exiting was its job; before that, it is lost and replaced.
+    backend = FakeBackend()
+    manager = started(make(backend))
+    manager.dismiss("worker-0")
+    backend.end("worker-0", ExitReason.LOST, None, "adopted process exited (status unknown)")
+    backend.end("worker-1", ExitReason.LOST, None, "adopted process exited (status unknown)")
+    done, lost = pump(manager)
+    assert done.state is ProcessState.SUCCEEDED
+    assert "after the master dismissed it" in done.message
+    assert lost.state is ProcessState.KILLED
+    assert manager.restarts["worker"] == 1
+
+    manager.reconcile()
+
+    assert backend.names() == ["ps-0", "worker-0", "worker-1", "worker-2"]
+
+
 # -- growth --
 
 
