@@ -69,26 +69,30 @@ def merge_parts(parts_dir: str, tasks: Sequence[tuple[int, int, int]], path: str
     """Writes the parts of ``tasks`` (``(task id, first index, rows)`` in input order) into
     ``path`` atomically, with one header; returns the rows written. Raises
     :class:`PredictionsError` when a part is missing, has another header, or does not hold
-    exactly its task's rows with their indexes."""
+    exactly its task's rows with their indexes; ``path`` is then left as it was.
+
+    One part is in memory at a time: the predictions of a large input stream through."""
     header = None
-    chunks: list[str] = []
     expected = 0
-    for task_id, first_index, rows in tasks:
-        part = part_path(parts_dir, task_id)
-        if not storage.exists(part):
-            raise PredictionsError(f"{part}: missing; task {task_id} reported no predictions")
-        lines = storage.read_text(part).splitlines()
+    with storage.open_atomic(path) as out:
+        for task_id, first_index, rows in tasks:
+            part = part_path(parts_dir, task_id)
+            if not storage.exists(part):
+                raise PredictionsError(f"{part}: missing; task {task_id} reported no predictions")
+            lines = storage.read_text(part).splitlines()
+            if header is None:
+                header = lines[0]
+                out.write((header + "\n").encode())
+            elif lines[0] != header:
+                raise PredictionsError(f"{part}: header {lines[0]!r} differs from {header!r}")
+            indexes = [int(line.split(",", 1)[0]) for line in lines[1:]]
+            if first_index != expected or indexes != list(range(first_index, first_index + rows)):
+                raise PredictionsError(
+                    f"{part}: holds rows {indexes[:1]}..{indexes[-1:]} ({len(indexes)} rows); "
+                    f"task {task_id} has rows {first_index}..{first_index + rows - 1}"
+                )
+            out.write(("\n".join(lines[1:]) + "\n").encode())
+            expected += rows
         if header is None:
-            header = lines[0]
-        elif lines[0] != header:
-            raise PredictionsError(f"{part}: header {lines[0]!r} differs from {header!r}")
-        indexes = [int(line.split(",", 1)[0]) for line in lines[1:]]
-        if first_index != expected or indexes != list(range(first_index, first_index + rows)):
-            raise PredictionsError(
-                f"{part}: holds rows {indexes[:1]}..{indexes[-1:]} ({len(indexes)} rows); "
-                f"task {task_id} has rows {first_index}..{first_index + rows - 1}"
-            )
-        chunks.append("\n".join(lines[1:]) + "\n")
-        expected += rows
-    storage.write_text_atomic(path, (header or "index") + "\n" + "".join(chunks))
+            out.write(b"index\n")
     return expected

@@ -264,6 +264,19 @@ class ObjectStorage(Storage):
         with self._errors(path):
             self.fs.pipe_file(self._key(path), data)
 
+    @contextlib.contextmanager
+    def open_atomic(self, path: str) -> Iterator[IO[bytes]]:
+        # An upload publishes the object only when it completes, so no temporary object.
+        f = self.open(path, "wb")
+        try:
+            yield f
+        except BaseException:
+            f.discard()  # aborts a multipart upload; nothing is published
+            f.closed = True  # else closing it, even at garbage collection, would publish
+            raise
+        with self._errors(path):
+            f.close()
+
     def publish_directory(self, tmp: str, path: str) -> None:
         """Copies ``tmp``'s objects under ``path``, then removes ``tmp``.
 

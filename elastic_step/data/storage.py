@@ -67,6 +67,12 @@ class Storage(ABC):
         new, never a half-written file."""
 
     @abstractmethod
+    def open_atomic(self, path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+        """A binary file to write whose content replaces ``path`` when the ``with`` block
+        ends without an exception; after an exception ``path`` is left as it was. For
+        writing more than fits in memory; see :meth:`write_atomic`."""
+
+    @abstractmethod
     def publish_directory(self, tmp: str, path: str) -> None:
         """Puts the complete directory ``tmp`` in the place of ``path`` (replacing what is
         there) and removes ``tmp``; see :func:`atomic_directory`."""
@@ -113,14 +119,24 @@ class LocalStorage(Storage):
             return f.read(length)
 
     def write_atomic(self, path: str, data: bytes) -> None:
+        with self.open_atomic(path) as f:
+            f.write(data)
+
+    @contextlib.contextmanager
+    def open_atomic(self, path: str) -> Iterator[IO[bytes]]:
         # A temporary file beside it, made durable, then renamed over it (atomic on POSIX).
         local = self._local(path)
         tmp = f"{local}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, local)
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, local)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
 
     def publish_directory(self, tmp: str, path: str) -> None:
         # Two renames: between them ``path`` is briefly absent, never a mix of old and new.
@@ -257,6 +273,13 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
 
 def write_text_atomic(path: str, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def open_atomic(path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
+    """``with open_atomic(path) as f:`` writes ``path`` as :func:`write_bytes_atomic` does,
+    streaming: a local file beside it, renamed at the end; an object uploaded in parts,
+    published when the upload completes and discarded on an exception."""
+    return storage_for(path).open_atomic(path)
 
 
 @contextlib.contextmanager

@@ -78,6 +78,22 @@ def test_atomic_writes_leave_no_temporaries(s3_env, bucket):
     assert s3_env.keys(bucket) == ["out/summary.json"]
 
 
+def test_a_streamed_atomic_write_publishes_whole_or_not_at_all(s3_env, bucket):
+    path = f"s3://{bucket}/out/predictions.csv"
+    chunk = b"x" * (3 * 2**20)
+    # Over s3fs's 5 MiB block: a multipart upload, published when it completes.
+    with storage.open_atomic(path) as f:
+        for _ in range(3):
+            f.write(chunk)
+    assert storage.size(path) == 3 * len(chunk)
+    with pytest.raises(RuntimeError, match="merge failed"), storage.open_atomic(path) as f:
+        for _ in range(3):
+            f.write(b"y" * len(chunk))
+        raise RuntimeError("merge failed")
+    assert storage.read_range(path, 0, 4) == b"xxxx"  # the old object, untouched
+    assert s3_env.keys(bucket) == ["out/predictions.csv"]
+
+
 def test_atomic_directory_replaces_the_old_one_whole(s3_env, bucket):
     data = f"s3://{bucket}/data"
     with storage.atomic_directory(data) as tmp:

@@ -62,6 +62,9 @@ def test_parts_merge_in_input_order_with_one_header(tmp_path) -> None:
 def test_a_part_that_does_not_fit_its_task_fails_the_merge(tmp_path, tasks, problem) -> None:
     with open(part_path(str(tmp_path), 0), "w") as f:
         f.write(format_part(0, np.array([1.0, 2.0]), schema("numeric")))
+    (tmp_path / "out.csv").write_text("an earlier file\n")
     with pytest.raises(PredictionsError, match=re.escape(problem)):
         merge_parts(str(tmp_path), tasks, str(tmp_path / "out.csv"))
-    assert not (tmp_path / "out.csv").exists()
+    # Left as it was, and no half-written file beside it.
+    assert (tmp_path / "out.csv").read_text() == "an earlier file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv", "task-000000000.csv"]
