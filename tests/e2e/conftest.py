@@ -44,6 +44,18 @@ def digits_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory, digits_data) -> TrainRun:
+    """A 4-epoch run on the digits that nobody disturbs, shared by the modules that need a
+    trained model or an undisturbed reference. Treat it as read-only."""
+    run = TrainRun(digits_data, tmp_path_factory.mktemp("digits-run") / "run", "--epochs", "4")
+    try:
+        assert run.start().wait() == 0, run.log()[-3000:]
+    finally:
+        run.kill_all()
+    return run
+
+
 def pid_alive(pid: int) -> bool:
     """True for a running process; a zombie counts as gone."""
     try:

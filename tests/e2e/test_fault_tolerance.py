@@ -14,24 +14,11 @@ from conftest import mid_epoch, pid_alive, records_exact
 
 pytestmark = pytest.mark.e2e
 
-EPOCHS = ["--epochs", "4"]
+EPOCHS = ["--epochs", "4"]  # as digits_run, the reference
 
 
-@pytest.fixture(scope="module")
-def unkilled(tmp_path_factory, digits_data):
-    """A run nobody disturbs: the reference for accuracy."""
-    from conftest import TrainRun
-
-    run = TrainRun(digits_data, tmp_path_factory.mktemp("unkilled") / "run", *EPOCHS).start()
-    try:
-        assert run.wait() == 0, run.log()[-3000:]
-    finally:
-        run.kill_all()
-    return run
-
-
-def test_unkilled_run_outputs(unkilled, digits_data, tmp_path):
-    summary = unkilled.summary()
+def test_undisturbed_run_outputs(digits_run, digits_data, tmp_path):
+    summary = digits_run.summary()
     assert records_exact(summary)
     assert [e["epoch"] for e in summary["epochs"]] == [1, 2, 3, 4]
     assert summary["restarts"] == {"worker": 0, "ps": 0, "master": 0}
@@ -39,15 +26,15 @@ def test_unkilled_run_outputs(unkilled, digits_data, tmp_path):
     assert summary["examples_per_second"] > 0
     assert summary["workers_timeline"][0] == [0.0, 0]
     assert max(live for _, live in summary["workers_timeline"]) == 2
-    assert (unkilled.output / "model.keras").is_file()
-    assert (unkilled.output / "saved_model" / "saved_model.pb").is_file()
-    status = unkilled.status()
+    assert (digits_run.output / "model.keras").is_file()
+    assert (digits_run.output / "saved_model" / "saved_model.pb").is_file()
+    status = digits_run.status()
     assert status["phase"] == "succeeded"
     assert {m["state"] for m in status["workers"] + status["ps"]} == {"succeeded"}
 
     metrics_file = tmp_path / "metrics.json"
     result = subprocess.run(
-        [sys.executable, "-m", "elastic_step", "evaluate", "--model", str(unkilled.output),
+        [sys.executable, "-m", "elastic_step", "evaluate", "--model", str(digits_run.output),
          "--data", str(digits_data), "--metrics-output", str(metrics_file)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -63,20 +50,20 @@ def test_unkilled_run_outputs(unkilled, digits_data, tmp_path):
     )
 
     printed = subprocess.run(
-        [sys.executable, "-m", "elastic_step", "status", str(unkilled.output)],
+        [sys.executable, "-m", "elastic_step", "status", str(digits_run.output)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert printed.returncode == 0 and "phase:   succeeded" in printed.stdout
 
     # A pipeline retry of a finished step: nothing is trained again, nothing changes.
-    model_bytes = (unkilled.output / "model.keras").read_bytes()
-    again = subprocess.run(unkilled.argv, capture_output=True, text=True, timeout=120)
+    model_bytes = (digits_run.output / "model.keras").read_bytes()
+    again = subprocess.run(digits_run.argv, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert "has already finished; nothing to do" in again.stderr
-    assert (unkilled.output / "model.keras").read_bytes() == model_bytes
+    assert (digits_run.output / "model.keras").read_bytes() == model_bytes
 
 
-def test_worker_killed_mid_epoch(train_run, unkilled):
+def test_worker_killed_mid_epoch(train_run, digits_run):
     run = train_run(*EPOCHS).start()
     status = run.wait_for("training mid-epoch", mid_epoch)
     victim = next(m for m in status["workers"] if m["state"] == "running")
@@ -88,7 +75,8 @@ def test_worker_killed_mid_epoch(train_run, unkilled):
     # The timeline shows the loss of a worker and its replacement.
     live = [n for _, n in summary["workers_timeline"]]
     assert 1 in live[live.index(2) :]
-    accuracy, reference = summary["metrics"]["accuracy"], unkilled.summary()["metrics"]["accuracy"]
+    accuracy = summary["metrics"]["accuracy"]
+    reference = digits_run.summary()["metrics"]["accuracy"]
     assert abs(accuracy - reference) <= 0.02, (accuracy, reference)
     assert f"{victim['id']} crashed (killed by SIGKILL); replacing it" in run.log()
 

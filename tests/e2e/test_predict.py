@@ -2,7 +2,7 @@
 and still exactly one prediction per input row, in input order, equal to the trained model's
 own outputs.
 
-One training run (digits, one epoch) gives the model; one prediction run serves most
+The session's digits run gives the model; one prediction run serves most
 assertions.
 """
 
@@ -43,13 +43,8 @@ class PredictRun(TrainRun):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, digits_data) -> Path:
-    run = TrainRun(digits_data, tmp_path_factory.mktemp("model") / "run", "--epochs", "1")
-    try:
-        assert run.start().wait() == 0, run.log()[-3000:]
-    finally:
-        run.kill_all()
-    return run.output
+def trained(digits_run) -> Path:
+    return digits_run.output
 
 
 @pytest.fixture(scope="module")
