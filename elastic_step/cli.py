@@ -114,38 +114,9 @@ def _add_train(commands) -> None:
     p.add_argument("--epochs", type=_int, metavar="N", default=1, help="(default 1)")
     p.add_argument("--batch-size", type=_int, metavar="N", default=64, help="(default 64)")
     p.add_argument(
-        "--workers", type=_int, metavar="N", default=2, help="workers to start (default 2)"
-    )
-    p.add_argument(
-        "--min-workers", type=_int, metavar="N", default=1, help="fail below this many (default 1)"
-    )
-    p.add_argument(
-        "--max-workers",
-        type=_int,
-        metavar="N",
-        default=None,
-        help="grow up to this many workers while all run (default: --workers)",
-    )
-    p.add_argument(
-        "--grow-after",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="with --max-workers: add a worker once all have run this long (default 10)",
-    )
-    p.add_argument(
         "--ps", type=_int, metavar="N", default=1, help="parameter server shards (default 1)"
     )
     p.add_argument("--seed", type=_int, metavar="N", default=0, help="(default 0)")
-    p.add_argument(
-        "--backend",
-        default="local",
-        choices=backend_names(),
-        help="where workers and PS run (default local)",
-    )
-    p.add_argument(
-        "--records-per-task", type=_int, metavar="N", default=512, help="task size (default 512)"
-    )
     p.add_argument(
         "--evaluation-steps",
         type=_int,
@@ -161,38 +132,6 @@ def _add_train(commands) -> None:
         help="PS checkpoints (default 200)",
     )
     p.add_argument("--keep-checkpoints", type=_int, metavar="N", default=3, help="(default 3)")
-    p.add_argument(
-        "--max-restarts",
-        type=_int,
-        metavar="N",
-        default=3,
-        help="relaunches per slot of a process that crashed or was OOM-killed (default 3); "
-        "deleted, preempted and evicted ones are always relaunched",
-    )
-    p.add_argument(
-        "--max-task-retries",
-        type=_int,
-        metavar="N",
-        default=3,
-        help="retries of a task that fails in user code, or whose worker dies on it, before "
-        "the job fails (default 3)",
-    )
-    p.add_argument(
-        "--task-timeout",
-        type=float,
-        default=120.0,
-        metavar="SECONDS",
-        help="a worker that finishes no batch of its task for this long loses the task, "
-        "even while its heartbeats go on (default 120)",
-    )
-    p.add_argument(
-        "--master-timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="how long workers and PS wait for an absent master, and how long the job may "
-        "run with no worker or a PS missing before it fails (default 300)",
-    )
     p.add_argument(
         "--staleness-modulation",
         action="store_true",
@@ -216,27 +155,6 @@ def _add_train(commands) -> None:
         "(default average)",
     )
     p.add_argument(
-        "--port", type=_int, metavar="N", default=0, help="master port (default: any free)"
-    )
-    p.add_argument(
-        "--job-name",
-        metavar="NAME",
-        default=None,
-        help="names the job's pods, Services and state on a cluster; the same name resumes "
-        "the same job (a DNS-1123 label; default: derived from --output)",
-    )
-    p.add_argument(
-        "--state-dir",
-        metavar="DIR",
-        default=None,
-        help="a local directory for the master's state and the logs of workers and PS; "
-        "needed where --output is an object store (s3://, gs://, minio://), since the state "
-        "needs flock, fsync and atomic rename. Running again with the same one resumes "
-        "(default: --output itself when it is local, else "
-        "$XDG_STATE_HOME/elastic-step/JOB_NAME, ~/.local/state/... when unset; not with "
-        "--backend kubernetes, which keeps the state on the cluster)",
-    )
-    p.add_argument(
         "--early-stopping",
         metavar="METRIC[:PATIENCE[:min|max]]",
         default=None,
@@ -253,6 +171,101 @@ def _add_train(commands) -> None:
         "then runs with training paused, so that it measures one model",
     )
     p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with --backend kubernetes: print, as YAML, every object the master would create "
+        "at the start, and exit without contacting a cluster",
+    )
+    _add_job_flags(p, members="workers and PS")
+
+
+def _add_job_flags(p: argparse.ArgumentParser, *, members: str) -> None:
+    """The flags of an elastic job, training or prediction: its members, its limits, where
+    it runs and how it is named."""
+    g = p.add_argument_group("the elastic job")
+    g.add_argument(
+        "--workers", type=_int, metavar="N", default=2, help="workers to start (default 2)"
+    )
+    g.add_argument(
+        "--min-workers", type=_int, metavar="N", default=1, help="fail below this many (default 1)"
+    )
+    g.add_argument(
+        "--max-workers",
+        type=_int,
+        metavar="N",
+        default=None,
+        help="grow up to this many workers while all run (default: --workers)",
+    )
+    g.add_argument(
+        "--grow-after",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --max-workers: add a worker once all have run this long (default 10)",
+    )
+    g.add_argument(
+        "--backend",
+        default="local",
+        choices=backend_names(),
+        help=f"where {members} run (default local)",
+    )
+    g.add_argument(
+        "--records-per-task", type=_int, metavar="N", default=512, help="task size (default 512)"
+    )
+    g.add_argument(
+        "--max-restarts",
+        type=_int,
+        metavar="N",
+        default=3,
+        help="relaunches per slot of a process that crashed or was OOM-killed (default 3); "
+        "deleted, preempted and evicted ones are always relaunched",
+    )
+    g.add_argument(
+        "--max-task-retries",
+        type=_int,
+        metavar="N",
+        default=3,
+        help="retries of a task that fails in user code, or whose worker dies on it, before "
+        "the job fails (default 3)",
+    )
+    g.add_argument(
+        "--task-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="a worker that finishes no batch of its task for this long loses the task, "
+        "even while its heartbeats go on (default 120)",
+    )
+    g.add_argument(
+        "--master-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help=f"how long {members} wait for an absent master, and how long the job may "
+        "run with no worker or a PS missing before it fails (default 300)",
+    )
+    g.add_argument(
+        "--port", type=_int, metavar="N", default=0, help="master port (default: any free)"
+    )
+    g.add_argument(
+        "--job-name",
+        metavar="NAME",
+        default=None,
+        help="names the job's pods, Services and state on a cluster; the same name resumes "
+        "the same job (a DNS-1123 label; default: derived from --output)",
+    )
+    g.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default=None,
+        help="a local directory for the master's state and the logs of workers and PS; "
+        "needed where --output is an object store (s3://, gs://, minio://), since the state "
+        "needs flock, fsync and atomic rename. Running again with the same one resumes "
+        "(default: --output itself when it is local, else "
+        "$XDG_STATE_HOME/elastic-step/JOB_NAME, ~/.local/state/... when unset; not with "
+        "--backend kubernetes, which keeps the state on the cluster)",
+    )
+    g.add_argument(
         "--metrics-port",
         type=_int,
         metavar="N",
@@ -260,13 +273,27 @@ def _add_train(commands) -> None:
         help="serve Prometheus metrics at http://HOST:N/metrics, where HOST is where the "
         "master listens (0: any free port, named in status.json; default: no endpoint)",
     )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="with --backend kubernetes: print, as YAML, every object the master would create "
-        "at the start, and exit without contacting a cluster",
-    )
     add_kubernetes_flags(p)
+
+
+def _job_settings(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields that :func:`_add_job_flags` sets."""
+    return {
+        "workers": args.workers,
+        "min_workers": args.min_workers,
+        "max_workers": args.max_workers,
+        "grow_after_s": args.grow_after,
+        "backend": args.backend,
+        "records_per_task": args.records_per_task,
+        "max_restarts": args.max_restarts,
+        "max_task_retries": args.max_task_retries,
+        "task_timeout_s": args.task_timeout,
+        "master_timeout_s": args.master_timeout,
+        "port": args.port,
+        "job_name": args.job_name,
+        "state_dir": args.state_dir,
+        "metrics_port": args.metrics_port,
+    }
 
 
 def _add_evaluate(commands) -> None:
@@ -316,37 +343,7 @@ def _add_predict(commands) -> None:
         "--split", default="validation", help="with a data directory: (default validation)"
     )
     p.add_argument("--batch-size", type=_int, metavar="N", default=256, help="(default 256)")
-    p.add_argument(
-        "--workers", type=_int, metavar="N", default=2, help="workers to start (default 2)"
-    )
-    p.add_argument(
-        "--min-workers", type=_int, metavar="N", default=1, help="fail below this many (default 1)"
-    )
-    p.add_argument(
-        "--max-workers",
-        type=_int,
-        metavar="N",
-        default=None,
-        help="grow up to this many workers while all run (default: --workers)",
-    )
-    p.add_argument(
-        "--backend",
-        default="local",
-        choices=backend_names(),
-        help="where workers run (default local)",
-    )
-    p.add_argument(
-        "--records-per-task", type=_int, metavar="N", default=512, help="task size (default 512)"
-    )
-    p.add_argument("--max-restarts", type=_int, metavar="N", default=3, help="(default 3)")
-    p.add_argument("--max-task-retries", type=_int, metavar="N", default=3, help="(default 3)")
-    p.add_argument("--task-timeout", type=float, default=120.0, metavar="SECONDS")
-    p.add_argument("--master-timeout", type=float, default=300.0, metavar="SECONDS")
-    p.add_argument("--port", type=_int, metavar="N", default=0, help="master port")
-    p.add_argument("--job-name", metavar="NAME", default=None, help="as for train")
-    p.add_argument("--state-dir", metavar="DIR", default=None, help="as for train")
-    p.add_argument("--metrics-port", type=_int, metavar="N", default=None, help="as for train")
-    add_kubernetes_flags(p)
+    _add_job_flags(p, members="workers")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -410,30 +407,17 @@ def _run(args: argparse.Namespace) -> int:
             output=args.output,
             epochs=args.epochs,
             batch_size=args.batch_size,
-            workers=args.workers,
-            min_workers=args.min_workers,
-            max_workers=args.max_workers,
-            grow_after_s=args.grow_after,
             ps=args.ps,
             seed=args.seed,
-            backend=args.backend,
-            records_per_task=args.records_per_task,
             evaluation_steps=args.evaluation_steps,
             checkpoint_steps=args.checkpoint_steps,
             keep_checkpoints=args.keep_checkpoints,
-            max_restarts=args.max_restarts,
-            max_task_retries=args.max_task_retries,
-            task_timeout_s=args.task_timeout,
-            master_timeout_s=args.master_timeout,
             staleness_modulation=args.staleness_modulation,
             local_steps=args.local_steps,
             outer_optimizer=args.outer_optimizer,
-            port=args.port,
-            job_name=args.job_name,
-            state_dir=args.state_dir,
             early_stopping=args.early_stopping,
             keep_best=args.keep_best,
-            metrics_port=args.metrics_port,
+            **_job_settings(args),
         )
         backend_options = _backend_options(args)
         if args.dry_run:
@@ -470,19 +454,7 @@ def _run(args: argparse.Namespace) -> int:
             **engine_paths(args.model),
             output=args.output,
             batch_size=args.batch_size,
-            workers=args.workers,
-            min_workers=args.min_workers,
-            max_workers=args.max_workers,
-            backend=args.backend,
-            records_per_task=args.records_per_task,
-            max_restarts=args.max_restarts,
-            max_task_retries=args.max_task_retries,
-            task_timeout_s=args.task_timeout,
-            master_timeout_s=args.master_timeout,
-            port=args.port,
-            job_name=args.job_name,
-            state_dir=args.state_dir,
-            metrics_port=args.metrics_port,
+            **_job_settings(args),
         )
         return predict(
             config,
