@@ -88,7 +88,7 @@ class WindowTrainer:
         window, ids = self._window(batches)
         if not window:
             return loss
-        self.steps.reset_metrics()
+        self._metrics(self.steps.reset_metrics)
         if self._base is None or ids:
             self._pull(ids, dense=self._base is None)
         while window:
@@ -96,7 +96,7 @@ class WindowTrainer:
             window, next_ids = self._window(batches)
             self._push(dense, rows, next_ids)
             ids = next_ids
-        loss.metrics = self.steps.metric_results()
+        loss.metrics = self._metrics(self.steps.metric_results)
         return loss
 
     def evaluation_batches(self, batches: Iterable[tuple]) -> Iterator[tuple]:
@@ -110,6 +110,13 @@ class WindowTrainer:
             yield features, labels
 
     # -- internals --
+
+    def _metrics(self, call: Callable):
+        """Resets or reads the metrics: the user's code, as the step is."""
+        try:
+            return call()
+        except Exception as e:
+            raise UserCodeError(f"a metric failed: {type(e).__name__}: {e}") from e
 
     def _ids(self, features) -> dict[str, np.ndarray]:
         try:

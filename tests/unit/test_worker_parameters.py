@@ -22,7 +22,7 @@ from elastic_step.rpc.auth import Credentials
 from elastic_step.rpc.ps_client import PSClient, TableSpec
 from elastic_step.worker.parameters import ModelParameters
 from elastic_step.worker.steps import Steps, _row_gradient
-from elastic_step.worker.windows import WindowTrainer
+from elastic_step.worker.windows import UserCodeError, WindowTrainer
 
 LR = 0.1
 TABLE, KERNEL, BIAS = "embedding/embeddings", "dense/kernel", "dense/bias"
@@ -342,6 +342,18 @@ def test_local_steps_with_one_worker_are_its_steps(start_ps: StartPS) -> None:
     for variable in reference.trainable_variables:
         got = pulled.tables.get(variable.path, pulled.dense.get(variable.path)).numpy()
         np.testing.assert_allclose(got, variable.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class ResultFails(keras.metrics.Mean):
+    def result(self):
+        raise ValueError("no result")
+
+
+def test_a_metric_that_fails_fails_the_task_as_user_code(start_ps: StartPS) -> None:
+    _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
+    _, trainer = connect(ps, build_model(), metrics={"broken": ResultFails()})
+    with pytest.raises(UserCodeError, match="a metric failed: ValueError: no result"):
+        trainer.train(batches(1))
 
 
 # -- BatchNorm statistics --
