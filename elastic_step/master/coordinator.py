@@ -274,7 +274,10 @@ class Coordinator:
                 self._note_trained(task.records)
             if task.kind is TaskKind.TRAIN and request.train_examples > 0:  # measured
                 self.note_train_loss(
-                    request.model_version, request.train_loss, {}, examples=task.records
+                    request.model_version,
+                    request.train_loss,
+                    dict(request.train_metrics),
+                    examples=task.records,
                 )
             self._collect_evaluations()
 

@@ -35,7 +35,9 @@ class JobRecord:
     #: The master's port, kept so that a restarted master is found where instances look.
     port: int = 0
     #: Training loss and metrics summed per window of model versions (see add_train_loss),
-    #: by window index as a string (for JSON).
+    #: by window index as a string (for JSON). Each metric also counts the examples it was
+    #: measured on (``metric_examples``): a report without metrics (a worker or journal from
+    #: before workers measured them) does not dilute the window's mean.
     train_loss: dict[str, dict] = field(default_factory=dict)
     #: Why training stopped before its last epoch (see model_selection.EarlyStopping).
     early_stop: dict | None = None
@@ -83,7 +85,14 @@ class JobRecord:
     def add_train_loss(
         self, window: int, model_version: int, examples: int, loss_sum: float, metric_sums: dict
     ) -> None:
-        """Adds one report's summed loss and metrics (each weighted by its examples)."""
+        """Adds one report's summed loss and metrics (each weighted by its examples).
+
+        A window's metric is thus the example-weighted mean of its tasks' values: exactly the
+        metric over the window's examples for a metric that is a mean over examples
+        (accuracy, cross-entropy, MAE), an approximation of it for one that is a ratio of
+        counts or a curve (precision, recall, AUC), each task's value being over its own
+        examples only.
+        """
         self._change(
             {
                 "op": "train_loss",
@@ -156,6 +165,7 @@ class JobRecord:
                 "examples": 0,
                 "loss_sum": 0.0,
                 "metric_sums": {},
+                "metric_examples": {},
             },
         )
         window["min_model_version"] = min(window["min_model_version"], record["version"])
@@ -163,8 +173,11 @@ class JobRecord:
         window["examples"] += record["examples"]
         window["loss_sum"] += record["loss_sum"]
         sums = window["metric_sums"]
+        # A window restored from a snapshot taken before metrics were counted apart.
+        counts = window.setdefault("metric_examples", {})
         for name, value in record["metric_sums"].items():
             sums[name] = sums.get(name, 0.0) + value
+            counts[name] = counts.get(name, 0) + record["examples"]
 
     def train_loss_windows(self) -> list[dict]:
         """The mean training loss and metrics of each window, oldest first."""
@@ -172,6 +185,7 @@ class JobRecord:
         for key in sorted(self.train_loss, key=int):
             w = self.train_loss[key]
             n = w["examples"] or 1
+            counts = w.get("metric_examples", {})
             windows.append(
                 {
                     "window": int(key),
@@ -179,7 +193,9 @@ class JobRecord:
                     "max_model_version": w["max_model_version"],
                     "examples": w["examples"],
                     "loss": w["loss_sum"] / n,
-                    "metrics": {k: v / n for k, v in sorted(w["metric_sums"].items())},
+                    "metrics": {
+                        k: v / (counts.get(k) or n) for k, v in sorted(w["metric_sums"].items())
+                    },
                 }
             )
         return windows

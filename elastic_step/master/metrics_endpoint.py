@@ -14,6 +14,9 @@ Kubernetes). Metric names:
   first tasks are done);
 - ``elastic_step_evaluation{metric}``: the latest evaluation's scalar metrics (loss
   included), and ``elastic_step_evaluation_model_version``;
+- ``elastic_step_train{metric}``: the newest training-loss window's mean loss and metrics so
+  far (see JobRecord.train_loss_windows), and ``elastic_step_train_model_version``, the
+  highest model version it holds;
 - ``elastic_step_model_version``, ``elastic_step_epoch``, ``elastic_step_elapsed_seconds``,
   ``elastic_step_eta_seconds``.
 """
@@ -89,6 +92,21 @@ class JobCollector:
                 f"{PREFIX}_evaluation_model_version",
                 "The model version the latest evaluation measured",
                 value=latest["model_version"],
+            )
+        if view.train_loss:
+            window = view.train_loss[-1]
+            train = GaugeMetricFamily(
+                f"{PREFIX}_train",
+                "The newest training-loss window's mean loss and metrics so far",
+                labels=["metric"],
+            )
+            for metric, value in sorted({"loss": window["loss"], **scalar_metrics(window)}.items()):
+                train.add_metric([metric], value)
+            yield train
+            yield GaugeMetricFamily(
+                f"{PREFIX}_train_model_version",
+                "The highest model version in the newest training-loss window",
+                value=window["max_model_version"],
             )
 
 

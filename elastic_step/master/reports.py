@@ -94,6 +94,13 @@ def _evaluation_line(entry: dict) -> str:
     )
 
 
+def _train_line(window: dict) -> str:
+    values = {"loss": window["loss"], **window.get("metrics", {})}
+    shown = ", ".join(f"{k}={v:.4f}" for k, v in values.items() if isinstance(v, float))
+    versions = f"v{window['min_model_version']}-v{window['max_model_version']}"
+    return f"model {versions}, {window['examples']} examples: {shown}"
+
+
 def progress_line(tasks: TaskManager, instances: InstanceManager, rate: float | None) -> str:
     epoch = tasks.current_epoch
     done, total = tasks.records_trained(epoch), tasks.records_per_epoch
@@ -125,6 +132,8 @@ def format_status(document: dict) -> str:
         lines.append(f"eta:     {_duration(document.get('eta_s'))} of training")
     latest = document.get("latest_evaluation")
     lines.append(f"latest evaluation: {_evaluation_line(latest) if latest else 'none yet'}")
+    windows = document.get("train_loss")
+    lines.append(f"training: {_train_line(windows[-1]) if windows else 'none yet'}")
     if document.get("kept_model"):
         lines.append(f"kept model: {_evaluation_line(document['kept_model'])}")
     if document.get("early_stop"):

@@ -124,7 +124,14 @@ class Task(_message.Message):
     def __init__(self, kind: _Optional[_Union[Task.Kind, str]] = ..., id: _Optional[int] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
 
 class ReportTaskRequest(_message.Message):
-    __slots__ = ("worker", "task_id", "ok", "error", "model_version", "loss_sum", "example_count", "metric_states", "lease_id", "train_loss", "train_examples")
+    __slots__ = ("worker", "task_id", "ok", "error", "model_version", "loss_sum", "example_count", "metric_states", "lease_id", "train_loss", "train_examples", "train_metrics")
+    class TrainMetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     WORKER_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +143,7 @@ class ReportTaskRequest(_message.Message):
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     TRAIN_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_METRICS_FIELD_NUMBER: _ClassVar[int]
     worker: str
     task_id: int
     ok: bool
@@ -147,7 +155,8 @@ class ReportTaskRequest(_message.Message):
     lease_id: int
     train_loss: float
     train_examples: int
-    def __init__(self, worker: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., model_version: _Optional[int] = ..., loss_sum: _Optional[float] = ..., example_count: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., lease_id: _Optional[int] = ..., train_loss: _Optional[float] = ..., train_examples: _Optional[int] = ...) -> None: ...
+    train_metrics: _containers.ScalarMap[str, float]
+    def __init__(self, worker: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., model_version: _Optional[int] = ..., loss_sum: _Optional[float] = ..., example_count: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., lease_id: _Optional[int] = ..., train_loss: _Optional[float] = ..., train_examples: _Optional[int] = ..., train_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ReportTaskResponse(_message.Message):
     __slots__ = ()

@@ -6,20 +6,29 @@
   copy, as ``model.fit`` does: gradients and the dense update in one compiled call; table rows
   are updated row by row with per-row state (see ``ps/row_optimizer.py``). It returns the
   step's loss.
-- :meth:`Steps.evaluate`: outputs and loss.
+- :meth:`Steps.evaluate`: the batch's loss.
+
+Each of them also adds the batch to the model's metrics (the definition's, as evaluation
+reports them), in the same compiled call and on the outputs the step computed, as
+``model.fit`` does: no second forward pass and no Python work per batch. The caller resets
+them before a task and reads them after it (:meth:`reset_metrics`, :meth:`metric_results`).
 
 A table's gradient leaves the graph as (unique row ids, summed rows): what a push carries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from elastic_step.ps.row_optimizer import RowOptimizer
 from elastic_step.rpc.ps_client import Rows
 from elastic_step.worker.parameters import ModelParameters
+
+if TYPE_CHECKING:
+    import keras
 
 
 def _row_gradient(grad):
@@ -42,10 +51,20 @@ class Steps:
         loss_fn: Callable,
         parameters: ModelParameters,
         local_optimizer=None,
+        *,
+        metrics: Mapping[str, keras.metrics.Metric] | None = None,
     ) -> None:
         import tensorflow as tf
 
         self._parameters = parameters
+        #: The model's metrics by name; every step and evaluation batch updates them.
+        self.metrics = dict(metrics or {})
+        metric_objects = list(self.metrics.values())
+
+        def update_metrics(labels, outputs) -> None:
+            for metric in metric_objects:
+                metric.update_state(labels, outputs)
+
         dense_names = list(parameters.dense)
         tables = list(parameters.tables)
         variables = [*parameters.dense.values(), *parameters.tables.values()]
@@ -56,6 +75,7 @@ class Steps:
                 loss = loss_fn(labels, outputs)
                 if model.losses:
                     loss += tf.add_n(model.losses)
+            update_metrics(labels, outputs)
             grads = tape.gradient(loss, variables)
             dense = dict(zip(dense_names, grads[: len(dense_names)], strict=True))
             rows = dict(zip(tables, grads[len(dense_names) :], strict=True))
@@ -87,9 +107,24 @@ class Steps:
         @tf.function(reduce_retracing=True)
         def evaluate(features, labels):
             outputs = model(features, training=False)
-            return outputs, loss_fn(labels, outputs)
+            update_metrics(labels, outputs)
+            return loss_fn(labels, outputs)
 
         self.evaluate = evaluate
+
+    def reset_metrics(self) -> None:
+        for metric in self.metrics.values():
+            metric.reset_state()
+
+    def metric_results(self) -> dict[str, float]:
+        """Each metric's value over the batches since :meth:`reset_metrics`, for the metrics
+        whose result is one number."""
+        results = {}
+        for name, metric in self.metrics.items():
+            value = np.asarray(metric.result())
+            if value.ndim == 0:
+                results[name] = float(value)
+        return results
 
     def gradients(self, features, labels) -> tuple[float, dict[str, np.ndarray], Rows]:
         """The batch's loss and gradients: dense ones by name, and each table's (unique ids,

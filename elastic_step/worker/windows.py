@@ -9,8 +9,8 @@ answered with the dense values and the rows of those ids: one round trip per sha
 window. A task's first window pulls only its rows (nothing for a model without tables): the
 dense values came with the last push. A window never spans tasks,
 so a task is reported only after its last push: a worker that dies loses at most one
-window, and its task is re-queued. ``train`` returns the task's mean training loss, which the
-worker reports with the task.
+window, and its task is re-queued. ``train`` returns the task's mean training loss and the
+model's metrics on the same batches, which the worker reports with the task.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -38,10 +38,12 @@ class UserCodeError(Exception):
 @dataclass
 class TrainingLoss:
     """A task's training loss: summed over its examples (each batch's mean loss times its
-    size), so that batches of different sizes weigh by their examples."""
+    size), so that batches of different sizes weigh by their examples; and the model's
+    metrics over the same batches, by name (see :meth:`Steps.metric_results`)."""
 
     loss_sum: float = 0.0
     examples: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def add(self, loss: float, examples: int) -> None:
         self.loss_sum += loss * examples
@@ -80,12 +82,13 @@ class WindowTrainer:
 
     def train(self, batches: Iterable[tuple]) -> TrainingLoss:
         """Trains on ``batches`` (a task's), a window of up to K steps per round trip;
-        returns their training loss."""
+        returns their training loss and metrics."""
         loss = TrainingLoss()
         batches = iter(batches)
         window, ids = self._window(batches)
         if not window:
             return loss
+        self._metrics(self.steps.reset_metrics)
         if self._base is None or ids:
             self._pull(ids, dense=self._base is None)
         while window:
@@ -93,6 +96,7 @@ class WindowTrainer:
             window, next_ids = self._window(batches)
             self._push(dense, rows, next_ids)
             ids = next_ids
+        loss.metrics = self._metrics(self.steps.metric_results)
         return loss
 
     def evaluation_batches(self, batches: Iterable[tuple]) -> Iterator[tuple]:
@@ -106,6 +110,13 @@ class WindowTrainer:
             yield features, labels
 
     # -- internals --
+
+    def _metrics(self, call: Callable):
+        """Resets or reads the metrics: the user's code, as the step is."""
+        try:
+            return call()
+        except Exception as e:
+            raise UserCodeError(f"a metric failed: {type(e).__name__}: {e}") from e
 
     def _ids(self, features) -> dict[str, np.ndarray]:
         try:

@@ -86,10 +86,15 @@ class Worker:
             self.predictor = Predictor(model, self.schema, parts, on_batch=self._count_batch)
             return
         self.model = self.definition.build_model()
-        self.metrics = self.definition.build_metrics()
         self.parameters = ModelParameters(self.model)
         local_optimizer = self.definition.build_optimizer() if self.local_steps > 1 else None
-        steps = Steps(self.model, self.definition.loss, self.parameters, local_optimizer)
+        steps = Steps(
+            self.model,
+            self.definition.loss,
+            self.parameters,
+            local_optimizer,
+            metrics=self.definition.build_metrics(),
+        )
         self.trainer = WindowTrainer(
             self.parameters, steps, self.local_steps, self, on_step=self._count_batch
         )
@@ -243,16 +248,15 @@ class Worker:
     def train(self, task, report: master_pb2.ReportTaskRequest) -> None:
         loss = self.trainer.train(self._batches(task, "train"))
         report.train_loss, report.train_examples = loss.mean, loss.examples
+        report.train_metrics.update(loss.metrics)
 
     def evaluate(self, task, report: master_pb2.ReportTaskRequest) -> None:
-        for metric in self.metrics.values():
-            metric.reset_state()
+        steps = self.trainer.steps
+        steps.reset_metrics()
         loss_sum, count = 0.0, 0
         for features, labels in self.trainer.evaluation_batches(self._batches(task, "evaluate")):
             try:
-                outputs, loss = self.trainer.steps.evaluate(features, labels)
-                for metric in self.metrics.values():
-                    metric.update_state(labels, outputs)
+                loss = steps.evaluate(features, labels)  # adds the batch to the metrics
             except Exception as e:
                 raise UserCodeError(f"evaluation failed: {type(e).__name__}: {e}") from e
             n = int(np.shape(labels)[0])
@@ -260,7 +264,7 @@ class Worker:
             count += n
             self._batches_done += 1
         report.loss_sum, report.example_count = loss_sum, count
-        for name, metric in self.metrics.items():
+        for name, metric in steps.metrics.items():
             for i, variable in enumerate(metric.variables):
                 report.metric_states.append(to_proto(f"{name}/{i}", np.asarray(variable.numpy())))
 

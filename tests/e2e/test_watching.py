@@ -4,6 +4,7 @@ during the run, TensorBoard events, early stopping and the kept best model after
 One run serves every assertion. Its model gets worse at every evaluation round by
 construction: the loss it minimizes is minus the cross-entropy that its ``xent`` metric
 measures, so SGD climbs ``xent`` and round 0 (the end of epoch 1) is the best round for sure.
+On the training batches too, then, the ``xent`` metric the workers report is minus the loss.
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def optimizer():
     return keras.optimizers.SGD(0.05)
 
 def metrics():
-    return {"xent": keras.metrics.SparseCategoricalCrossentropy(from_logits=True)}
+    return {
+        "xent": keras.metrics.SparseCategoricalCrossentropy(from_logits=True),
+        "accuracy": keras.metrics.SparseCategoricalAccuracy(),
+    }
 """
 
 EPOCHS = 6
@@ -122,6 +126,7 @@ def watched(tmp_path_factory, digits_data):
         "scraped": scraped,
         "status_text": shown.stdout,
         "summary": run.summary(),
+        "status": run.status(),
         "evaluated": json.loads((root / "metrics.json").read_text()),
     }
 
@@ -134,6 +139,11 @@ def test_the_endpoint_parses_and_shows_live_workers_and_tasks_done(watched) -> N
     todo = scraped[("elastic_step_tasks", (("kind", "train"), ("state", "todo")))]
     assert todo > 0  # six epochs planned, the endpoint was read in the first
     assert ("elastic_step_model_version", ()) in scraped
+    # A training task was reported: its window's mean loss and metrics so far.
+    train = {m: scraped[("elastic_step_train", (("metric", m),))] for m in ("loss", "xent")}
+    assert math.isclose(train["xent"], -train["loss"], rel_tol=1e-4)
+    assert 0 <= scraped[("elastic_step_train", (("metric", "accuracy"),))] <= 1
+    assert scraped[("elastic_step_train_model_version", ())] >= 1
 
 
 def test_status_shows_elapsed_eta_and_the_latest_evaluation(watched) -> None:
@@ -146,6 +156,10 @@ def test_status_shows_elapsed_eta_and_the_latest_evaluation(watched) -> None:
     last = max(watched["summary"]["evaluations"], key=lambda e: e["round"])
     assert f"latest evaluation: round {last['round']} " in final, final
     assert "stopped: early stopping: xent (min) did not improve" in final, final
+    window = watched["summary"]["train_loss"][-1]
+    assert (
+        f"training: model v{window['min_model_version']}-v{window['max_model_version']}, " in final
+    )
 
 
 def test_early_stopping_ends_training_with_exact_accounting(watched) -> None:
@@ -203,6 +217,28 @@ def test_workers_report_the_training_loss_into_summary_and_tensorboard(watched) 
     expected = sorted((w["max_model_version"], w["loss"]) for w in windows)
     assert [s for s, _ in series] == [s for s, _ in expected]
     assert np.allclose([v for _, v in series], [v for _, v in expected], rtol=1e-6)
+
+
+def test_workers_report_the_models_metrics_on_the_training_batches(watched) -> None:
+    summary = watched["summary"]
+    windows = summary["train_loss"]
+    # status.json, written last as the job ended, holds the same windows.
+    assert watched["status"]["train_loss"] == windows
+    for window in windows:
+        assert set(window["metrics"]) == {"xent", "accuracy"}
+        assert 0 <= window["metrics"]["accuracy"] <= 1
+        # Measured by Keras's metric on the outputs each step trained with, summed over tasks
+        # and workers exactly as the loss is: minus the loss, window by window.
+        assert math.isclose(window["metrics"]["xent"], -window["loss"], rel_tol=1e-4)
+    # Climbing the cross-entropy drives the right class's probability, and accuracy, down:
+    # the seeded start gets a few right, the last windows hardly any.
+    assert windows[0]["metrics"]["accuracy"] > windows[-1]["metrics"]["accuracy"]
+    scalars = _scalars(watched["run"].output / "tensorboard")
+    for name in ("xent", "accuracy"):
+        series = sorted(scalars[f"train/{name}"])
+        expected = sorted((w["max_model_version"], w["metrics"][name]) for w in windows)
+        assert [s for s, _ in series] == [s for s, _ in expected]
+        assert np.allclose([v for _, v in series], [v for _, v in expected], rtol=1e-6)
 
 
 def test_a_metric_the_model_does_not_report_is_one_line_and_exit_status_2(

@@ -82,12 +82,24 @@ class Master:
     def get(self, worker: str) -> master_pb2.Task:
         return self.coordinator.next_task(worker, worker)
 
-    def report(self, worker: str, task: master_pb2.Task, version: int, loss: float = 0) -> None:
+    def report(
+        self,
+        worker: str,
+        task: master_pb2.Task,
+        version: int,
+        loss: float = 0,
+        train_metrics: dict[str, float] | None = None,
+    ) -> None:
+        """Reports ``task`` done; a training task measured its loss and ``train_metrics``
+        when those are given."""
         request = master_pb2.ReportTaskRequest(
             worker=worker, task_id=task.id, lease_id=task.lease_id, ok=True, model_version=version
         )
         if task.kind == master_pb2.Task.EVALUATE:
             request.loss_sum, request.example_count = loss * 10, 10
+        elif train_metrics is not None:
+            request.train_loss, request.train_examples = loss, 10
+            request.train_metrics.update(train_metrics)
         self.coordinator.report_task(worker, request)
 
     def run_epoch(self, worker: str, version: int, round_loss: float) -> int:
@@ -310,6 +322,10 @@ def test_the_metrics_endpoint_serves_the_jobs_state(tmp_path, clock) -> None:
     master = Master(tmp_path, clock)
     coordinator = master.coordinator
     master.run_epoch("worker-0", 0, round_loss=0.25)
+    # Two training tasks that measured their loss and metrics, in the window of v0-v9.
+    for version, loss, accuracy in ((5, 0.5, 0.75), (6, 0.3, 0.25)):
+        trained = master.get("worker-1")
+        master.report("worker-1", trained, version, loss, {"accuracy": accuracy})
     task = master.get("worker-1")  # one training task under way
     master.backend.end("worker-0", ExitReason.CRASHED, code=1)
     coordinator.apply_events(master.backend.next_events(0))
@@ -331,9 +347,9 @@ def test_the_metrics_endpoint_serves_the_jobs_state(tmp_path, clock) -> None:
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
-    assert samples[("elastic_step_tasks", ("done", "train"))] == TRAIN_TASKS
+    assert samples[("elastic_step_tasks", ("done", "train"))] == TRAIN_TASKS + 2
     assert samples[("elastic_step_tasks", ("doing", "train"))] == 1
-    assert samples[("elastic_step_tasks", ("todo", "train"))] == (EPOCHS - 1) * TRAIN_TASKS - 1
+    assert samples[("elastic_step_tasks", ("todo", "train"))] == (EPOCHS - 1) * TRAIN_TASKS - 3
     assert samples[("elastic_step_tasks", ("done", "evaluate"))] == EVAL_TASKS
     assert samples[("elastic_step_instances", ("running", "worker"))] == 1
     assert samples[("elastic_step_instances", ("pending", "worker"))] == 1
@@ -341,6 +357,10 @@ def test_the_metrics_endpoint_serves_the_jobs_state(tmp_path, clock) -> None:
     assert samples[("elastic_step_restarts_total", ("crashed",))] == 1
     assert samples[("elastic_step_evaluation", ("loss",))] == 0.25
     assert samples[("elastic_step_evaluation_model_version", ())] == TRAIN_TASKS
+    # The tasks without a measured loss (run_epoch's) are in no window.
+    assert samples[("elastic_step_train", ("loss",))] == pytest.approx(0.4)
+    assert samples[("elastic_step_train", ("accuracy",))] == pytest.approx(0.5)
+    assert samples[("elastic_step_train_model_version", ())] == 6
     assert task.kind == master_pb2.Task.TRAIN
     master.close()
 
@@ -360,12 +380,26 @@ def test_status_text_shows_elapsed_eta_and_the_latest_evaluation() -> None:
             "model_version": 8,
             "metrics": {"loss": 0.5, "accuracy": 0.875},
         },
+        "train_loss": [
+            {
+                "window": 1,
+                "min_model_version": 10,
+                "max_model_version": 12,
+                "examples": 30,
+                "loss": 0.25,
+                "metrics": {"accuracy": 0.9},
+            }
+        ],
         "workers": [{"id": "worker-0", "pid": 11, "state": "running"}],
         "ps": [],
     }
     text = reports.format_status(document)
+    assert "training: model v10-v12, 30 examples: loss=0.2500, accuracy=0.9000" in text
     assert "elapsed: 1m 15s" in text
     assert "eta:     1h 02m 05s of training" in text
     assert "latest evaluation: round 0 (epoch 1, model v8): loss=0.5000, accuracy=0.8750" in text
-    before = reports.format_status({**document, "eta_s": None, "latest_evaluation": None})
+    before = reports.format_status(
+        {**document, "eta_s": None, "latest_evaluation": None, "train_loss": []}
+    )
     assert "eta:     unknown" in before and "latest evaluation: none yet" in before
+    assert "training: none yet" in before

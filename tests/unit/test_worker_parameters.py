@@ -22,7 +22,7 @@ from elastic_step.rpc.auth import Credentials
 from elastic_step.rpc.ps_client import PSClient, TableSpec
 from elastic_step.worker.parameters import ModelParameters
 from elastic_step.worker.steps import Steps, _row_gradient
-from elastic_step.worker.windows import WindowTrainer
+from elastic_step.worker.windows import UserCodeError, WindowTrainer
 
 LR = 0.1
 TABLE, KERNEL, BIAS = "embedding/embeddings", "dense/kernel", "dense/bias"
@@ -96,11 +96,13 @@ def start_ps(tmp_path) -> Iterator[StartPS]:
         server.stop(None).wait()
 
 
-def connect(ps: PSClient, model: keras.Model, local_steps: int = 1, local_optimizer=None):
+def connect(
+    ps: PSClient, model: keras.Model, local_steps: int = 1, local_optimizer=None, metrics=None
+):
     """A worker's parameters, steps and window trainer over ``ps``, as Worker.setup makes."""
     params = ModelParameters(model)
     ps.initialize(params.dense_values(), params.table_specs(), params.pulled_rows(), 0)
-    steps = Steps(model, loss, params, local_optimizer)
+    steps = Steps(model, loss, params, local_optimizer, metrics=metrics)
     return params, WindowTrainer(params, steps, local_steps, Connected(ps))
 
 
@@ -222,21 +224,43 @@ def test_row_gradient_of_a_dense_table_gradient() -> None:
 # -- windows of steps through the PS --
 
 
+def training_metrics() -> dict[str, keras.metrics.Metric]:
+    """A mean over examples and one that is not (the root of a mean)."""
+    return {"mae": keras.metrics.MeanAbsoluteError(), "rmse": keras.metrics.RootMeanSquaredError()}
+
+
+def assert_task_measured(measured, losses: list[float], metrics: dict) -> None:
+    """A task's reported loss and metrics are those of the reference's steps."""
+    assert measured.examples == 4 * len(losses)
+    assert measured.mean == pytest.approx(np.mean(losses), rel=1e-5)
+    assert measured.metrics == pytest.approx(
+        {name: float(m.result()) for name, m in metrics.items()}, rel=1e-5
+    )
+
+
 def test_one_step_windows_train_exactly_as_sgd_does(start_ps: StartPS) -> None:
     _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
     model = build_model()
-    _, trainer = connect(ps, model)
+    _, trainer = connect(ps, model, metrics=training_metrics())
     reference = build_model()
     optimizer = keras.optimizers.SGD(LR)
+    reference_metrics = training_metrics()
 
     data = batches(5)
-    trainer.train(data)
+    measured = trainer.train(data)
+    losses = []
     for ids, labels in data:
         with tf.GradientTape() as tape:
-            value = loss(labels, reference(ids))
+            outputs = reference(ids)
+            value = loss(labels, outputs)
+        losses.append(float(value))
+        for metric in reference_metrics.values():
+            metric.update_state(labels, outputs)
         grads = tape.gradient(value, reference.trainable_variables)
         optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
     assert ps.versions == [5, 5]
+    # The metrics are measured on each step's own outputs, before its update.
+    assert_task_measured(measured, losses, reference_metrics)
 
     # The PS holds the model SGD trains, every row included.
     worker_b = ModelParameters(build_model(seed=99))
@@ -250,6 +274,11 @@ def test_one_step_windows_train_exactly_as_sgd_does(start_ps: StartPS) -> None:
         )
     # A second worker's own initial values are refused: the shards are filled.
     assert ps.initialize(worker_b.dense_values(), worker_b.table_specs(), {}, 0) == [False, False]
+    # The next task's metrics are its own: its one batch, at the model the PS holds now.
+    ids, labels = data[0]
+    expected = keras.metrics.MeanAbsoluteError()
+    expected.update_state(labels, reference(ids))
+    assert trainer.train(data[:1]).metrics["mae"] == pytest.approx(float(expected.result()))
 
 
 @pytest.mark.parametrize("local_steps", [1, 3])
@@ -290,22 +319,41 @@ def test_local_steps_with_one_worker_are_its_steps(start_ps: StartPS) -> None:
     trained locally with the same optimizer does."""
     _, ps = start_ps(lambda: build_outer_optimizer("average"))
     model = build_model()
-    _, trainer = connect(ps, model, 3, keras.optimizers.SGD(LR))
+    _, trainer = connect(ps, model, 3, keras.optimizers.SGD(LR), training_metrics())
     reference = build_model()
     optimizer = keras.optimizers.SGD(LR)
+    reference_metrics = training_metrics()
     data = batches(7)  # windows of 3, 3 and 1
-    trainer.train(data)
+    measured = trainer.train(data)
+    losses = []
     for ids, labels in data:
         with tf.GradientTape() as tape:
-            value = loss(labels, reference(ids))
+            outputs = reference(ids)
+            value = loss(labels, outputs)
+        losses.append(float(value))
+        for metric in reference_metrics.values():
+            metric.update_state(labels, outputs)
         grads = tape.gradient(value, reference.trainable_variables)
         optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
     assert ps.versions == [3, 3]
+    assert_task_measured(measured, losses, reference_metrics)
     pulled = ModelParameters(build_model(seed=99))
     pulled.pull_all(ps)
     for variable in reference.trainable_variables:
         got = pulled.tables.get(variable.path, pulled.dense.get(variable.path)).numpy()
         np.testing.assert_allclose(got, variable.numpy(), rtol=1e-5, atol=1e-6)
+
+
+class ResultFails(keras.metrics.Mean):
+    def result(self):
+        raise ValueError("no result")
+
+
+def test_a_metric_that_fails_fails_the_task_as_user_code(start_ps: StartPS) -> None:
+    _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
+    _, trainer = connect(ps, build_model(), metrics={"broken": ResultFails()})
+    with pytest.raises(UserCodeError, match="a metric failed: ValueError: no result"):
+        trainer.train(batches(1))
 
 
 # -- BatchNorm statistics --
