@@ -362,6 +362,7 @@ def check_model_definition(definition: ModelDefinition, records: list[bytes]) ->
     for name, metric in metrics.items():
         update = functools.partial(metric.update_state, labels, outputs)
         _on_first_batch(definition, f"the metric '{name}'", update)
+        _on_first_batch(definition, f"the result of the metric '{name}'", metric.result)
         metric.reset_state()
 
 
