@@ -333,7 +333,9 @@ def test_a_model_that_rejects_the_feed_says_where_on_one_line(tmp_path, class3_d
 def test_a_metric_whose_result_fails_is_named_before_launch(tmp_path, class3_data):
     # Workers read each metric's result after every training task: a broken result() must
     # fail the check, not every task.
-    source = FUNCTIONAL + """
+    source = (
+        FUNCTIONAL
+        + """
 class Broken(keras.metrics.SparseCategoricalAccuracy):
     def result(self):
         raise ValueError("no result yet")
@@ -342,6 +344,7 @@ loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 optimizer = "sgd"
 metrics = [Broken(name="broken")]
 """
+    )
     message = problem(tmp_path, class3_data, source)
     assert message.startswith("the result of the metric 'broken' failed on the first batch: ")
     assert "no result yet" in message
