@@ -342,6 +342,11 @@ def _add_predict(commands) -> None:
     p.add_argument(
         "--split", default="validation", help="with a data directory: (default validation)"
     )
+    p.add_argument(
+        "--summary-output",
+        metavar="FILE.json",
+        help="also copy the finished job's summary.json here (a pipeline step's output)",
+    )
     p.add_argument("--batch-size", type=_int, metavar="N", default=256, help="(default 256)")
     _add_job_flags(p, members="workers")
 
@@ -456,13 +461,22 @@ def _run(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             **_job_settings(args),
         )
-        return predict(
+        status = predict(
             config,
             model_dir=args.model,
             input_path=args.input,
             split=args.split,
             backend_options=_backend_options(args),
         )
+        if status == 0 and args.summary_output:
+            from elastic_step.data import storage
+            from elastic_step.output_layout import OutputLayout
+
+            summary = storage.read_text(OutputLayout(args.output).summary)
+            if storage.parent(args.summary_output):  # "" for a file in /
+                storage.makedirs(storage.parent(args.summary_output))
+            storage.write_text_atomic(args.summary_output, summary)
+        return status
     if args.command == "status":
         from elastic_step.master.reports import print_status
 

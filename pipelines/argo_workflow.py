@@ -1,11 +1,13 @@
 """An example Argo Workflow that uses the WorkflowTemplate ``elastic-step`` through
-``templateRef``, as an existing workflow would: preprocess -> train -> evaluate.
+``templateRef``, as an existing workflow would: preprocess -> train -> evaluate, and
+batch-predict on the validation split (``predictions/predictions.csv`` under the run's
+directory).
 
   kubectl apply -n NS -f components/argo/workflow-template.yaml
   argo submit -n NS pipelines/argo_workflow.yaml -p work-dir=s3://BUCKET/elastic-step
 
-The CSV comes from the default artifact repository (key ``csv-key``); data, model and
-checkpoints go under ``work-dir``, an object store that every pod reaches with the
+The CSV comes from the default artifact repository (key ``csv-key``); data, model,
+checkpoints and predictions go under ``work-dir``, an object store that every pod reaches with the
 credentials in the Secret ``storage-secret`` (keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 and AWS_ENDPOINT_URL for a server that is not AWS). The workflow's service account needs the
 Role in manifests/rbac.yaml (see the README).
@@ -24,7 +26,7 @@ STORAGE_SECRET = "elastic-step-storage"
 _FROM_SECRET = {"name": "main", "envFrom": [{"secretRef": {"name": STORAGE_SECRET}}]}
 #: The credentials, as environment variables of the steps' containers ("main")...
 STEP_CREDENTIALS = yaml.safe_dump({"containers": [_FROM_SECRET]}, sort_keys=False)
-#: ... and of every worker and PS pod (elastic-train's pod template).
+#: ... and of every worker and PS pod (the pod template of elastic-train and batch-predict).
 WORKER_CREDENTIALS = yaml.safe_dump({"spec": {"containers": [_FROM_SECRET]}}, sort_keys=False)
 
 
@@ -78,5 +80,15 @@ def example_workflow() -> Workflow:
             ps="1",
         )
         evaluate = _step("evaluate", "evaluate", model=f"{run_dir}/model", data=f"{run_dir}/data")
-        preprocess >> train >> evaluate
+        predict = _step(
+            "predict",
+            "batch-predict",
+            pod_template=RawArtifact(name="pod-template", data=WORKER_CREDENTIALS),
+            model=f"{run_dir}/model",
+            input=f"{run_dir}/data",
+            split="validation",
+            output=f"{run_dir}/predictions",
+            workers="2",
+        )
+        preprocess >> train >> [evaluate, predict]
     return workflow

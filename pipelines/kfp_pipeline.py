@@ -1,4 +1,5 @@
-"""An example Kubeflow Pipelines pipeline: preprocess -> elastic-train -> evaluate.
+"""An example Kubeflow Pipelines pipeline: preprocess -> elastic-train -> evaluate, and
+batch-predict over the CSV with the trained model.
 
 Upload pipelines/kfp_pipeline.yaml in the KFP UI (or with ``kfp.Client().upload_pipeline``)
 and start a run with the URIs of a CSV file and of a model definition, and the CSV's label
@@ -8,13 +9,18 @@ data). The run's service account needs the Role in manifests/rbac.yaml (see the 
 
 from kfp import dsl, kubernetes
 
-from elastic_step.components.kfp_components import elastic_train, evaluate, preprocess
+from elastic_step.components.kfp_components import (
+    batch_predict,
+    elastic_train,
+    evaluate,
+    preprocess,
+)
 
 
 @dsl.pipeline(
     name="elastic-step-example",
     description="Preprocess a CSV file, train elastically with workers and parameter servers "
-    "started by the training step, and evaluate the model.",
+    "started by the training step, evaluate the model, and predict every row of the CSV.",
 )
 def elastic_step_pipeline(
     csv_uri: str,
@@ -57,13 +63,31 @@ def elastic_step_pipeline(
         # so that a retry of this step (a new pod) resumes the same job.
         task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
     )
-    train.set_retry(num_retries=2)
-    # The master reads the dataset and writes the model at their object-store URIs itself
-    # (its workers, in other pods, cannot see the launcher's local copies), so it needs the
-    # store's credentials too; minio:// finds KFP's own store by its default endpoint.
-    kubernetes.use_secret_as_env(
-        train,
-        secret_name=storage_secret,
-        secret_key_to_env={"accesskey": "AWS_ACCESS_KEY_ID", "secretkey": "AWS_SECRET_ACCESS_KEY"},
-    )
     evaluate(model=train.outputs["model"], dataset=data.outputs["data"])
+    # Every row of the CSV, its label column ignored: the predictions beside the labels.
+    predict = batch_predict(
+        model=train.outputs["model"],
+        data=csv.output,
+        workers=workers,
+        max_workers=max_workers,
+        records_per_task=records_per_task,
+        backend=backend,
+        worker_cpu=worker_cpu,
+        worker_memory=worker_memory,
+        storage_secret=storage_secret,
+        task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    )
+    for job in (train, predict):
+        job.set_retry(num_retries=2)
+        # The master reads its inputs and writes its outputs at their object-store URIs
+        # itself (its workers, in other pods, cannot see the launcher's local copies), so it
+        # needs the store's credentials too; minio:// finds KFP's own store by its default
+        # endpoint.
+        kubernetes.use_secret_as_env(
+            job,
+            secret_name=storage_secret,
+            secret_key_to_env={
+                "accesskey": "AWS_ACCESS_KEY_ID",
+                "secretkey": "AWS_SECRET_ACCESS_KEY",
+            },
+        )

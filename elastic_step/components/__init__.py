@@ -1,5 +1,5 @@
-"""Pipeline components of elastic-step: preprocess, elastic-train and evaluate, for Kubeflow
-Pipelines v2 (kfp_components.py) and Argo Workflows (argo_templates.py).
+"""Pipeline components of elastic-step: preprocess, elastic-train, evaluate and batch-predict,
+for Kubeflow Pipelines v2 (kfp_components.py) and Argo Workflows (argo_templates.py).
 
 Both run the ``elastic-step`` command in the project's image (:data:`IMAGE`, built from the
 Containerfile), which installs nothing at run time. ``python -m elastic_step.components.render``

@@ -1,15 +1,15 @@
-"""The Argo Workflows templates: preprocess, elastic-train and evaluate, in one
+"""The Argo Workflows templates: preprocess, elastic-train, evaluate and batch-predict, in one
 WorkflowTemplate ``elastic-step`` that workflows use through ``templateRef``.
 
 Each is a container template that runs the ``elastic-step`` command in the project's image,
 with the template's parameters as flags. Data and models are given as locations, object-store
 URIs (``s3://``, ``gs://``, ``minio://``) or paths on a volume that every pod mounts: the
-training job's workers and PS run in pods of their own and read and write there directly.
+job's workers and PS run in pods of their own and read and write there directly.
 Files that only the step's own pod needs (the CSV, the model definition, the worker pod
 template) are Argo input artifacts, so they may come from any artifact source, ``raw`` text
 included.
 
-elastic-train names its job from ``{{workflow.uid}}`` and ``{{node.name}}``
+elastic-train and batch-predict name their job from ``{{workflow.uid}}`` and ``{{node.name}}``
 (:data:`identity.ARGO_JOB_NAME`): a retry of the step, or ``argo retry`` of the workflow,
 resumes the same job and adopts its pods, and no two workflows share a job.
 """
@@ -34,8 +34,9 @@ from elastic_step.components.identity import ARGO_JOB_NAME
 WORKFLOW_TEMPLATE = "elastic-step"
 INPUTS = "/tmp/inputs"
 OUTPUTS = "/tmp/outputs"
-#: Retries of the training step; a retry resumes the job. Bad input (exit 2) is not retried.
-TRAIN_RETRIES = 2
+#: Retries of a step that runs a job (train, predict); a retry resumes the job. Bad input
+#: (exit 2) is not retried.
+JOB_RETRIES = 2
 
 
 def _value(name: str) -> str:
@@ -98,11 +99,32 @@ def _preprocess() -> Container:
     )
 
 
-def _elastic_train() -> Container:
-    # Below --workers, --max-workers means no growth (the command's default).
-    max_workers = (
-        "{{=max(asInt(inputs.parameters.workers), asInt(inputs.parameters['max-workers']))}}"
+#: --max-workers of a job: below --workers it means no growth (the command's default).
+_MAX_WORKERS = "{{=max(asInt(inputs.parameters.workers), asInt(inputs.parameters['max-workers']))}}"
+
+
+def _master_env() -> list[FieldEnv]:
+    """The master finds its own pod, and listens on its IP."""
+    return [
+        FieldEnv(name="ELASTIC_STEP_POD_NAME", field_path="metadata.name"),
+        FieldEnv(name="ELASTIC_STEP_POD_IP", field_path="status.podIP"),
+    ]
+
+
+def _job_retries() -> RetryStrategy:
+    """A retry resumes the job (same name); bad input (exit 2) is not retried."""
+    return RetryStrategy(
+        limit=str(JOB_RETRIES), retry_policy="Always", expression="lastRetry.exitCode != '2'"
     )
+
+
+def _pod_template() -> RawArtifact:
+    """A pod (or pod spec) merged into every pod of the job: volumes, env from Secrets,
+    priorityClassName, node selectors. By default nothing: {}."""
+    return RawArtifact(name="pod-template", path=f"{INPUTS}/pod-template.yaml", data="{}\n")
+
+
+def _elastic_train() -> Container:
     return Container(
         name="elastic-train",
         image=_value("image"),
@@ -119,24 +141,16 @@ def _elastic_train() -> Container:
             f"{INPUTS}/pod-template.yaml",
             *_flags("data", "output", "epochs", "batch-size", "workers", "min-workers"),
             "--max-workers",
-            max_workers,
+            _MAX_WORKERS,
             *_flags("ps", "records-per-task", "seed", "image"),
             *_flags("worker-cpu", "worker-memory", "ps-cpu", "ps-memory"),
         ],
-        env=[
-            # The master finds its own pod, and listens on its IP.
-            FieldEnv(name="ELASTIC_STEP_POD_NAME", field_path="metadata.name"),
-            FieldEnv(name="ELASTIC_STEP_POD_IP", field_path="status.podIP"),
-        ],
-        retry_strategy=RetryStrategy(
-            limit=str(TRAIN_RETRIES), retry_policy="Always", expression="lastRetry.exitCode != '2'"
-        ),
+        env=_master_env(),
+        retry_strategy=_job_retries(),
         inputs=[
             # The model definition: a Python file from any artifact source, raw text too.
             Artifact(name="model-def", path=f"{INPUTS}/model_def.py"),
-            # A pod (or pod spec) merged into every worker and PS pod: volumes, env from
-            # Secrets, priorityClassName, node selectors. By default nothing: {}.
-            RawArtifact(name="pod-template", path=f"{INPUTS}/pod-template.yaml", data="{}\n"),
+            _pod_template(),
             *_parameters(
                 {
                     "epochs": 1,
@@ -211,18 +225,83 @@ def _evaluate() -> Container:
     )
 
 
+def _batch_predict() -> Container:
+    return Container(
+        name="batch-predict",
+        image=_value("image"),
+        command=["elastic-step"],
+        args=[
+            "predict",
+            "--backend",
+            "kubernetes",
+            "--job-name",
+            ARGO_JOB_NAME,
+            "--pod-template",
+            f"{INPUTS}/pod-template.yaml",
+            *_flags("model", "input", "output", "split", "batch-size", "workers", "min-workers"),
+            "--max-workers",
+            _MAX_WORKERS,
+            *_flags("records-per-task", "image", "worker-cpu", "worker-memory"),
+            "--summary-output",
+            f"{OUTPUTS}/summary.json",
+        ],
+        env=_master_env(),
+        retry_strategy=_job_retries(),
+        inputs=[
+            _pod_template(),
+            *_parameters(
+                {
+                    "split": "validation",
+                    "batch-size": 256,
+                    "workers": 2,
+                    "min-workers": 1,
+                    "max-workers": 0,
+                    "records-per-task": 512,
+                    "image": IMAGE,
+                    "worker-cpu": "1",
+                    "worker-memory": "2Gi",
+                },
+                {
+                    "model": "what elastic-train wrote (a URI or a path on a shared volume)",
+                    "input": "a CSV file with the model's feature columns, or what preprocess "
+                    "wrote (a URI or a path on a shared volume)",
+                    "output": "where predictions.csv, summary.json and the job's state go",
+                    "split": "the split to predict, when input is what preprocess wrote",
+                    "batch-size": "records per batch",
+                    "workers": "workers to start",
+                    "min-workers": "the job fails below this many",
+                    "max-workers": "grow up to this many workers while all run",
+                    "records-per-task": "records per task",
+                    "image": "the elastic-step image, of this step and of worker pods",
+                    "worker-cpu": "CPU of each worker pod",
+                    "worker-memory": "memory of each worker pod",
+                },
+            ),
+        ],
+        outputs=[
+            Parameter(
+                name="summary",
+                description="the job's summary.json: records, records_predicted, where "
+                "predictions.csv is, restarts",
+                value_from=ValueFrom(path=f"{OUTPUTS}/summary.json"),
+            ),
+        ],
+    )
+
+
 def workflow_template() -> WorkflowTemplate:
-    """The WorkflowTemplate ``elastic-step`` with the three templates."""
+    """The WorkflowTemplate ``elastic-step`` with the four templates."""
     with WorkflowTemplate(
         name=WORKFLOW_TEMPLATE,
         annotations={
             "workflows.argoproj.io/description": "elastic-step: preprocess a CSV file, train "
             "elastically with workers and parameter servers started by the training step, "
-            "and evaluate the model."
+            "evaluate the model, and predict with it as an elastic job."
         },
         labels={"app.kubernetes.io/name": "elastic-step"},
     ) as template:
         _preprocess()
         _elastic_train()
         _evaluate()
+        _batch_predict()
     return template

@@ -1,4 +1,5 @@
-"""The job name of a pipeline's training step: the same run and step give the same name.
+"""The job name of a pipeline step that runs a job (elastic-train, batch-predict): the same
+run and step give the same name.
 
 The master keeps its state on the cluster under ``--job-name``; a retried step (a new pod in
 the same run) that finds the same name resumes the job and adopts its pods. Runs and steps
@@ -42,7 +43,7 @@ def job_name_for(run: str, step: str) -> str:
 
 
 def kfp_job_name(*, job_name: str, task_name: str, output: str, env: Mapping[str, str]) -> str:
-    """The train step's ``--job-name`` under Kubeflow Pipelines.
+    """The ``--job-name`` of a step that runs a job, under Kubeflow Pipelines.
 
     ``job_name`` when given. On a KFP cluster (``KFP_POD_NAME`` set), one derived from the
     run's id and ``task_name``. Elsewhere (``kfp.local``), from ``output``, which is unique
@@ -55,8 +56,8 @@ def kfp_job_name(*, job_name: str, task_name: str, output: str, env: Mapping[str
         return job_name_for(output, task_name)
     if not task_name or task_name.startswith(_UNRESOLVED):
         raise InputError(
-            "elastic-train needs task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER (or a job_name) "
-            f"to name its job on the cluster, got task_name '{task_name}'"
+            "elastic-train and batch-predict need task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER "
+            f"(or a job_name) to name their job on the cluster, got task_name '{task_name}'"
         )
     return job_name_for(kfp_run_id(pod), task_name)
 

@@ -1,4 +1,5 @@
-"""The Kubeflow Pipelines v2 components: preprocess, elastic-train and evaluate.
+"""The Kubeflow Pipelines v2 components: preprocess, elastic-train, evaluate and
+batch-predict.
 
 They are lightweight Python components that run in the project's image with nothing
 installed at run time (``install_kfp_package=False``): air-gapped clusters work, and so does
@@ -142,3 +143,65 @@ def evaluate(
     from elastic_step.components.steps import evaluate_step
 
     evaluate_step(**arguments)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def batch_predict(
+    model: Input[Model],
+    data: Input[Dataset],
+    predictions: Output[Dataset],
+    summary: Output[Artifact],
+    split: str = "validation",
+    batch_size: int = 256,
+    workers: int = 2,
+    min_workers: int = 1,
+    max_workers: int = 0,
+    records_per_task: int = 512,
+    backend: str = "kubernetes",
+    image: str = "",
+    worker_cpu: str = "",
+    worker_memory: str = "",
+    worker_priority_class: str = "",
+    storage_secret: str = "",
+    volumes: List[str] | None = None,  # noqa: UP006 - see elastic_train.volumes
+    job_name: str = "",
+    task_name: str = "",
+) -> NamedTuple("PredictOutputs", [("job_name", str)]):
+    """Runs a trained model over a CSV file or a split of a dataset as an elastic job
+    (`elastic-step predict`): the master runs in this step and starts its workers, as pods
+    (backend "kubernetes") or as local processes (backend "local"); workers that die are
+    replaced, and every input row gets exactly one prediction.
+
+    Args:
+        model: What elastic-train wrote.
+        data: A CSV file with the model's feature columns (its label column may be there),
+            or what preprocess wrote (then split says which split).
+        predictions: predictions.csv (index, then class for a classifier, then the model's
+            outputs; one row per input row, in input order), with the job's summary.json and
+            state; its metadata: rows, columns, job_name and, for a classifier, class_counts.
+        summary: The job's summary.json: records, records_predicted, restarts.
+        split: The split of a preprocess dataset to predict (not used for a CSV file).
+        batch_size: Records per batch.
+        workers: Workers to start.
+        min_workers: The job fails below this many.
+        max_workers: Grow up to this many workers while all run (0: no growth).
+        records_per_task: Records per task.
+        backend: kubernetes or local.
+        image: Image of worker pods (default: this step's).
+        worker_cpu: CPU of each worker pod, a Kubernetes quantity (default: unset).
+        worker_memory: Memory of each worker pod (default: unset).
+        worker_priority_class: PriorityClass of worker pods.
+        storage_secret: A Secret with the object store's credentials for worker pods (KFP's
+            own: mlpipeline-minio-artifact); this step needs them too.
+        volumes: PersistentVolumeClaims mounted in every worker pod, each
+            "claim=NAME,mount=/PATH[,readonly][,subpath=DIR]".
+        job_name: Names the job's pods and state (default: derived from the run and task).
+        task_name: Pass dsl.PIPELINE_TASK_NAME_PLACEHOLDER: with the run's id, it names the job.
+
+    Returns:
+        job_name: The job's name; its pods are <job_name>-worker-N.
+    """
+    arguments = dict(locals())  # every parameter, by name
+    from elastic_step.components.steps import predict_step
+
+    return (predict_step(**arguments),)

@@ -3,7 +3,8 @@
   python -m elastic_step.components.render          # (make components) from the repo root
   python -m elastic_step.components.render --check  # exit 1 if a committed file is stale
 
-- components/kfp/{preprocess,elastic_train,evaluate}.yaml: kfp's compiler, per component;
+- components/kfp/{preprocess,elastic_train,evaluate,batch_predict}.yaml: kfp's compiler, per
+  component;
 - components/argo/workflow-template.yaml: the WorkflowTemplate ``elastic-step``;
 - pipelines/kfp_pipeline.yaml and pipelines/argo_workflow.yaml: the examples in pipelines/.
 """
@@ -37,7 +38,7 @@ def rendered() -> dict[str, str]:
     components = "elastic_step/components/kfp_components.py"
     files = {
         f"components/kfp/{name}.yaml": _kfp_yaml(getattr(kfp_components, name), components)
-        for name in ("preprocess", "elastic_train", "evaluate")
+        for name in ("preprocess", "elastic_train", "evaluate", "batch_predict")
     }
     files["components/argo/workflow-template.yaml"] = (
         HEADER.format(source="elastic_step/components/argo_templates.py")

@@ -8,9 +8,12 @@ image's, and a component and the command line cannot drift apart. Artifacts are
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -107,13 +110,90 @@ def model_def_file(model_def: Artifact | None, model_def_text: str) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainCommand:
-    """The ``elastic-step train`` command of a train step."""
+class JobCommand:
+    """The ``elastic-step`` command of a step that runs an elastic job (train, predict)."""
 
     argv: list[str]
-    #: Where the job writes the model and summary.json.
+    #: Where the job writes its results, state and summary.json.
     output: str
     job_name: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ElasticJob:
+    """The settings that every job-running component shares: where its workers run, how
+    many, as what pods, and the job's name (see identity.py)."""
+
+    backend: str
+    workers: int
+    min_workers: int
+    max_workers: int
+    records_per_task: int
+    image: str
+    worker_cpu: str
+    worker_memory: str
+    worker_priority_class: str
+    storage_secret: str
+    volumes: list[str] | None
+    job_name: str
+    task_name: str
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got '{self.backend}'")
+
+    def command(
+        self,
+        command: str,
+        *,
+        inputs: Mapping[str, Artifact],
+        output: Artifact,
+        options: Mapping[str, object],
+        kubernetes_options: Mapping[str, object] | None = None,
+    ) -> JobCommand:
+        """``elastic-step COMMAND`` reading ``inputs`` (by flag) and writing ``output`` where
+        the job's pods reach them, with the command's own ``options``, and
+        ``kubernetes_options`` besides the shared ones for backend "kubernetes"."""
+        mounts = [parse_volume(text) for text in self.volumes or []]
+        locations = {
+            flag: shared_location(artifact, backend=self.backend, volumes=mounts)
+            for flag, artifact in inputs.items()
+        }
+        out = shared_location(output, backend=self.backend, volumes=mounts)
+        name = kfp_job_name(
+            job_name=self.job_name, task_name=self.task_name, output=out, env=os.environ
+        )
+        argv = [
+            command,
+            *flags(
+                {
+                    **locations,
+                    "--output": out,
+                    "--job-name": name,
+                    "--backend": self.backend,
+                    "--workers": self.workers,
+                    "--min-workers": self.min_workers,
+                    # 0: no growth (the command's default, --max-workers equal to --workers).
+                    "--max-workers": self.max_workers or None,
+                    "--records-per-task": self.records_per_task,
+                    **options,
+                }
+            ),
+        ]
+        if self.backend == "kubernetes":
+            argv += flags(
+                {
+                    "--image": self.image,
+                    "--worker-cpu": self.worker_cpu,
+                    "--worker-memory": self.worker_memory,
+                    "--worker-priority-class": self.worker_priority_class,
+                    "--storage-secret": self.storage_secret,
+                    **(kubernetes_options or {}),
+                }
+            )
+            for text in self.volumes or []:
+                argv += ["--volume", text]
+        return JobCommand(argv=argv, output=out, job_name=name)
 
 
 def train_command(
@@ -124,68 +204,28 @@ def train_command(
     model_def_text: str,
     epochs: int,
     batch_size: int,
-    workers: int,
-    min_workers: int,
-    max_workers: int,
     ps: int,
-    records_per_task: int,
     seed: int,
-    backend: str,
-    image: str,
-    worker_cpu: str,
-    worker_memory: str,
     ps_cpu: str,
     ps_memory: str,
-    worker_priority_class: str,
-    storage_secret: str,
-    volumes: list[str] | None,
-    job_name: str,
-    task_name: str,
-) -> TrainCommand:
+    **job,
+) -> JobCommand:
     """The command that trains on ``dataset`` into ``model``, with the component's settings
-    (``model_def_text`` is written to a file for it)."""
-    if backend not in BACKENDS:
-        raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got '{backend}'")
-    mounts = [parse_volume(text) for text in volumes or []]
-    data = shared_location(dataset, backend=backend, volumes=mounts)
-    output = shared_location(model, backend=backend, volumes=mounts)
-    name = kfp_job_name(job_name=job_name, task_name=task_name, output=output, env=os.environ)
-    argv = [
+    (``job``: those of :class:`ElasticJob`; ``model_def_text`` is written to a file for it)."""
+    settings = ElasticJob(**job)
+    return settings.command(
         "train",
-        *flags(
-            {
-                "--model-def": model_def_file(model_def, model_def_text),
-                "--data": data,
-                "--output": output,
-                "--job-name": name,
-                "--backend": backend,
-                "--epochs": epochs,
-                "--batch-size": batch_size,
-                "--workers": workers,
-                "--min-workers": min_workers,
-                # 0: no growth (the command's default, --max-workers equal to --workers).
-                "--max-workers": max_workers or None,
-                "--ps": ps,
-                "--records-per-task": records_per_task,
-                "--seed": seed,
-            }
-        ),
-    ]
-    if backend == "kubernetes":
-        argv += flags(
-            {
-                "--image": image,
-                "--worker-cpu": worker_cpu,
-                "--worker-memory": worker_memory,
-                "--ps-cpu": ps_cpu,
-                "--ps-memory": ps_memory,
-                "--worker-priority-class": worker_priority_class,
-                "--storage-secret": storage_secret,
-            }
-        )
-        for text in volumes or []:
-            argv += ["--volume", text]
-    return TrainCommand(argv=argv, output=output, job_name=name)
+        inputs={"--data": dataset},
+        output=model,
+        options={
+            "--model-def": model_def_file(model_def, model_def_text),
+            "--epochs": epochs,
+            "--batch-size": batch_size,
+            "--ps": ps,
+            "--seed": seed,
+        },
+        kubernetes_options={"--ps-cpu": ps_cpu, "--ps-memory": ps_memory},
+    )
 
 
 def train_step(*, metrics: Metrics, summary: Artifact, **parameters) -> str:
@@ -279,3 +319,68 @@ def record_evaluation(
             [point["tpr"] for point in roc],
             [point["threshold"] for point in roc],
         )
+
+
+def predict_command(
+    *,
+    model: Model,
+    data: Dataset,
+    predictions: Dataset,
+    summary: Artifact,
+    split: str,
+    batch_size: int,
+    **job,
+) -> JobCommand:
+    """The command that runs ``model`` over ``data`` into ``predictions``, and copies the
+    job's summary.json to ``summary`` (``job``: those of :class:`ElasticJob`). ``data`` is a
+    CSV file, or what preprocess wrote (a directory), whose ``split`` is read; the launcher's
+    local copy of ``data`` tells which."""
+    is_data_dir = os.path.isdir(data.path)
+    return ElasticJob(**job).command(
+        "predict",
+        inputs={"--model": model, "--input": data},
+        output=predictions,
+        options={
+            "--split": split if is_data_dir else None,
+            "--batch-size": batch_size,
+            "--summary-output": summary.path,
+        },
+    )
+
+
+def predict_step(**parameters) -> str:
+    """Runs the prediction job (``parameters``: those of :func:`predict_command`); returns
+    its job name."""
+    command = predict_command(**parameters)
+    run_cli(command.argv)
+    record_predictions(
+        output=command.output,
+        predictions=parameters["predictions"],
+        summary=parameters["summary"],
+        job_name=command.job_name,
+    )
+    return command.job_name
+
+
+def record_predictions(
+    *, output: str, predictions: Dataset, summary: Artifact, job_name: str
+) -> None:
+    """On the predictions artifact: the rows of predictions.csv, its columns, with a
+    ``class`` column the rows per predicted class, the job's name and its throughput."""
+    rows = 0
+    classes: Counter[str] = Counter()
+    with storage.open_file(OutputLayout(output).predictions, "rb") as raw:
+        reader = csv.reader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
+        header = next(reader)
+        has_class = header[1:2] == ["class"]
+        for row in reader:
+            rows += 1
+            if has_class:
+                classes[row[1]] += 1
+    predictions.metadata.update({"rows": rows, "columns": header, "job_name": job_name})
+    if has_class:
+        predictions.metadata["class_counts"] = dict(sorted(classes.items()))
+    with open(summary.path) as f:
+        rate = json.load(f).get("examples_per_second")
+    if rate is not None:
+        predictions.metadata["examples_per_second"] = rate

@@ -1,9 +1,10 @@
-"""The example KFP pipeline, whole, under kfp.local: preprocess -> elastic-train -> evaluate.
+"""The example KFP pipeline, whole, under kfp.local: preprocess -> elastic-train -> evaluate,
+and batch-predict over the CSV.
 
 One run on scikit-learn's breast cancer data (binary, so evaluate draws a ROC curve): the
 real components in this environment (SubprocessRunner without a venv), the training step's
-master with 2 worker and 1 PS processes. The assertions read what KFP's UI would read: each
-task's executor_output.json.
+master with 2 worker and 1 PS processes, the prediction step's with 2 workers. The
+assertions read what KFP's UI would read: each task's executor_output.json.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import itertools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from kfp import local
 
@@ -49,10 +51,16 @@ def artifact(output: dict, name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(tmp_path_factory) -> Path:
-    """Runs the pipeline once; returns its pipeline root."""
+def work(tmp_path_factory) -> Path:
+    """The run's folder: the CSV, and the pipeline root, root/."""
     work = tmp_path_factory.mktemp("kfp")
     write_breast_cancer_csv(work / "breast_cancer.csv")
+    return work
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(work: Path) -> Path:
+    """Runs the pipeline once; returns its pipeline root."""
     root = work / "root"
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
     elastic_step_pipeline(
@@ -123,3 +131,39 @@ def test_evaluation_feeds_the_kfp_ui(pipeline_run: Path) -> None:
     assert area == pytest.approx(scalars["auc"], abs=0.02)
     report = Path(artifact(evaluation, "report")["uri"])
     assert report.is_file() and "<html" in report.read_text().lower()
+
+
+def test_batch_predict_gives_the_models_output_for_every_csv_row(work, pipeline_run) -> None:
+    import keras
+
+    import elastic_step.serving  # noqa: F401 - registers the raw-input layer for load_model
+
+    predict = executor_output(pipeline_run, "batch-predict")
+    predictions = artifact(predict, "predictions")
+    with open(Path(predictions["uri"]) / "predictions.csv", newline="") as f:
+        header, *rows = list(csv.reader(f))
+    with open(work / "breast_cancer.csv", newline="") as f:
+        records = list(csv.DictReader(f))
+    # One row per CSV row, in order; one output column (a logit) and no class for 2 classes.
+    assert header == ["index", "output"]
+    assert [int(row[0]) for row in rows] == list(range(len(records))) == list(range(569))
+    # The trained model's own outputs on the CSV's raw values.
+    model_dir = Path(artifact(executor_output(pipeline_run, "elastic-train"), "model")["uri"])
+    schema = json.loads((model_dir / "schema.json").read_text())
+    features = {
+        c["input_name"]: np.array([float(r[c["name"]]) for r in records], dtype=np.float32)
+        for c in schema["columns"]
+    }
+    model = keras.models.load_model(model_dir / "model.keras")
+    expected = np.asarray(model.predict(features, batch_size=256, verbose=0)).reshape(-1)
+    assert np.allclose([float(row[1]) for row in rows], expected, atol=1e-4)
+    metadata = predictions["metadata"]
+    assert metadata["rows"] == 569 and metadata["columns"] == header
+    assert "class_counts" not in metadata
+    job_name = predict["parameterValues"]["job_name"]
+    assert metadata["job_name"] == job_name and job_name.startswith("es-")
+    train_job = executor_output(pipeline_run, "elastic-train")["parameterValues"]["job_name"]
+    assert job_name != train_job
+    summary = json.loads(Path(artifact(predict, "summary")["uri"]).read_text())
+    assert summary["phase"] == "succeeded"
+    assert summary["records"] == summary["records_predicted"] == 569

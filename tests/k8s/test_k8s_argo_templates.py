@@ -59,7 +59,7 @@ def test_the_workflow_template_is_stored_whole(cluster, argo_api) -> None:
     )
     assert stored["spec"] == template["spec"]  # nothing pruned as unknown
     names = [t["name"] for t in stored["spec"]["templates"]]
-    assert names == ["preprocess", "elastic-train", "evaluate"]
+    assert names == ["preprocess", "elastic-train", "evaluate", "batch-predict"]
 
 
 def test_the_example_workflow_is_stored_whole(cluster, argo_api) -> None:
@@ -68,7 +68,7 @@ def test_the_example_workflow_is_stored_whole(cluster, argo_api) -> None:
     assert created["metadata"]["name"].startswith("elastic-step-example-")
     assert created["spec"] == workflow["spec"]
     refs = {t["templateRef"]["template"] for t in created["spec"]["templates"][0]["dag"]["tasks"]}
-    assert refs == {"preprocess", "elastic-train", "evaluate"}
+    assert refs == {"preprocess", "elastic-train", "evaluate", "batch-predict"}
 
 
 def test_the_apiserver_refuses_what_argo_would_not_know(cluster, argo_api) -> None:

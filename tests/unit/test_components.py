@@ -18,7 +18,13 @@ from elastic_step.cli import build_parser
 from elastic_step.components import IMAGE, identity
 from elastic_step.components.argo_templates import workflow_template
 from elastic_step.components.locations import shared_location
-from elastic_step.components.steps import flags, model_def_file, train_command
+from elastic_step.components.steps import (
+    flags,
+    model_def_file,
+    predict_command,
+    record_predictions,
+    train_command,
+)
 from elastic_step.errors import InputError
 from elastic_step.master.config import JOB_NAME
 
@@ -49,7 +55,7 @@ def test_off_a_kfp_cluster_the_output_names_the_job() -> None:
 
 @pytest.mark.parametrize("task_name", ["", "{{$.pipeline_task_name}}"])
 def test_on_a_kfp_cluster_an_unresolved_task_name_is_refused(task_name: str) -> None:
-    with pytest.raises(InputError, match=r"task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER"):
+    with pytest.raises(InputError, match=r"need task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER"):
         identity.kfp_job_name(
             job_name="", task_name=task_name, output="s3://b/m", env={"KFP_POD_NAME": "p"}
         )
@@ -171,6 +177,95 @@ def test_an_unknown_backend_is_refused() -> None:
         train_command(dataset=REMOTE, model=REMOTE, backend="k8s", **TRAIN_SETTINGS)
 
 
+JOB_SETTINGS = {
+    key: TRAIN_SETTINGS[key]
+    for key in (
+        "workers",
+        "min_workers",
+        "max_workers",
+        "records_per_task",
+        "image",
+        "worker_cpu",
+        "worker_memory",
+        "worker_priority_class",
+        "storage_secret",
+        "volumes",
+        "job_name",
+    )
+}
+MODEL = dsl.Model(name="model", uri="minio://mlpipeline/v2/artifacts/p/run/train/y/model")
+CSV = dsl.Dataset(name="csv", uri="minio://mlpipeline/datasets/new.csv")
+
+
+def _predict_command(data: dsl.Dataset, backend: str, tmp_path) -> tuple:
+    predictions = dsl.Dataset(name="predictions", uri="minio://mlpipeline/v2/run/p/predictions")
+    summary = dsl.Artifact(name="summary", uri=str(tmp_path / "summary.json"))
+    command = predict_command(
+        model=MODEL,
+        data=data,
+        predictions=predictions,
+        summary=summary,
+        split="test",
+        batch_size=128,
+        backend=backend,
+        task_name="batch-predict",
+        **JOB_SETTINGS,
+    )
+    return command, build_parser().parse_args(command.argv)
+
+
+def test_the_predict_command_on_kubernetes_is_one_the_cli_takes(tmp_path) -> None:
+    command, args = _predict_command(CSV, "kubernetes", tmp_path)
+    assert args.command == "predict" and args.backend == "kubernetes"
+    assert (args.model, args.input, args.output) == (MODEL.uri, CSV.uri, command.output)
+    assert command.output == "minio://mlpipeline/v2/run/p/predictions"
+    assert args.summary_output == str(tmp_path / "summary.json")
+    assert (args.batch_size, args.workers, args.min_workers, args.max_workers) == (128, 2, 1, 6)
+    assert args.records_per_task == 128 and args.job_name == command.job_name
+    # Off a KFP cluster, named as the train step's job is: by its output and its task.
+    assert command.job_name == identity.job_name_for(command.output, "batch-predict")
+    options = options_from_args(args)
+    assert options.image == "registry.example.com/elastic-step:1"
+    assert options.worker == RoleResources(cpu="2", memory="4Gi")
+    assert options.worker_priority_class == "elastic-step-low"
+    assert options.storage_secret == "mlpipeline-minio-artifact"
+    assert options.volumes == (Volume(claim="shared", mount="/shared", read_only=True),)
+    assert "--ps-cpu" not in command.argv and "--ps" not in command.argv  # no PS
+
+
+def test_predict_reads_a_split_of_a_dataset_and_all_of_a_csv(tmp_path) -> None:
+    """The artifact's local copy says which: a directory is what preprocess wrote."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "new.csv").write_text("a,b\n1,2\n")
+    dataset = dsl.Dataset(name="data", uri=str(tmp_path / "data"))
+    command, args = _predict_command(dataset, "local", tmp_path)
+    assert (args.input, args.split) == (dataset.path, "test") and "--split" in command.argv
+    csv_file = dsl.Dataset(name="data", uri=str(tmp_path / "new.csv"))
+    command, args = _predict_command(csv_file, "local", tmp_path)
+    assert args.input == csv_file.path and "--split" not in command.argv
+    assert args.image is None and args.volume == []  # local workers: no pod settings
+
+
+def test_the_predictions_metadata_counts_rows_and_classes(tmp_path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "predictions.csv").write_text(
+        'index,class,output_0,output_1\n0,cat,0.9,0.1\n1,"a, b",0.2,0.8\n2,cat,0.7,0.3\n'
+    )
+    (tmp_path / "summary.json").write_text('{"examples_per_second": 812.5}')
+    predictions = dsl.Dataset(name="predictions", uri=str(tmp_path / "out"))
+    summary = dsl.Artifact(name="summary", uri=str(tmp_path / "summary.json"))
+    record_predictions(
+        output=predictions.path, predictions=predictions, summary=summary, job_name="es-1"
+    )
+    assert predictions.metadata == {
+        "rows": 3,
+        "columns": ["index", "class", "output_0", "output_1"],
+        "job_name": "es-1",
+        "class_counts": {"a, b": 1, "cat": 2},
+        "examples_per_second": 812.5,
+    }
+
+
 # -- the Argo templates --
 
 PARAMETER = re.compile(r"\{\{inputs\.parameters\.([-\w]+)\}\}")
@@ -185,8 +280,16 @@ def _templates() -> dict[str, dict]:
     return {t["name"]: t for t in document["spec"]["templates"]}
 
 
-@pytest.mark.parametrize("name", ["preprocess", "elastic-train", "evaluate"])
-def test_each_argo_template_runs_a_command_the_cli_takes(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "command"),
+    [
+        ("preprocess", "preprocess"),
+        ("elastic-train", "train"),
+        ("evaluate", "evaluate"),
+        ("batch-predict", "predict"),
+    ],
+)
+def test_each_argo_template_runs_a_command_the_cli_takes(name: str, command: str) -> None:
     template = _templates()[name]
     declared = {p["name"]: p.get("default", "x") for p in template["inputs"]["parameters"]}
     container = template["container"]
@@ -205,11 +308,16 @@ def test_each_argo_template_runs_a_command_the_cli_takes(name: str) -> None:
             arg = "2"  # --max-workers: max(workers, max-workers)
         argv.append(PARAMETER.sub(lambda m: str(declared[m.group(1)]), arg))
     args = build_parser().parse_args(argv)
-    assert args.command == name.removeprefix("elastic-")
+    assert args.command == command
 
 
-def test_the_argo_training_step_is_retried_and_resumes_its_job() -> None:
-    template = _templates()["elastic-train"]
+def test_the_argo_template_names_are_the_four_components() -> None:
+    assert list(_templates()) == ["preprocess", "elastic-train", "evaluate", "batch-predict"]
+
+
+@pytest.mark.parametrize("name", ["elastic-train", "batch-predict"])
+def test_the_argo_job_steps_are_retried_and_resume_their_job(name: str) -> None:
+    template = _templates()[name]
     args = template["container"]["args"]
     assert args[args.index("--job-name") + 1] == identity.ARGO_JOB_NAME
     strategy = template["retryStrategy"]
@@ -217,3 +325,11 @@ def test_the_argo_training_step_is_retried_and_resumes_its_job() -> None:
     assert strategy["expression"] == "lastRetry.exitCode != '2'"  # bad input is not retried
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in template["container"]["env"]}
     assert env == {"ELASTIC_STEP_POD_NAME": "metadata.name", "ELASTIC_STEP_POD_IP": "status.podIP"}
+
+
+def test_the_argo_prediction_step_outputs_the_jobs_summary() -> None:
+    template = _templates()["batch-predict"]
+    args = template["container"]["args"]
+    path = args[args.index("--summary-output") + 1]
+    (summary,) = template["outputs"]["parameters"]
+    assert summary["name"] == "summary" and summary["valueFrom"] == {"path": path}

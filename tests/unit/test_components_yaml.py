@@ -24,6 +24,7 @@ KFP_COMPONENTS = {
     "preprocess": "components/kfp/preprocess.yaml",
     "elastic_train": "components/kfp/elastic_train.yaml",
     "evaluate": "components/kfp/evaluate.yaml",
+    "batch_predict": "components/kfp/batch_predict.yaml",
 }
 KFP_FILES = [*KFP_COMPONENTS.values(), "pipelines/kfp_pipeline.yaml"]
 ARGO_FILES = ["components/argo/workflow-template.yaml", "pipelines/argo_workflow.yaml"]
@@ -66,13 +67,22 @@ def test_kfp_components_load_back_from_yaml(function: str, name: str) -> None:
     assert loaded.implementation.container.image == IMAGE
 
 
-def test_the_example_pipeline_names_the_training_job_by_its_task() -> None:
-    spec, _ = yaml.safe_load_all((REPO / "pipelines/kfp_pipeline.yaml").read_text())
-    train = spec["root"]["dag"]["tasks"]["elastic-train"]
-    task_name = train["inputs"]["parameters"]["task_name"]
+@pytest.mark.parametrize("task", ["elastic-train", "batch-predict"])
+def test_the_example_pipeline_names_each_job_by_its_task(task: str) -> None:
+    spec, platform = yaml.safe_load_all((REPO / "pipelines/kfp_pipeline.yaml").read_text())
+    step = spec["root"]["dag"]["tasks"][task]
+    task_name = step["inputs"]["parameters"]["task_name"]
     # Resolved by KFP only as a task's whole input, which is why it is passed this way.
     assert task_name == {"runtimeValue": {"constant": "{{$.pipeline_task_name}}"}}
-    assert train["retryPolicy"]["maxRetryCount"] == 2
+    assert step["retryPolicy"]["maxRetryCount"] == 2
+    # The master reads and writes the object store itself: it gets the credentials.
+    executor = step["componentRef"]["name"].replace("comp-", "exec-")
+    kubernetes = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"][executor]
+    (secret,) = kubernetes["secretAsEnv"]
+    assert {e["envVar"] for e in secret["keyToEnv"]} == {
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+    }
 
 
 @functools.cache
