@@ -473,8 +473,6 @@ def _run(args: argparse.Namespace) -> int:
             from elastic_step.output_layout import OutputLayout
 
             summary = storage.read_text(OutputLayout(args.output).summary)
-            if storage.parent(args.summary_output):  # "" for a file in /
-                storage.makedirs(storage.parent(args.summary_output))
             storage.write_text_atomic(args.summary_output, summary)
         return status
     if args.command == "status":

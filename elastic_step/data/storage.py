@@ -68,9 +68,10 @@ class Storage(ABC):
 
     @abstractmethod
     def open_atomic(self, path: str) -> contextlib.AbstractContextManager[IO[bytes]]:
-        """A binary file to write whose content replaces ``path`` when the ``with`` block
-        ends without an exception; after an exception ``path`` is left as it was. For
-        writing more than fits in memory; see :meth:`write_atomic`."""
+        """A binary file to write whose content replaces ``path`` (its directory made if
+        need be) when the ``with`` block ends without an exception; after an exception
+        ``path`` is left as it was. For writing more than fits in memory; see
+        :meth:`write_atomic`."""
 
     @abstractmethod
     def publish_directory(self, tmp: str, path: str) -> None:
@@ -126,6 +127,7 @@ class LocalStorage(Storage):
     def open_atomic(self, path: str) -> Iterator[IO[bytes]]:
         # A temporary file beside it, made durable, then renamed over it (atomic on POSIX).
         local = self._local(path)
+        os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
         tmp = f"{local}.tmp-{uuid.uuid4().hex[:8]}"
         try:
             with open(tmp, "wb") as f:
@@ -267,7 +269,8 @@ def read_range(path: str, offset: int, length: int) -> bytes:
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Replaces ``path`` with ``data``: a reader sees the old content or the new, never a
-    half-written file (a local file is written beside it and renamed; an object is one PUT)."""
+    half-written file (a local file is written beside it and renamed, its directory made if
+    need be; an object is one PUT)."""
     storage_for(path).write_atomic(path, data)
 
 

@@ -42,6 +42,14 @@ def test_write_atomic_replaces_and_leaves_no_temp(tmp_path: Path) -> None:
     assert storage.listdir(str(tmp_path)) == ["f.txt"]
 
 
+def test_write_atomic_makes_the_directory(tmp_path: Path) -> None:
+    # A pipeline step's output path (/tmp/outputs/metrics.json) may name a directory that
+    # nothing made yet.
+    path = str(tmp_path / "outputs" / "metrics.json")
+    storage.write_text_atomic(path, "{}")
+    assert storage.read_text(path) == "{}"
+
+
 def test_read_range(tmp_path: Path) -> None:
     path = str(tmp_path / "f.bin")
     storage.write_bytes_atomic(path, bytes(range(100)))
