@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import TWO_COLUMN_MODEL, classifier_definition, run_cli
+from cli_runs import TWO_COLUMN_MODEL, classifier_definition, evaluate, run_cli
 from conftest import TrainRun, mid_epoch, pid_alive, records_exact
 
 pytestmark = pytest.mark.e2e
@@ -142,13 +142,7 @@ def test_resumed_job_requeues_lost_tasks_at_once_and_reports_the_final_model(
     assert all(e["min_model_version"] <= e["model_version"] for e in evaluations)
 
     # The final metrics are the final model's: evaluate on the saved model agrees.
-    metrics_file = tmp_path / "metrics.json"
-    evaluated = run_cli(
-        "evaluate", "--model", str(resumed.output), "--data", str(digits_data),
-        "--metrics-output", str(metrics_file),
-    )  # fmt: skip
-    assert evaluated.returncode == 0, evaluated.stderr
-    evaluation = json.loads(metrics_file.read_text())
+    evaluation = evaluate(resumed.output, digits_data, tmp_path / "metrics.json")
     assert evaluation["metrics"]["accuracy"] == pytest.approx(
         summary["metrics"]["accuracy"], abs=1e-6
     )
