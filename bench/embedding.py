@@ -14,33 +14,21 @@ what a step would move if tables travelled whole. Results go to ``WORKDIR/embedd
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, REPO)
+import common
+from throughput import fit_keras
 
-from throughput import (  # noqa: E402
-    SteadyRate,
-    code_version,
-    elastic_step_command,
-    load_average,
-    log,
-)
+from elastic_step.master.config import DEFAULT_LOCAL_STEPS
 
-from elastic_step.master.config import DEFAULT_LOCAL_STEPS  # noqa: E402
-
-MODEL_DEF = os.path.join(HERE, "models", "wide_deep.py")
+MODEL_DEF = os.path.join(common.HERE, "models", "wide_deep.py")
 TARGET_BYTES_RATIO = 100
 TRAFFIC = re.compile(
     r"PS traffic: (\d+) training steps, (\d+) calls, (\d+) bytes sent, (\d+) bytes received"
@@ -65,26 +53,19 @@ def write_csv(path: str, args) -> None:
     np.savetxt(path, table, fmt=formats, delimiter=",", header=header, comments="")
 
 
-def prepare_data(args, data_dir: str) -> dict:
-    stamp_path = os.path.join(args.workdir, "data.json")
+def prepare_data(args, data_dir: str) -> None:
+    def write() -> str:
+        csv_path = os.path.join(args.workdir, "items.csv")
+        common.log(
+            f"writing {args.rows} rows (Zipf {args.zipf} over {args.table_rows} ids) to {csv_path}"
+        )
+        write_csv(csv_path, args)
+        return csv_path
+
     stamp = {k: getattr(args, k) for k in ("rows", "table_rows", "features", "zipf", "seed")}
-    if os.path.exists(stamp_path) and os.path.isdir(data_dir):
-        with open(stamp_path) as f:
-            if json.load(f) == stamp:
-                log(f"reusing the preprocessed data in {data_dir}")
-                return stamp
-    csv_path = os.path.join(args.workdir, "items.csv")
-    log(f"writing {args.rows} rows (Zipf {args.zipf} over {args.table_rows} ids) to {csv_path}")
-    write_csv(csv_path, args)
-    shutil.rmtree(data_dir, ignore_errors=True)
-    command = [*elastic_step_command(), "preprocess", "--input", csv_path, "--label", "label",
-               "--label-type", "class", "--output", data_dir, "--shards", "4",
-               "--validation-fraction", "0.05"]  # fmt: skip
-    log("preprocessing: " + " ".join(command))
-    subprocess.run(command, check=True, cwd=REPO)
-    with open(stamp_path, "w") as f:
-        json.dump(stamp, f)
-    return stamp
+    flags = ["--label", "label", "--label-type", "class", "--shards", "4",
+             "--validation-fraction", "0.05"]  # fmt: skip
+    common.preprocess_once(data_dir, stamp, write, flags)
 
 
 def distinct_ids_per_batch(data_dir: str, batch_size: int) -> float:
@@ -101,14 +82,14 @@ def distinct_ids_per_batch(data_dir: str, batch_size: int) -> float:
 def run_elastic(args, data_dir: str, local_steps: int) -> dict:
     output = os.path.join(args.workdir, f"elastic-run-k{local_steps}")
     shutil.rmtree(output, ignore_errors=True)
-    command = [*elastic_step_command(), "train", "--model-def", MODEL_DEF, "--data", data_dir,
-               "--output", output, "--workers", "1", "--ps", "1", "--epochs", str(args.epochs),
-               "--batch-size", str(args.batch_size), "--records-per-task",
-               str(args.records_per_task), "--checkpoint-steps", "0", "--seed", str(args.seed),
-               "--local-steps", str(local_steps)]  # fmt: skip
-    log("elastic: " + " ".join(command))
+    command = [*common.elastic_step_command(), "train", "--model-def", MODEL_DEF,
+               "--data", data_dir, "--output", output, "--workers", "1", "--ps", "1",
+               "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+               "--records-per-task", str(args.records_per_task), "--checkpoint-steps", "0",
+               "--seed", str(args.seed), "--local-steps", str(local_steps)]  # fmt: skip
+    common.log("elastic: " + " ".join(command))
     started = time.perf_counter()
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=common.REPO, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if result.returncode != 0:
         raise SystemExit(f"train failed ({result.returncode}):\n{result.stderr[-3000:]}")
@@ -125,7 +106,7 @@ def run_elastic(args, data_dir: str, local_steps: int) -> dict:
     rate = summary["examples_per_second"]
     per_step = (sent + received) / steps
     accuracy = summary["metrics"]["accuracy"]
-    log(
+    common.log(
         f"elastic K={local_steps}: {rate:.0f} examples/s, {per_step / 1e3:.1f} KB per step, "
         f"accuracy {accuracy:.4f} (job {wall:.1f}s)"
     )
@@ -143,31 +124,15 @@ def run_elastic(args, data_dir: str, local_steps: int) -> dict:
 
 
 def run_keras(args, data_dir: str) -> dict:
-    import keras
     import numpy as np
     import tensorflow as tf
 
     from elastic_step.data.schema import Schema
     from elastic_step.model_def import load_model_definition
 
-    schema = Schema.load(data_dir)
-    shards = schema.shard_paths(data_dir, "train")
-    records = sum(n for _, n in shards)
     definition = load_model_definition(MODEL_DEF)
-    keras.utils.set_random_seed(args.seed)
-    model = definition.build_model()
-    model.compile(optimizer=definition.build_optimizer(), loss=definition.loss)
-    sizes = [args.batch_size] * (records // args.batch_size)
-    if records % args.batch_size:
-        sizes.append(records % args.batch_size)
-    batched = tf.data.TFRecordDataset([path for path, _ in shards]).batch(args.batch_size)
-    batched = batched.apply(tf.data.experimental.assert_cardinality(len(sizes)))
-    dataset = definition.feed(batched, "train", schema).prefetch(tf.data.AUTOTUNE)
-    meter = SteadyRate(sizes, args.epochs, args.records_per_task, log)
-    log(f"keras: model.fit on {records} records, {len(sizes)} steps/epoch, {args.epochs} epochs")
-    started = time.perf_counter()
-    model.fit(dataset, epochs=args.epochs, verbose=0, shuffle=False, callbacks=[meter.callback])
-    wall = time.perf_counter() - started
+    model, rate, wall = fit_keras(args, data_dir, definition, definition.feed)
+    schema = Schema.load(data_dir)
     paths = [path for path, _ in schema.shard_paths(data_dir, "validation")]
     right = total = 0
     validation = tf.data.TFRecordDataset(paths).batch(args.batch_size)
@@ -175,8 +140,7 @@ def run_keras(args, data_dir: str) -> dict:
         predicted = model(features, training=False).numpy()[:, 0] > 0
         right += int(np.sum(predicted == labels.numpy().astype(bool)))
         total += len(predicted)
-    rate = meter.rate()
-    log(f"keras: {rate:.0f} examples/s (fit {wall:.1f}s, accuracy {right / total:.4f})")
+    common.log(f"keras: {rate:.0f} examples/s (fit {wall:.1f}s, accuracy {right / total:.4f})")
     return {
         "examples_per_second": rate,
         "fit_wall_s": round(wall, 2),
@@ -191,7 +155,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "against model.fit; target: bytes per step >= 100x below the table's size.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--workdir", default=os.path.join(HERE, "results", "embedding"))
+    parser.add_argument("--workdir", default=os.path.join(common.HERE, "results", "embedding"))
     parser.add_argument("--rows", type=int, default=100_000, help="examples of synthetic data")
     parser.add_argument("--table-rows", type=int, default=1_000_000, help="embedding rows")
     parser.add_argument("--dim", type=int, default=16, help="embedding width")
@@ -213,45 +177,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.workdir = os.path.abspath(args.workdir)
-    os.makedirs(args.workdir, exist_ok=True)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    common.start(args)
     os.environ["BENCH_TABLE_ROWS"] = str(args.table_rows)
     os.environ["BENCH_TABLE_DIM"] = str(args.dim)
     os.environ["BENCH_FEATURES"] = str(args.features)
     os.environ["BENCH_OPTIMIZER"] = args.optimizer
-    loads = {"before": load_average()}
-    log(f"load average before: {loads['before']} ({os.cpu_count()} CPUs)")
+    loads = {"before": common.load_average()}
+    common.log(f"load average before: {loads['before']} ({os.cpu_count()} CPUs)")
     data_dir = os.path.join(args.workdir, "data")
     prepare_data(args, data_dir)
     distinct = distinct_ids_per_batch(data_dir, args.batch_size)
     table_bytes = args.table_rows * args.dim * 4
-    log(f"{distinct:.0f} distinct ids per batch of {args.batch_size} on average")
+    common.log(f"{distinct:.0f} distinct ids per batch of {args.batch_size} on average")
 
     results: dict = {}
     if args.only in (None, "keras"):
         results["keras"] = run_keras(args, data_dir)
-        loads["after_keras"] = load_average()
+        loads["after_keras"] = common.load_average()
     if args.only in (None, "elastic"):
         results["elastic_runs"] = []
         for k in (int(k) for k in args.local_steps.split(",")):
             results["elastic_runs"].append(run_elastic(args, data_dir, k))
-            loads[f"after_elastic_k{k}"] = load_average()
+            loads[f"after_elastic_k{k}"] = common.load_average()
 
     document = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load": loads},
+        **common.run_header(load=loads),
         "settings": vars(args),
-        "code": code_version(),
-        "command": " ".join([os.path.relpath(sys.executable, REPO), *sys.argv]),
         "table_bytes": table_bytes,
         "distinct_ids_per_batch": distinct,
         "results": results,
     }
     out_path = os.path.join(args.workdir, "embedding.json")
-    with open(out_path, "w") as f:
-        json.dump(document, f, indent=2)
-        f.write("\n")
+    common.write_result(out_path, document)
 
     print()
     print(f"table: {args.table_rows} x {args.dim} float32 = {table_bytes / 1e6:.1f} MB; "

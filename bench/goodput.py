@@ -20,12 +20,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
-import platform
 import random
-import resource
 import shutil
 import signal
 import subprocess
@@ -33,52 +30,24 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if sys.path[0] != REPO:
-    sys.path.insert(0, REPO)  # this checkout's elastic_step, not an installed one
+from common import (
+    HERE,
+    REPO,
+    children_cpu_s,
+    elastic_step_command,
+    load_1min,
+    log,
+    machine_busy_s,
+    preprocess_once,
+    run_header,
+    start,
+    write_result,
+)
 
 TARGET = 1.15
 STALE_STATUS_S = 2.0
 #: What the master logs once every epoch is trained, before it saves the model.
 TRAINED_LINE = "epochs trained and evaluated; saving the model"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def load_average() -> float:
-    return round(os.getloadavg()[0], 2)
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    return (sum(values[:8]) - values[3] - values[4]) / CLK_TCK
-
-
-def children_cpu_s() -> float:
-    """CPU seconds of every finished descendant that was waited for (the master waits for its
-    workers and PS, and this process for the master)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def code_version() -> str:
-    try:
-        result = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return result.stdout.strip()
 
 
 # -- data --
@@ -88,27 +57,14 @@ def prepare_data(workdir: str) -> str:
     """The digits as CSV, preprocessed by the real CLI (once; reused by later runs)."""
     from elastic_step.demo import write_digits_csv
 
+    def write() -> str:
+        csv_path = os.path.join(workdir, "digits.csv")
+        rows = write_digits_csv(csv_path)
+        log(f"wrote the digits ({rows} rows) to {csv_path}")
+        return csv_path
+
     data_dir = os.path.join(workdir, "data")
-    if os.path.exists(os.path.join(data_dir, "schema.json")):
-        log(f"reusing the preprocessed digits in {data_dir}")
-        return data_dir
-    csv_path = os.path.join(workdir, "digits.csv")
-    rows = write_digits_csv(csv_path)
-    shutil.rmtree(data_dir, ignore_errors=True)
-    command = [
-        sys.executable,
-        "-m",
-        "elastic_step",
-        "preprocess",
-        "--input",
-        csv_path,
-        "--label",
-        "digit",
-        "--output",
-        data_dir,
-    ]
-    log(f"preprocessing {rows} rows: " + " ".join(command))
-    subprocess.run(command, check=True, cwd=REPO, capture_output=True)
+    preprocess_once(data_dir, {"data": "digits"}, write, ["--label", "digit"])
     return data_dir
 
 
@@ -246,9 +202,7 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
     output = os.path.join(args.workdir, name)
     shutil.rmtree(output, ignore_errors=True)  # a leftover job would be resumed, not rerun
     command = [
-        sys.executable,
-        "-m",
-        "elastic_step",
+        *elastic_step_command(),
         "train",
         "--model-def",
         path_of("digits"),
@@ -273,7 +227,7 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
     ]
     log_path = os.path.join(args.workdir, f"{name}.master.log")
     log(f"{name}: " + " ".join(command[2:]))
-    load_before = load_average()
+    load_before = load_1min()
     busy0, cpu0 = machine_busy_s(), children_cpu_s()
     killer = Killer(output, log_path, args.kill_every, random.Random(args.seed)) if kill else None
     with open(log_path, "w") as master_log:
@@ -326,7 +280,7 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
         "machine_busy_cores": round(busy / wall, 2),
         "other_cores": round((busy - job_cpu) / wall, 2),
         "load_before": load_before,
-        "load_after": load_average(),
+        "load_after": load_1min(),
         "output": output,
         "master_log": log_path,
     }
@@ -391,10 +345,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.workdir = os.path.abspath(args.workdir)
-    os.makedirs(args.workdir, exist_ok=True)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    log(f"load average {load_average()} ({os.cpu_count()} CPUs); results in {args.workdir}")
+    start(args)
+    log(f"load average {load_1min()} ({os.cpu_count()} CPUs); results in {args.workdir}")
     data_dir = prepare_data(args.workdir)
 
     clean = [run_job(args, data_dir, "clean", kill=False)]
@@ -453,14 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['load_after']}"
         )
     document = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-        "code": code_version(),
-        "command": " ".join([os.path.relpath(sys.executable, REPO), *sys.argv]),
+        **run_header(),
         "settings": vars(args),
         "clean": clean,
         "faulty": faulty,
@@ -469,9 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         "meets_target": None if ratio is None else ratio <= TARGET,
     }
     path = os.path.join(args.workdir, "goodput.json")
-    with open(path, "w") as f:
-        json.dump(document, f, indent=2)
-        f.write("\n")
+    write_result(path, document)
     print(f"wrote {path}")
     return 0
 

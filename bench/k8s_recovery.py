@@ -34,11 +34,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import logging
 import os
-import platform
 import random
 import resource
 import shutil
@@ -53,17 +51,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# This checkout's elastic_step (not an installed one), and the test cluster's start.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The test cluster's start (common puts this checkout's elastic_step first).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
-from goodput import (
+from common import (
     children_cpu_s,
-    code_version,
-    load_average,
+    load_1min,
     log,
     machine_busy_s,
-    prepare_data,
+    run_header,
+    start,
+    write_result,
 )
+from goodput import prepare_data
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from local_cluster import (
@@ -122,6 +121,31 @@ def own_cpu_s() -> float:
     """CPU seconds of this process: the master's and the bench's threads."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def wait_on(
+    changed: threading.Condition,
+    what: str,
+    found: Callable[[], Any],
+    timeout: float,
+    failure: Callable[[], str | None] = lambda: None,
+) -> Any:
+    """``found()``'s first truthy value, re-checked whenever ``changed`` is notified and at
+    least every 0.5 s (not every change notifies); a BenchError once ``timeout`` runs out, or
+    with ``failure()``'s reason as soon as it gives one."""
+    deadline = time.monotonic() + timeout
+    with changed:
+        while True:
+            value = found()
+            if value:
+                return value
+            reason = failure()
+            if reason is not None:
+                raise BenchError(reason)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BenchError(f"no {what} within {timeout:.0f} s")
+            changed.wait(min(left, 0.5))
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.05):
@@ -186,18 +210,11 @@ class PodTimeline:
 
     def wait(self, what: str, found: Callable[[], Any], timeout: float) -> Any:
         """``found()``'s first truthy value, re-checked at every watch event."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while True:
-                value = found()
-                if value:
-                    return value
-                if self.error is not None:
-                    raise BenchError(f"the bench's pod watch failed: {self.error}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise BenchError(f"no {what} within {timeout:.0f} s")
-                self._changed.wait(left)
+
+        def failure() -> str | None:
+            return None if self.error is None else f"the bench's pod watch failed: {self.error}"
+
+        return wait_on(self._changed, what, found, timeout, failure)
 
     def first_added_after(self, since: float, labels: dict[str, str]) -> str | None:
         """The name of the first pod added after ``since`` that carries ``labels``."""
@@ -307,16 +324,8 @@ class MasterProbe:
         KubernetesBackend._end = timed_end
 
     def wait(self, what: str, found: Callable[[], Any], timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while True:
-                value = found()
-                if value:
-                    return value
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise BenchError(f"no {what} within {timeout:.0f} s")
-                self._changed.wait(min(left, 0.5))
+        """``found()``'s first truthy value, re-checked at every moment noted."""
+        return wait_on(self._changed, what, found, timeout)
 
     def running_workers(self) -> list[str]:
         """Workers the master has running and that have registered."""
@@ -765,11 +774,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    workdir = Path(args.workdir).resolve()
-    args.workdir = str(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    log(f"load average {load_average()} ({os.cpu_count()} CPUs); results in {workdir}")
+    start(args)
+    workdir = Path(args.workdir)
+    log(f"load average {load_1min()} ({os.cpu_count()} CPUs); results in {workdir}")
     data_dir = prepare_data(str(workdir))
 
     from elastic_step.tf_runtime import import_tensorflow_quietly
@@ -785,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster_dir = workdir / "cluster"
     shutil.rmtree(cluster_dir, ignore_errors=True)
     cluster_dir.mkdir()
-    load_before = load_average()
+    load_before = load_1min()
     started = time.monotonic()
     busy0, ours0 = machine_busy_s(), own_cpu_s() + children_cpu_s()
     try:
@@ -848,20 +855,13 @@ def main(argv: list[str] | None = None) -> int:
     result = disrupter.result
     summary = summarize(result)
     document = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-        "code": code_version(),
-        "command": " ".join([os.path.relpath(sys.executable, REPO), *sys.argv]),
+        **run_header(),
         "settings": vars(args),
         "cluster_start_s": round(cluster_s, 2),
         "master_exit_code": exit_code,
         "pods_left_over": leftovers,
         "load_before": load_before,
-        "load_after": load_average(),
+        "load_after": load_1min(),
         "cpu": cpu,
         "error": result.error,
         "deletions": [asdict(d) for d in result.deletions],
@@ -869,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
         **summary,
     }
     path = workdir / "k8s_recovery.json"
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    write_result(str(path), document)
     print_result(summary, result, args.bare)
     print(
         f"whole run {wall:.0f} s: the bench (cluster, pods, master) used {ours:.0f} CPU-s; "

@@ -36,34 +36,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import math
 import os
-import platform
 import random
 import shutil
-import subprocess
 import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-if sys.path[0] != REPO:
-    sys.path.insert(0, REPO)  # this checkout's elastic_step, not an installed one
+import grpc
+from common import (
+    CLK_TCK,
+    HERE,
+    REPO,
+    load_1min,
+    log,
+    machine_busy_s,
+    run_header,
+    write_result,
+)
 
-import grpc  # noqa: E402
-
-from elastic_step.ps.server import HEARTBEAT_S as PS_HEARTBEAT_S  # noqa: E402
-from elastic_step.rpc import auth, master_pb2, master_pb2_grpc  # noqa: E402
-from elastic_step.rpc.master_client import CALL_TIMEOUT_S  # noqa: E402
-from elastic_step.worker.worker import HEARTBEAT_S as WORKER_HEARTBEAT_S  # noqa: E402
+from elastic_step.ps.server import HEARTBEAT_S as PS_HEARTBEAT_S
+from elastic_step.rpc import auth, master_pb2, master_pb2_grpc
+from elastic_step.rpc.master_client import CALL_TIMEOUT_S
+from elastic_step.worker.worker import HEARTBEAT_S as WORKER_HEARTBEAT_S
 
 TARGET_P99_MS = 50.0
 TARGET_OPS = 2000.0
 TARGET_CORES = 1.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: The master runs its loop; these go to its stderr, kept in WORKDIR/master.log.
 MASTER_FLAG = "--run-master"
 
@@ -88,14 +89,6 @@ def proc_status_kb(pid: int | str, key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1])
     return 0
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + values[4]  # idle + iowait
-    return (sum(values[:8]) - idle) / CLK_TCK
 
 
 def percentiles(values: list[float]) -> dict:
@@ -805,12 +798,29 @@ class Bench:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    async def run_worker(self, sim: Sim) -> None:
-        args = self.args
+    @contextlib.asynccontextmanager
+    async def lifetime(self, sim: Sim):
+        """A simulated instance's stub for the master, and the end of its run: one that ends
+        by itself reports its exit (completed, or crashed when the master rejected a call);
+        a killed one was reported when it was killed."""
         channel = grpc.aio.insecure_channel(self.address)
-        stub = master_pb2_grpc.MasterStub(channel)
         code, reason, detail = 0, "completed", "exit status 0"
         try:
+            yield master_pb2_grpc.MasterStub(channel)
+        except RejectedError as e:
+            self.errors.append(str(e))
+            code, reason, detail = 1, "crashed", f"exit status 1: {e}"
+        finally:
+            if sim.beats is not None:
+                sim.beats.cancel()
+            await channel.close()
+        if not sim.ended:
+            sim.ended = True
+            self.tell_exit([sim.name], reason, code, detail)
+
+    async def run_worker(self, sim: Sim) -> None:
+        args = self.args
+        async with self.lifetime(sim) as stub:
             await self.call(
                 sim,
                 stub.Register,
@@ -864,17 +874,6 @@ class Bench:
                     bucket.reports += 1
                 self.reported[task.id] = self.reported.get(task.id, 0) + 1
                 self.records_reported += records
-        except RejectedError as e:
-            self.errors.append(str(e))
-            code, reason, detail = 1, "crashed", f"exit status 1: {e}"
-        finally:
-            if sim.beats is not None:
-                sim.beats.cancel()
-            await channel.close()
-        # Only an instance that ended by itself reports its exit (a killed one was reported).
-        if not sim.ended:
-            sim.ended = True
-            self.tell_exit([sim.name], reason, code, detail)
 
     async def worker_heartbeats(self, sim: Sim, stub) -> None:
         await asyncio.sleep(self.rng.uniform(0, WORKER_HEARTBEAT_S))
@@ -901,10 +900,7 @@ class Bench:
 
     async def run_ps(self, sim: Sim) -> None:
         """A PS that registers and heartbeats with the model version; nobody calls it."""
-        channel = grpc.aio.insecure_channel(self.address)
-        stub = master_pb2_grpc.MasterStub(channel)
-        code, reason, detail = 0, "completed", "exit status 0"
-        try:
+        async with self.lifetime(sim) as stub:
             await self.call(
                 sim,
                 stub.Register,
@@ -925,14 +921,6 @@ class Bench:
                 if reply.finished:
                     break
                 await asyncio.sleep(PS_HEARTBEAT_S)
-        except RejectedError as e:
-            self.errors.append(str(e))
-            code, reason, detail = 1, "crashed", f"exit status 1: {e}"
-        finally:
-            await channel.close()
-        if not sim.ended:
-            sim.ended = True
-            self.tell_exit([sim.name], reason, code, detail)
 
     # -- watching --
 
@@ -1026,7 +1014,7 @@ class Bench:
         self.marks["window"] = time.monotonic() - self.started
         wall0, master0 = time.monotonic(), proc_cpu_s(self.master_pid)
         self0, machine0 = proc_cpu_s(), machine_busy_s()
-        load0 = os.getloadavg()[0]
+        load0 = load_1min()
         end = wall0 + min(args.seconds, max(self.left(), 0))
         while time.monotonic() < end and not self.finished.done():
             await asyncio.sleep(0.1)
@@ -1051,8 +1039,8 @@ class Bench:
             "bench_cores": round(bench_cpu / wall, 3),
             "machine_cores": round(machine / wall, 3),
             "other_cores": round((machine - master_cpu - bench_cpu) / wall, 3),
-            "load_1min_before": round(load0, 2),
-            "load_1min_after": round(os.getloadavg()[0], 2),
+            "load_1min_before": load0,
+            "load_1min_after": load_1min(),
             "client_loop_lag": percentiles(bucket.loop_lag),
             "master": inside,
         }
@@ -1187,10 +1175,6 @@ class Bench:
 # ---------------------------------------------------------------------------------------------
 # Printing
 # ---------------------------------------------------------------------------------------------
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def verdict(ok: bool | None) -> str:
@@ -1450,20 +1434,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def code_version() -> str:
-    try:
-        result = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return result.stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == [MASTER_FLAG]:
@@ -1471,7 +1441,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.workdir = os.path.abspath(args.workdir)
     os.makedirs(args.workdir, exist_ok=True)
-    log(f"load average {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs); results in {args.workdir}")
+    log(f"load average {load_1min():.2f} ({os.cpu_count()} CPUs); results in {args.workdir}")
     bench = Bench(args)
 
     async def run() -> dict:
@@ -1486,23 +1456,13 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(run())
     verdicts = print_result(args, result)
     document = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "grpc": grpc.__version__,
-            "cpus": os.cpu_count(),
-        },
-        "code": code_version(),
-        "command": " ".join([os.path.relpath(sys.executable, REPO), *sys.argv]),
+        **run_header(grpc=grpc.__version__),
         "settings": vars(args),
         "result": result,
         "verdicts": verdicts,
     }
     path = os.path.join(args.workdir, "master_scale.json")
-    with open(path, "w") as f:
-        json.dump(document, f, indent=2)
-        f.write("\n")
+    write_result(path, document)
     print(f"wrote {path}; the master's log is {bench.log_path}")
     assert "tensorflow" not in sys.modules, "the bench imported TensorFlow"
     return 0

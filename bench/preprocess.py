@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -28,36 +27,21 @@ import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+from common import (
+    HERE,
+    REPO,
+    code_version,
+    elastic_step_command,
+    load_average,
+    log,
+    write_result,
+)
+
 RSS_TARGET_MB = 1024
 SPEED_TARGET = 3.0
 # What TensorFlow's C++ prints at import in the pandas child: noise in the progress display.
 TF_BANNER = ("I0000", "E0000", "W0000", "WARNING: All log messages", "To enable the following")
 CATEGORIES = ["red", "green", "blue", "amber", "violet", "cyan", "black", "white"]
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def code_version() -> str:
-    try:
-        result = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return result.stdout.strip()
-
-
-def load_average() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
 def write_csv(path: str, rows: int, columns: int, categorical: int, seed: int) -> None:
@@ -204,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     def elastic(size: str) -> dict:
         output = os.path.join(args.workdir, f"preprocess-out-{size}")
         shutil.rmtree(output, ignore_errors=True)
-        command = [sys.executable, "-m", "elastic_step", "preprocess", "--input", csvs[size],
+        command = [*elastic_step_command(), "preprocess", "--input", csvs[size],
                    "--label", "label", "--output", output]  # fmt: skip
         return run_child(f"elastic ({size})", command, sizes[size])
 
@@ -225,8 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ratio elastic / pandas: {ratio:.2f} (target >= {SPEED_TARGET}): {speed_ok}")
         log(f"elastic peak RSS: {rss} MB (target < {RSS_TARGET_MB} MB): {rss_ok}")
     path = os.path.join(args.workdir, "preprocess.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
+    write_result(path, results)
     log(f"wrote {path}")
     return 0
 

@@ -28,53 +28,31 @@ Results go to ``WORKDIR/throughput.json`` (default ``bench/results/``). See benc
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, REPO)  # this checkout's elastic_step, also when run as bench/throughput.py
+from common import (
+    HERE,
+    REPO,
+    elastic_step_command,
+    load_average,
+    log,
+    preprocess_once,
+    run_header,
+    start,
+    write_result,
+)
 
-from elastic_step.master.config import DEFAULT_LOCAL_STEPS  # noqa: E402
+from elastic_step.master.config import DEFAULT_LOCAL_STEPS
 
 MODEL_DEF = os.path.join(HERE, "models", "mlp.py")
 TARGET = 0.9
 CLASSES = 10
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def code_version() -> str:
-    """The checkout's commit, with "-dirty" when files differ from it (the figures depend on
-    the engine's code as it is, committed or not)."""
-    try:
-        result = subprocess.run(
-            ["git", "describe", "--always", "--dirty"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return result.stdout.strip()
-
-
-def load_average() -> str:
-    try:
-        one, five, fifteen = os.getloadavg()
-    except OSError:
-        return "unknown"
-    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
 # -- data --
@@ -97,7 +75,13 @@ def write_csv(path: str, rows: int, features: int, seed: int) -> None:
 
 def prepare_data(args, data_dir: str) -> None:
     """Writes the CSV and preprocesses it with the real CLI, unless the same data is there."""
-    stamp_path = os.path.join(args.workdir, "data.json")
+
+    def write() -> str:
+        csv_path = os.path.join(args.workdir, "synthetic.csv")
+        log(f"writing {args.rows} rows x {args.features} features to {csv_path}")
+        write_csv(csv_path, args.rows, args.features, args.seed)
+        return csv_path
+
     stamp = {
         "rows": args.rows,
         "features": args.features,
@@ -105,41 +89,9 @@ def prepare_data(args, data_dir: str) -> None:
         "validation_fraction": args.validation_fraction,
         "shards": args.shards,
     }
-    if os.path.exists(stamp_path) and os.path.isdir(data_dir):
-        with open(stamp_path) as f:
-            if json.load(f) == stamp:
-                log(f"reusing the preprocessed data in {data_dir}")
-                return
-    csv_path = os.path.join(args.workdir, "synthetic.csv")
-    log(f"writing {args.rows} rows x {args.features} features to {csv_path}")
-    write_csv(csv_path, args.rows, args.features, args.seed)
-    shutil.rmtree(data_dir, ignore_errors=True)
-    command = [
-        *elastic_step_command(),
-        "preprocess",
-        "--input",
-        csv_path,
-        "--label",
-        "label",
-        "--label-type",
-        "class",
-        "--output",
-        data_dir,
-        "--shards",
-        str(args.shards),
-        "--validation-fraction",
-        str(args.validation_fraction),
-    ]
-    log("preprocessing: " + " ".join(command))
-    started = time.perf_counter()
-    subprocess.run(command, check=True, cwd=REPO)
-    log(f"preprocessed in {time.perf_counter() - started:.1f}s")
-    with open(stamp_path, "w") as f:
-        json.dump(stamp, f)
-
-
-def elastic_step_command() -> list[str]:
-    return [sys.executable, "-m", "elastic_step"]
+    flags = ["--label", "label", "--label-type", "class", "--shards", str(args.shards),
+             "--validation-fraction", str(args.validation_fraction)]  # fmt: skip
+    preprocess_once(data_dir, stamp, write, flags)
 
 
 # -- run A: elastic-step train --
@@ -253,18 +205,19 @@ class SteadyRate:
         return self.counted / (self.end - self.start)
 
 
-def run_keras(args, data_dir: str) -> dict:
+def fit_keras(args, data_dir: str, definition, feed) -> tuple[object, float, float]:
+    """``model.fit`` of ``definition``'s model (seeded, compiled with its optimizer and loss)
+    on the training shards of ``data_dir``, fed by ``feed``, for ``args.epochs`` epochs:
+    the model, its examples/s after the first ``args.records_per_task`` records, and the
+    fit's wall time."""
     import keras
     import tensorflow as tf
 
-    from elastic_step.data.feed import default_feed
     from elastic_step.data.schema import Schema
-    from elastic_step.model_def import load_model_definition
 
     schema = Schema.load(data_dir)
     shards = schema.shard_paths(data_dir, "train")
     records = sum(n for _, n in shards)
-    definition = load_model_definition(MODEL_DEF)
     keras.utils.set_random_seed(args.seed)
     model = definition.build_model()
     model.compile(optimizer=definition.build_optimizer(), loss=definition.loss)
@@ -276,7 +229,7 @@ def run_keras(args, data_dir: str) -> dict:
     batched = tf.data.TFRecordDataset([path for path, _ in shards]).batch(args.batch_size)
     # The known length lets Keras size its epochs without running off the end of the data.
     batched = batched.apply(tf.data.experimental.assert_cardinality(len(sizes)))
-    dataset = default_feed(batched, "train", schema).prefetch(tf.data.AUTOTUNE)
+    dataset = feed(batched, "train", schema).prefetch(tf.data.AUTOTUNE)
     meter = SteadyRate(sizes, args.epochs, args.records_per_task, log)
     log(
         f"keras: model.fit on {records} records in {len(shards)} shards, "
@@ -285,7 +238,14 @@ def run_keras(args, data_dir: str) -> dict:
     started = time.perf_counter()
     model.fit(dataset, epochs=args.epochs, verbose=0, shuffle=False, callbacks=[meter.callback])
     wall = time.perf_counter() - started
-    rate = meter.rate()
+    return model, meter.rate(), wall
+
+
+def run_keras(args, data_dir: str) -> dict:
+    from elastic_step.data.feed import default_feed
+    from elastic_step.model_def import load_model_definition
+
+    model, rate, wall = fit_keras(args, data_dir, load_model_definition(MODEL_DEF), default_feed)
     accuracy = validation_accuracy(model, data_dir, args.batch_size)
     log(f"keras: {rate:.0f} examples/s (fit wall time {wall:.1f}s, accuracy {accuracy:.4f})")
     return {
@@ -486,9 +446,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.workdir = os.path.abspath(args.workdir)
-    os.makedirs(args.workdir, exist_ok=True)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    start(args)
     # The model definition reads its shape from these; the training processes inherit them.
     os.environ["BENCH_FEATURES"] = str(args.features)
     os.environ["BENCH_HIDDEN"] = str(args.hidden)
@@ -537,14 +495,10 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     document = {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "load_average_before": load_before,
+        **run_header(
+            load_average_before=load_before,
             **{f"load_average_{k}": v for k, v in loads.items()},
-        },
+        ),
         "settings": {
             k: getattr(args, k)
             for k in (
@@ -560,8 +514,6 @@ def main(argv: list[str] | None = None) -> int:
                 "seed",
             )
         },
-        "code": code_version(),
-        "command": " ".join([os.path.relpath(sys.executable, REPO), *sys.argv]),
         "results": results,
         "ratio": ratio,
         "ratio_pss": ratio_pss,
@@ -569,9 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         "meets_target": None if ratio is None else ratio >= TARGET,
     }
     out_path = os.path.join(args.workdir, "throughput.json")
-    with open(out_path, "w") as f:
-        json.dump(document, f, indent=2)
-        f.write("\n")
+    write_result(out_path, document)
 
     print()
     print(f"{'run':<40}{'examples/s':>12}{'val. accuracy':>15}")

@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runs import TWO_COLUMN_MODEL, classifier_definition, run_cli
 
 from elastic_step.cli import main
 
 pytestmark = pytest.mark.e2e
 
-GOOD_MODEL = """
-import keras
-
-def model():
-    inputs = {n: keras.Input(shape=(), name=n) for n in ("a", "b")}
-    x = keras.layers.Concatenate()([keras.layers.Reshape((1,))(inputs[n]) for n in ("a", "b")])
-    return keras.Model(inputs, keras.layers.Dense(2)(x))
-
-def loss(labels, outputs):
-    return keras.ops.mean(
-        keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
-    )
-
-def optimizer():
-    return keras.optimizers.SGD(0.1)
-"""
+GOOD_MODEL = classifier_definition(TWO_COLUMN_MODEL, optimizer="keras.optimizers.SGD(0.1)")
 
 
 def error_lines(capsys) -> list[str]:
@@ -182,11 +166,8 @@ def test_data_dir_without_schema(tmp_path, capsys):
 
 
 def test_the_real_command_exits_2_with_one_line(tmp_path, csv_file):
-    result = subprocess.run(
-        [sys.executable, "-m", "elastic_step", "preprocess", "--input", str(csv_file),
-         "--label", "nope", "--output", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = run_cli("preprocess", "--input", str(csv_file), "--label", "nope",
+                     "--output", str(tmp_path / "out"), timeout=120)  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("elastic-step: error: ")
     assert "'nope'" in result.stderr

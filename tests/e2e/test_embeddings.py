@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli_runs import classifier_definition, evaluate, run_cli
 from conftest import records_exact
 
 pytestmark = pytest.mark.e2e
 
 CITIES = 20
 
-MODEL = f"""
-import keras
-
+MODEL = classifier_definition(
+    f"""
 def model():
     city = keras.Input(shape=(), name="city", dtype="int64")
     x = keras.Input(shape=(), name="x")
@@ -25,24 +23,10 @@ def model():
     embedded = keras.layers.Embedding({CITIES + 1}, 4)(city)
     hidden = keras.layers.Concatenate()([embedded, keras.layers.Reshape((1,))(x)])
     return keras.Model({{"city": city, "x": x}}, keras.layers.Dense(2)(hidden))
-
-def loss(labels, outputs):
-    return keras.ops.mean(
-        keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
-    )
-
-def optimizer():
-    return keras.optimizers.Adam(0.05)
-
-def metrics():
-    return {{"accuracy": keras.metrics.SparseCategoricalAccuracy()}}
-"""
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "elastic_step", *args], capture_output=True, text=True, timeout=240
-    )
+""",
+    optimizer="keras.optimizers.Adam(0.05)",
+    accuracy=True,
+)
 
 
 def test_embedding_rows_live_on_the_shard_of_their_id(tmp_path):
@@ -86,9 +70,5 @@ def test_embedding_rows_live_on_the_shard_of_their_id(tmp_path):
             tables = {k: saved[k] for k in saved.files if k.startswith("table/")}
         assert [t.shape for t in tables.values()] == [(expected_rows, 4)]
 
-    metrics = tmp_path / "metrics.json"
-    evaluated = run_cli("evaluate", "--model", str(run), "--data", str(data),
-                        "--metrics-output", str(metrics))  # fmt: skip
-    assert evaluated.returncode == 0, evaluated.stderr
-    result = json.loads(metrics.read_text())
+    result = evaluate(run, data, tmp_path / "metrics.json")
     assert result["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)

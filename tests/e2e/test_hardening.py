@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runs import TWO_COLUMN_MODEL, classifier_definition, evaluate, run_cli
 from conftest import TrainRun, mid_epoch, pid_alive, records_exact
 
 pytestmark = pytest.mark.e2e
@@ -21,9 +22,11 @@ pytestmark = pytest.mark.e2e
 # A model over two numeric columns whose feed SIGKILLs the worker that reads the row with
 # a == 999, as a segfault in a custom op or an OOM kill would. The master's own check of
 # the definition runs the feed too, but only workers die (they have ELASTIC_STEP_INSTANCE).
-POISONED_MODEL = """
+POISONED_MODEL = classifier_definition(
+    TWO_COLUMN_MODEL,
+    optimizer="keras.optimizers.SGD(0.1)",
+    preamble="""
 import os, signal
-import keras
 import numpy as np
 import tensorflow as tf
 from elastic_step.data.feed import default_feed
@@ -39,29 +42,8 @@ def _die_on_poison(records):
 
 def feed(dataset, mode, schema):
     return default_feed(dataset.map(_die_on_poison), mode, schema)
-
-def model():
-    inputs = {n: keras.Input(shape=(), name=n) for n in ("a", "b")}
-    x = keras.layers.Concatenate()([keras.layers.Reshape((1,))(inputs[n]) for n in ("a", "b")])
-    return keras.Model(inputs, keras.layers.Dense(2)(x))
-
-def loss(labels, outputs):
-    return keras.ops.mean(
-        keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
-    )
-
-def optimizer():
-    return keras.optimizers.SGD(0.1)
-"""
-
-
-def _elastic_step(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "elastic_step", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+""",
+)
 
 
 def test_a_record_that_kills_every_worker_reading_it_fails_the_job(tmp_path: Path):
@@ -70,7 +52,7 @@ def test_a_record_that_kills_every_worker_reading_it_fails_the_job(tmp_path: Pat
     rows[150] = "999,1,0"
     csv.write_text("a,b,label\n" + "\n".join(rows) + "\n")
     data = tmp_path / "data"
-    prepared = _elastic_step(
+    prepared = run_cli(
         "preprocess", "--input", str(csv), "--label", "label", "--output", str(data),
     )  # fmt: skip
     assert prepared.returncode == 0, prepared.stderr
@@ -79,7 +61,7 @@ def test_a_record_that_kills_every_worker_reading_it_fails_the_job(tmp_path: Pat
 
     output = tmp_path / "run"
     started = time.monotonic()
-    result = _elastic_step(
+    result = run_cli(
         "train", "--model-def", str(model_def), "--data", str(data), "--output", str(output),
         "--epochs", "2", "--batch-size", "16", "--records-per-task", "40",
         "--workers", "2", "--max-task-retries", "2", "--max-restarts", "10",
@@ -160,13 +142,7 @@ def test_resumed_job_requeues_lost_tasks_at_once_and_reports_the_final_model(
     assert all(e["min_model_version"] <= e["model_version"] for e in evaluations)
 
     # The final metrics are the final model's: evaluate on the saved model agrees.
-    metrics_file = tmp_path / "metrics.json"
-    evaluated = _elastic_step(
-        "evaluate", "--model", str(resumed.output), "--data", str(digits_data),
-        "--metrics-output", str(metrics_file),
-    )  # fmt: skip
-    assert evaluated.returncode == 0, evaluated.stderr
-    evaluation = json.loads(metrics_file.read_text())
+    evaluation = evaluate(resumed.output, digits_data, tmp_path / "metrics.json")
     assert evaluation["metrics"]["accuracy"] == pytest.approx(
         summary["metrics"]["accuracy"], abs=1e-6
     )

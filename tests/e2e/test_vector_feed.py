@@ -4,11 +4,10 @@ names Keras would refuse and whose numeric cells are sometimes empty (--fill-mis
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from cli_runs import classifier_definition, evaluate, run_cli
 from conftest import records_exact
 
 pytestmark = pytest.mark.e2e
@@ -16,33 +15,18 @@ pytestmark = pytest.mark.e2e
 # 3 numeric columns, and a categorical one as one-hot over 3 regions + the unseen id.
 WIDTH = 3 + 4
 
-MODEL = f"""
-import keras
-
+MODEL = classifier_definition(
+    f"""
 def model():
     return keras.Sequential([
         keras.Input(shape=({WIDTH},)),
         keras.layers.Dense(16, activation="relu"),
         keras.layers.Dense(3),
     ])
-
-def loss(labels, outputs):
-    return keras.ops.mean(
-        keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
-    )
-
-def optimizer():
-    return keras.optimizers.Adam(0.02)
-
-def metrics():
-    return {{"accuracy": keras.metrics.SparseCategoricalAccuracy()}}
-"""
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "elastic_step", *args], capture_output=True, text=True, timeout=300
-    )
+""",
+    optimizer="keras.optimizers.Adam(0.02)",
+    accuracy=True,
+)
 
 
 def test_sequential_vector_model_with_missing_values(tmp_path):
@@ -85,11 +69,7 @@ def test_sequential_vector_model_with_missing_values(tmp_path):
     assert all(np.isfinite(e["metrics"]["loss"]) for e in summary["evaluations"])
     assert summary["metrics"]["accuracy"] > 0.9
 
-    metrics = tmp_path / "metrics.json"
-    evaluated = run_cli("evaluate", "--model", str(run), "--data", str(data),
-                        "--metrics-output", str(metrics))  # fmt: skip
-    assert evaluated.returncode == 0, evaluated.stderr
-    result = json.loads(metrics.read_text())
+    result = evaluate(run, data, tmp_path / "metrics.json")
     assert result["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
     assert np.isfinite(result["loss"])
 

@@ -31,6 +31,8 @@ from test_k8s_backend_support import (
     digits_fixture,  # noqa: F401 - the fixture digits
     master_pod_manifest,
     new_job_name,
+    pod_log,
+    read_status,
     restricted_fixture,  # noqa: F401 - the fixture restricted
     restricted_pod,
 )
@@ -157,16 +159,10 @@ def test_a_job_rides_out_a_small_node_preemption_a_second_master_and_a_lost_ps(
         output = Path(cluster.pvc_root) / ns / claim / "run"  # the claim's data, seen from here
 
         def status() -> dict:
-            try:
-                return json.loads((output / "status.json").read_text())
-            except (OSError, ValueError):
-                return {}
+            return read_status(output)
 
         def log_of(name: str) -> str:
-            try:
-                return container_log(cluster.workdir, core.read_namespaced_pod(name, ns))[-3000:]
-            except Exception as e:
-                return f"<no log: {e}>"
+            return pod_log(cluster, core, name, ns)
 
         first = f"{job}-step-1"
 

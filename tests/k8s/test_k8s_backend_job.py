@@ -27,6 +27,8 @@ from test_k8s_backend_support import (
     digits_fixture,  # noqa: F401 - the fixture digits
     master_pod_manifest,
     new_job_name,
+    pod_log,
+    read_status,
     restricted_fixture,  # noqa: F401 - the fixture restricted
     restricted_pod,
 )
@@ -125,16 +127,10 @@ def test_a_master_pod_replaced_mid_job_is_found_again_by_its_service(
         core = client.CoreV1Api(api)
 
         def status() -> dict:
-            try:
-                return json.loads((output / "status.json").read_text())
-            except (OSError, ValueError):
-                return {}
+            return read_status(output)
 
         def log_of(name: str) -> str:
-            try:
-                return container_log(cluster.workdir, core.read_namespaced_pod(name, ns))[-3000:]
-            except Exception as e:
-                return f"<no log: {e}>"
+            return pod_log(cluster, core, name, ns)
 
         first = f"{job}-step-1"
         core.create_namespaced_pod(ns, master_pod_manifest(first, argv))
@@ -249,10 +245,7 @@ def _start_master_pod_job(cluster, core, ns: str, digits: Path, output: Path) ->
     def training() -> bool:
         pod = core.read_namespaced_pod(name, ns)
         assert pod.status.phase in ("Pending", "Running"), container_log(cluster.workdir, pod)
-        try:
-            return json.loads((output / "status.json").read_text()).get("model_version", 0) >= 2
-        except (OSError, ValueError):
-            return False
+        return read_status(output).get("model_version", 0) >= 2
 
     poll("training under way", training, timeout=240)
     return job, name

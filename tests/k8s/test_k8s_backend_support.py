@@ -4,6 +4,7 @@ its ServiceAccounts, and a stand-in master pod."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from k8s_helpers import wait_for
+from k8s_helpers import container_log, wait_for
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 from local_cluster import write_token_kubeconfig
@@ -183,6 +184,22 @@ def digits_fixture(tmp_path_factory) -> Path:
         cwd=REPO, check=True, capture_output=True, timeout=120,
     )  # fmt: skip
     return root / "data"
+
+
+def read_status(output: Path) -> dict:
+    """The job's status.json in ``output``; {} before the master first writes it."""
+    try:
+        return json.loads((output / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def pod_log(cluster, core: client.CoreV1Api, name: str, namespace: str) -> str:
+    """The end of pod ``name``'s log, for an assertion's message; or why there is none."""
+    try:
+        return container_log(cluster.workdir, core.read_namespaced_pod(name, namespace))[-3000:]
+    except Exception as e:
+        return f"<no log: {e}>"
 
 
 def master_pod_manifest(name: str, argv: list[str]) -> dict:

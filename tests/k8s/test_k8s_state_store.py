@@ -1,5 +1,6 @@
 """The Kubernetes state store against a real API server, as the elastic-step-master
 ServiceAccount: ConfigMaps for the head, snapshot parts and journal chunks, a Lease for fencing.
+It passes the StateStore contract (tests/contracts/state_store_contract.py).
 
 Leases last 2 s here, so takeovers take seconds; every wait is bounded.
 """
@@ -20,6 +21,7 @@ import pytest
 from k8s_helpers import wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from state_store_contract import STATE, StateStoreContract, record
 
 from elastic_step.errors import InputError
 from elastic_step.master.state_store import (
@@ -37,20 +39,10 @@ from elastic_step.master.state_store.kubernetes_store import (
     KubernetesStoreSettings,
 )
 
-STATE = {
-    "tasks": {"train_todo": [{"id": 3, "shard": "a", "start": 0, "end": 4}], "done": [1, 2]},
-    "model_version": 17,
-    "phase": "running",
-    "metrics": [{"accuracy": 0.75, "loss": None}],
-}
 LEASE_S = 2
 FAST = KubernetesStoreSettings(lease_duration_s=LEASE_S, retry_for_s=10.0)
 WAIT_S = 20.0  # the most any wait below takes; most take milliseconds, takeovers ~LEASE_S
 RBAC_HINT = "(check the Role in manifests/rbac.yaml)"
-
-
-def record(i: int) -> dict:
-    return {"op": "task_done", "task": i, "worker": f"worker-{i % 3}"}
 
 
 @pytest.fixture
@@ -83,6 +75,28 @@ def make(cluster, sa_api, job) -> Iterator[Callable[..., KubernetesStateStore]]:
     for store in stores:
         with suppress(Exception):
             store._crash()
+
+
+@pytest.fixture
+def new_store(make) -> Callable[[], KubernetesStateStore]:
+    return make
+
+
+class TestKubernetesStateStoreContract(StateStoreContract):
+    wait_s = WAIT_S
+    group_commit_records = 5000
+    writes_per_record = 1 / 50
+
+    def count_writes(self, store: KubernetesStateStore, monkeypatch: pytest.MonkeyPatch) -> list:
+        requests: list[str] = []
+        real_call = store._api.call
+
+        def counting_call(verb, resource, name, *args, **kwargs):
+            requests.append(f"{verb} {resource}")
+            return real_call(verb, resource, name, *args, **kwargs)
+
+        monkeypatch.setattr(store._api, "call", counting_call)
+        return requests
 
 
 def owner(make, name: str = "master", **kwargs) -> KubernetesStateStore:
@@ -122,37 +136,6 @@ def lease_spec(sa_api, namespace: str, job: str) -> client.V1LeaseSpec:
 
 
 # -- append, snapshot, load --
-
-
-def test_appended_records_load_in_order_in_a_new_store(make) -> None:
-    assert make().load() == SavedState(None, [])
-    store = owner(make)
-    assert store.load() == SavedState(None, [])
-    for i in range(50):
-        store.append(record(i))
-    store.flush(WAIT_S)
-    # A reader needs no lease, even while the owner holds it.
-    assert make().load() == SavedState(None, [record(i) for i in range(50)])
-    store.close()
-    assert make().load() == SavedState(None, [record(i) for i in range(50)])
-
-
-def test_a_snapshot_and_the_records_after_it_load_together_and_a_new_owner_continues(
-    make,
-) -> None:
-    store = owner(make, "first")
-    store.append(record(1))
-    store.snapshot(STATE)
-    store.append(record(2))
-    store.append(record(3))
-    store.close()
-    assert make().load() == SavedState(STATE, [record(2), record(3)])
-
-    store = owner(make, "second")
-    assert store.load() == SavedState(STATE, [record(2), record(3)])
-    store.append(record(4))
-    store.close()
-    assert make().load() == SavedState(STATE, [record(2), record(3), record(4)])
 
 
 def test_every_object_carries_the_labels_and_the_owner_reference_and_is_collected_with_it(
@@ -288,83 +271,6 @@ def test_the_journal_rolls_over_to_new_chunks_and_a_record_too_big_for_one_fails
     with pytest.raises(StateStoreError):
         store.close()
     assert make().load() == SavedState(None, records)
-
-
-def test_a_record_that_is_not_json_ready_fails_the_writer_after_the_records_before_it(
-    make,
-) -> None:
-    store = owner(make)
-    store.append(record(1))
-    store.append({"bad": {1, 2}})
-    with pytest.raises(StateStoreError, match=r"record 2 is not JSON-ready: .*set"):
-        store.flush(WAIT_S)
-    with pytest.raises(StateStoreError):
-        store.close()
-    assert make().load() == SavedState(None, [record(1)])
-
-
-def test_group_commit_makes_many_records_durable_with_few_requests(make) -> None:
-    store = owner(make)
-    requests: list[str] = []
-    real_call = store._api.call
-
-    def counting_call(verb, resource, name, *args, **kwargs):
-        requests.append(f"{verb} {resource}")
-        return real_call(verb, resource, name, *args, **kwargs)
-
-    store._api.call = counting_call
-    count = 5000
-    records = [record(i) for i in range(count)]
-    started = time.perf_counter()
-    for r in records:
-        store.append(r)
-    appending_s = time.perf_counter() - started
-    store.flush(WAIT_S)
-    flushed_s = time.perf_counter() - started
-
-    assert len(requests) < count / 50
-    assert appending_s < 1.0  # appends only queue
-    print(f"\n{count} records: {len(requests)} requests, durable in {flushed_s:.2f} s")
-    assert make().load() == SavedState(None, records)
-    store.close()
-
-
-def test_a_reader_loading_while_the_owner_compacts_always_sees_a_consistent_state(make) -> None:
-    store = owner(make)
-    store.snapshot({"upto": -1})
-    store.flush(WAIT_S)
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def write() -> None:
-        try:
-            i = 0
-            while not stop.is_set() and i < 100_000:
-                store.append({"i": i})
-                if i % 10 == 9:
-                    store.snapshot({"upto": i})
-                    store.flush(WAIT_S)  # let the reader meet many compactions
-                i += 1
-        except BaseException as e:
-            errors.append(e)
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    reader = make()
-    loads = 0
-    try:
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline:
-            loaded = reader.load()
-            start = loaded.snapshot["upto"] + 1
-            assert loaded.records == [{"i": start + k} for k in range(len(loaded.records))]
-            loads += 1
-    finally:
-        stop.set()
-        writer.join(WAIT_S)
-        store.close()
-    assert not errors
-    assert loads > 0
 
 
 # -- crashes --
@@ -603,33 +509,14 @@ def test_a_renewal_that_finds_another_holder_fences_the_owner(
     assert spec.holder_identity == "intruder"  # not released: it was not first's
 
 
-def test_tokens_grow_with_every_owner_even_if_the_lease_is_deleted(
+def test_a_new_owner_s_token_is_above_the_head_s_even_if_the_lease_is_deleted(
     make, admin_api, cluster, job
 ) -> None:
-    tokens = []
-    for _ in range(3):
-        store = make()
-        tokens.append(store.acquire("master", timeout_s=WAIT_S))
-        store.close()
+    owner(make).close()
     client.CoordinationV1Api(admin_api).delete_namespaced_lease(f"{job}-master", cluster.namespace)
     store = make()
-    tokens.append(store.acquire("master", timeout_s=WAIT_S))  # above the head's token
+    assert store.acquire("master", timeout_s=WAIT_S) == 2
     store.close()
-    assert tokens == [1, 2, 3, 4]
-
-
-def test_nothing_can_be_written_before_acquire_and_a_store_is_acquired_once(make) -> None:
-    store = make()
-    with pytest.raises(StateStoreError, match="acquire the lease before writing"):
-        store.append(record(1))
-    store.close()  # nothing to close
-    store = owner(make)
-    store.close()
-    store.close()
-    with pytest.raises(StateStoreError, match="closed"):
-        store.append(record(1))
-    with pytest.raises(StateStoreError, match="at most once"):
-        store.acquire("master", timeout_s=0)
 
 
 # -- errors, the registry --

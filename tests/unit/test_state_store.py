@@ -1,4 +1,5 @@
-"""The master's state store: a journal with snapshots, group commit and a fencing lease."""
+"""The master's file state store: a journal with snapshots, group commit and a fencing lease;
+it passes the StateStore contract (tests/contracts/state_store_contract.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from state_store_contract import STATE, StateStoreContract, record
 
 from elastic_step.errors import InputError
 from elastic_step.master.state_store import (
@@ -26,17 +29,7 @@ from elastic_step.master.state_store import (
     replay,
 )
 
-STATE = {
-    "tasks": {"train_todo": [{"id": 3, "shard": "a", "start": 0, "end": 4}], "done": [1, 2]},
-    "model_version": 17,
-    "phase": "running",
-    "metrics": [{"accuracy": 0.75, "loss": None}],
-}
 WAIT_S = 10.0  # the most any wait below takes; all of them normally take milliseconds
-
-
-def record(i: int) -> dict:
-    return {"op": "task_done", "task": i, "worker": f"worker-{i % 3}"}
 
 
 def owner(directory: Path, name: str = "master") -> FileStateStore:
@@ -54,49 +47,27 @@ def directory(tmp_path: Path) -> Path:
     return tmp_path / "state"
 
 
+@pytest.fixture
+def new_store(directory: Path) -> Callable[[], FileStateStore]:
+    return lambda: FileStateStore(str(directory))
+
+
+class TestFileStateStoreContract(StateStoreContract):
+    wait_s = WAIT_S
+
+    def count_writes(self, store: FileStateStore, monkeypatch: pytest.MonkeyPatch) -> list:
+        fsyncs = []
+        real_fsync = os.fsync
+
+        def counting_fsync(fd: int) -> None:
+            fsyncs.append(fd)
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", counting_fsync)
+        return fsyncs
+
+
 # -- append, snapshot, load --
-
-
-def test_load_with_nothing_saved_is_empty(directory: Path) -> None:
-    assert FileStateStore(str(directory)).load() == SavedState(None, [])
-    store = owner(directory)
-    assert store.load() == SavedState(None, [])
-    store.close()
-    assert FileStateStore(str(directory)).load() == SavedState(None, [])
-
-
-def test_appended_records_load_in_order_in_a_new_store(directory: Path) -> None:
-    store = owner(directory)
-    for i in range(50):
-        store.append(record(i))
-    store.flush(WAIT_S)
-    # A reader needs no lease, even while the owner holds it.
-    assert FileStateStore(str(directory)).load() == SavedState(None, [record(i) for i in range(50)])
-    store.close()
-
-
-def test_a_snapshot_and_the_records_after_it_load_together(directory: Path) -> None:
-    store = owner(directory)
-    store.append(record(1))
-    store.snapshot(STATE)
-    store.append(record(2))
-    store.append(record(3))
-    store.close()
-
-    assert FileStateStore(str(directory)).load() == SavedState(STATE, [record(2), record(3)])
-
-
-def test_a_new_owner_continues_the_journal(directory: Path) -> None:
-    store = owner(directory, "first")
-    store.snapshot(STATE)
-    store.append(record(1))
-    store.close()
-
-    store = owner(directory, "second")
-    assert store.load() == SavedState(STATE, [record(1)])
-    store.append(record(2))
-    store.close()
-    assert FileStateStore(str(directory)).load() == SavedState(STATE, [record(1), record(2)])
 
 
 def test_the_snapshot_file_records_its_format_seq_and_token(directory: Path) -> None:
@@ -109,24 +80,13 @@ def test_the_snapshot_file_records_its_format_seq_and_token(directory: Path) -> 
     assert document == {"format": 2, "seq": 2, "token": 1, "state": STATE}
 
 
-def test_nothing_can_be_written_before_acquire(directory: Path) -> None:
+def test_a_store_that_never_acquired_the_lease_creates_nothing(directory: Path) -> None:
     store = FileStateStore(str(directory))
+    assert store.load() == SavedState(None, [])
     with pytest.raises(StateStoreError, match="acquire the lease before writing"):
         store.append(record(1))
-    with pytest.raises(StateStoreError, match="acquire the lease before writing"):
-        store.snapshot(STATE)
-    store.close()  # nothing to close
+    store.close()
     assert not directory.exists()
-
-
-def test_a_closed_store_refuses_writes_and_closes_once(directory: Path) -> None:
-    store = owner(directory)
-    store.close()
-    store.close()
-    with pytest.raises(StateStoreError, match="closed"):
-        store.append(record(1))
-    with pytest.raises(StateStoreError, match="at most once"):
-        store.acquire("master", timeout_s=0)
 
 
 def test_a_snapshot_of_another_format_is_an_error_naming_it(directory: Path) -> None:
@@ -270,41 +230,6 @@ def test_a_crash_before_the_snapshot_is_renamed_loads_the_older_snapshot_and_all
     assert loaded == SavedState({"old": True}, [record(i) for i in range(4)])
 
 
-def test_a_reader_loading_while_the_owner_compacts_always_sees_a_consistent_state(
-    directory: Path,
-) -> None:
-    store = owner(directory)
-    store.snapshot({"upto": -1})
-    store.flush(WAIT_S)
-    stop = threading.Event()
-
-    def write() -> None:
-        i = 0
-        while not stop.is_set() and i < 200_000:
-            store.append({"i": i})
-            if i % 50 == 49:
-                store.snapshot({"upto": i})
-                store.flush(WAIT_S)  # let the reader meet many compactions
-            i += 1
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    reader = FileStateStore(str(directory))
-    try:
-        deadline = time.monotonic() + 2.0
-        loads = 0
-        while time.monotonic() < deadline and loads < 300:
-            loaded = reader.load()
-            start = loaded.snapshot["upto"] + 1
-            assert loaded.records == [{"i": start + k} for k in range(len(loaded.records))]
-            loads += 1
-    finally:
-        stop.set()
-        writer.join(WAIT_S)
-        store.close()
-    assert loads > 0
-
-
 @pytest.mark.parametrize("when", ["before the reader lists the segments", "after"])
 def test_a_reader_whose_snapshot_is_replaced_while_it_reads_reads_again(
     directory: Path, monkeypatch: pytest.MonkeyPatch, when: str
@@ -402,15 +327,6 @@ def test_a_waiting_owner_gets_the_lease_once_the_holder_closes(directory: Path) 
     second.close()
 
 
-def test_tokens_grow_with_every_owner(directory: Path) -> None:
-    tokens = []
-    for _ in range(3):
-        store = FileStateStore(str(directory))
-        tokens.append(store.acquire("master", timeout_s=WAIT_S))
-        store.close()
-    assert tokens == [1, 2, 3]
-
-
 def test_an_owner_whose_token_was_superseded_is_fenced(directory: Path) -> None:
     store = owner(directory)
     store.append(record(1))
@@ -445,56 +361,6 @@ def test_flush_confirms_the_lease_even_with_nothing_to_write(directory: Path) ->
 
 
 # -- group commit --
-
-
-def test_group_commit_makes_many_records_durable_with_few_fsyncs(
-    directory: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = owner(directory)
-    fsyncs = []
-    real_fsync = os.fsync
-
-    def counting_fsync(fd: int) -> None:
-        fsyncs.append(fd)
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", counting_fsync)
-    count = 20_000
-    records = [record(i) for i in range(count)]
-    started = time.perf_counter()
-    for r in records:
-        store.append(r)
-    appending_s = time.perf_counter() - started
-    store.flush(WAIT_S)
-
-    assert len(fsyncs) < count / 100
-    assert appending_s < 1.0  # about 10 ms here: appends only queue
-    assert FileStateStore(str(directory)).load() == SavedState(None, records)
-    store.close()
-
-
-def test_flush_waits_for_a_snapshot_too(directory: Path) -> None:
-    store = owner(directory)
-    store.append(record(1))
-    store.snapshot(STATE)
-    store.flush(WAIT_S)
-    assert FileStateStore(str(directory)).load() == SavedState(STATE, [])
-    store.close()
-
-
-def test_a_record_that_is_not_json_ready_fails_the_writer_after_the_records_before_it(
-    directory: Path,
-) -> None:
-    store = owner(directory)
-    store.append(record(1))
-    store.append({"bad": {1, 2}})
-    with pytest.raises(StateStoreError, match=r"record 2 is not JSON-ready: .*set"):
-        store.flush(WAIT_S)
-    with pytest.raises(StateStoreError, match="record 2 is not JSON-ready"):
-        store.append(record(3))
-    with pytest.raises(StateStoreError):
-        store.close()
-    assert FileStateStore(str(directory)).load() == SavedState(None, [record(1)])
 
 
 def test_snapshot_due_after_the_configured_number_of_records(directory: Path) -> None:

@@ -1,0 +1,62 @@
+"""What the e2e tests hand the CLI as a user would: model definition files (their text), and
+``elastic-step`` run in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+#: ``model()`` over two numeric columns ``a`` and ``b``, for 2 classes.
+TWO_COLUMN_MODEL = """
+def model():
+    inputs = {n: keras.Input(shape=(), name=n) for n in ("a", "b")}
+    x = keras.layers.Concatenate()([keras.layers.Reshape((1,))(inputs[n]) for n in ("a", "b")])
+    return keras.Model(inputs, keras.layers.Dense(2)(x))
+"""
+
+_LOSS = """
+def loss(labels, outputs):
+    return keras.ops.mean(
+        keras.losses.sparse_categorical_crossentropy(labels, outputs, from_logits=True)
+    )
+"""
+
+_ACCURACY = """
+def metrics():
+    return {"accuracy": keras.metrics.SparseCategoricalAccuracy()}
+"""
+
+
+def classifier_definition(
+    model: str, *, optimizer: str, accuracy: bool = False, preamble: str = ""
+) -> str:
+    """A classifier's model definition file: ``import keras``, ``preamble`` (more imports, a
+    feed), ``model`` (the source of its ``model()``, giving logits), the mean sparse
+    categorical cross-entropy as its loss, ``optimizer()`` returning the expression
+    ``optimizer``, and with ``accuracy`` an accuracy metric."""
+    optimizer_fn = f"\ndef optimizer():\n    return {optimizer}\n"
+    return (
+        "import keras\n" + preamble + model + _LOSS + optimizer_fn + (_ACCURACY if accuracy else "")
+    )
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``elastic-step ARGS`` in a subprocess, its output captured as text; a run that takes
+    longer than ``timeout`` seconds is killed (subprocess.TimeoutExpired)."""
+    return subprocess.run(
+        [sys.executable, "-m", "elastic_step", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def evaluate(run: Path, data: Path, metrics: Path) -> dict:
+    """``elastic-step evaluate`` of the model trained in ``run`` on ``data``: the metrics file
+    it writes at ``metrics``, read."""
+    evaluated = run_cli("evaluate", "--model", str(run), "--data", str(data),
+                        "--metrics-output", str(metrics))  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    return json.loads(metrics.read_text())
