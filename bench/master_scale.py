@@ -57,10 +57,8 @@ from common import (
     write_result,
 )
 
-from elastic_step.ps.server import HEARTBEAT_S as PS_HEARTBEAT_S
 from elastic_step.rpc import auth, master_pb2, master_pb2_grpc
-from elastic_step.rpc.master_client import CALL_TIMEOUT_S
-from elastic_step.worker.worker import HEARTBEAT_S as WORKER_HEARTBEAT_S
+from elastic_step.rpc.master_client import CALL_TIMEOUT_S, HEARTBEAT_S
 
 TARGET_P99_MS = 50.0
 TARGET_OPS = 2000.0
@@ -415,6 +413,16 @@ def _master_main(config: dict) -> int:
         def shard_paths(self, data_dir: str, split: str) -> list[tuple[str, int]]:
             return list(self._shards) if split == "train" else []
 
+        def to_json(self) -> str:
+            return json.dumps({"simulated_shards": self._shards}) + "\n"
+
+    class NoEvents:
+        def write(self, view: object, *, final: bool = False) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
     class SimDefinition:
         source = "# simulated by bench/master_scale.py: no model\n"
 
@@ -558,6 +566,8 @@ def _master_main(config: dict) -> int:
                     }
                 )
                 threading.Thread(target=self.control, name="bench-control", daemon=True).start()
+                # TensorBoard's events need TensorFlow, which this master must not import.
+                self._events = NoEvents()
                 try:
                     code = self._supervise(resumed=False)
                 finally:
@@ -876,7 +886,7 @@ class Bench:
                 self.records_reported += records
 
     async def worker_heartbeats(self, sim: Sim, stub) -> None:
-        await asyncio.sleep(self.rng.uniform(0, WORKER_HEARTBEAT_S))
+        await asyncio.sleep(self.rng.uniform(0, HEARTBEAT_S))
         while True:
             request = master_pb2.HeartbeatRequest(
                 name=sim.name,
@@ -896,7 +906,7 @@ class Bench:
                 bucket.heartbeats += 1
             if reply.finished:
                 return
-            await asyncio.sleep(WORKER_HEARTBEAT_S)
+            await asyncio.sleep(HEARTBEAT_S)
 
     async def run_ps(self, sim: Sim) -> None:
         """A PS that registers and heartbeats with the model version; nobody calls it."""
@@ -920,7 +930,7 @@ class Bench:
                 )
                 if reply.finished:
                     break
-                await asyncio.sleep(PS_HEARTBEAT_S)
+                await asyncio.sleep(HEARTBEAT_S)
 
     # -- watching --
 

@@ -29,6 +29,7 @@ from elastic_step.ps.shard import (
 )
 from elastic_step.rpc import auth, master_pb2, ps_pb2, ps_pb2_grpc
 from elastic_step.rpc.master_client import (
+    HEARTBEAT_S,
     MasterClient,
     MasterRejectedError,
     MasterUnreachableError,
@@ -40,7 +41,6 @@ from elastic_step.worker.parameters import embedding_layers
 
 log = logging.getLogger("elastic_step.ps")
 
-HEARTBEAT_S = 2.0
 # On SIGTERM, calls in flight get this long to finish before the final checkpoint. The
 # master's SIGKILL follows SIGTERM after 3 s: the rest is for the checkpoint.
 STOP_GRACE_S = 0.5

@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 
 _RETRIED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 CALL_TIMEOUT_S = 10.0
+#: How often workers and PS heartbeat the master (its liveness deadlines count in these).
+HEARTBEAT_S = 2.0
 FIRST_RETRY_S = 0.2
 MAX_RETRY_S = 2.0
 

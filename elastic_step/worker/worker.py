@@ -25,6 +25,7 @@ import numpy as np
 from elastic_step.rpc import master_pb2
 from elastic_step.rpc.auth import Credentials, MissingSecretError
 from elastic_step.rpc.master_client import (
+    HEARTBEAT_S,
     MasterClient,
     MasterRejectedError,
     MasterUnreachableError,
@@ -36,7 +37,6 @@ from elastic_step.worker.windows import UserCodeError, WindowTrainer
 
 log = logging.getLogger("elastic_step.worker")
 
-HEARTBEAT_S = 2.0
 # Waiting for the PS to come back: the first retry is quick, later ones back off to the cap.
 PS_RETRY_FIRST_S = 0.25
 PS_RETRY_MAX_S = 2.0
