@@ -85,9 +85,11 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
         assert summary["phase"] == "succeeded"
         assert all(e["records_trained"] == e["records_expected"] for e in summary["epochs"])
         assert summary["restarts_by_reason"] == {"deleted": 1}, summary["restarts_by_reason"]
-        # Its tasks went back to the queue, and not as failures of theirs.
+        # The task it held, if any (a worker between tasks holds none, and a SIGTERM does
+        # not wait), went back to the queue once, and not as a failure of its own; the exact
+        # accounting above shows that nothing was lost either way.
         log = log_path.read_text()
-        assert re.search(r"re-queued .+ of worker-0\n", log), log[-3000:]
+        assert len(re.findall(r"re-queued .+ of worker-0\n", log)) <= 1, log[-3000:]
         assert "counts as a failure" not in log, log[-3000:]
         assert summary["metrics"]["accuracy"] > 0.8
         assert (output / "model.keras").exists()
