@@ -179,6 +179,18 @@ class EvaluationRound:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TrainWindow:
+    """The mean training loss and metrics over the batches trained in a window of model
+    versions, as the workers reported them."""
+
+    min_model_version: int
+    max_model_version: int
+    examples: int
+    loss: float
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True, kw_only=True)
 class RestartEvent:
     #: Seconds since the job started, on the workers timeline's clock.
     at_s: float
@@ -195,6 +207,8 @@ class TrainingSummary:
     error: str | None
     epochs: int
     evaluations: list[EvaluationRound]
+    #: Oldest first; empty in summaries that predate them.
+    train_windows: list[TrainWindow]
     #: ``(seconds since the job started, running workers)``, at each change.
     workers_timeline: list[tuple[float, int]]
     restart_events: list[RestartEvent]
@@ -228,6 +242,10 @@ class TrainingSummary:
                 _evaluation_round(e, f"{where}: evaluations[{i}]")
                 for i, e in enumerate(fields.items("evaluations"))
             ],
+            train_windows=[
+                _train_window(w, f"{where}: train_loss[{i}]")
+                for i, w in enumerate(fields.items("train_loss"))
+            ],
             workers_timeline=timeline,
             restart_events=[
                 _restart_event(e, f"{where}: restart_events[{i}]")
@@ -251,6 +269,22 @@ def _evaluation_round(obj: Any, where: str) -> EvaluationRound:
         loss=metrics.pop("loss", None),
         metrics=metrics,
     )
+
+
+def _train_window(obj: Any, where: str) -> TrainWindow:
+    fields = _Fields(obj, where)
+    window = TrainWindow(
+        min_model_version=fields.integer("min_model_version"),
+        max_model_version=fields.integer("max_model_version"),
+        examples=fields.integer("examples"),
+        loss=fields.number("loss"),
+        metrics=_scalars(fields.mapping("metrics")),
+    )
+    if window.min_model_version > window.max_model_version:
+        raise InputError(
+            f"{where}: 'min_model_version' must not exceed 'max_model_version', got {_show(obj)}"
+        )
+    return window
 
 
 def _restart_event(obj: Any, where: str) -> RestartEvent:

@@ -16,6 +16,7 @@ from elastic_step.report.inputs import (
     EvaluationRound,
     RocPoint,
     TrainingSummary,
+    TrainWindow,
 )
 from elastic_step.report.svg_chart import Chart, Event, Point, Series, render_chart
 
@@ -23,6 +24,8 @@ PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#1
 WORKERS_COLOR = "#1f77b4"
 RESTART_COLOR = "#d62728"
 ROC_COLOR = "#ff7f0e"
+#: The training series, beside each chart's own colour for the validation series.
+TRAINING_COLOR = "#bcbd22"
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
@@ -44,7 +47,7 @@ svg .tick { fill: #555; }
 svg .axis-label { fill: #333; font-size: 12px; }
 svg .line { fill: none; stroke-width: 2.5; stroke-linejoin: round; }
 svg .diagonal { stroke: #999; stroke-dasharray: 4 4; }
-svg .event line { stroke-width: 1.5; stroke-dasharray: 5 3; }
+svg .event line { stroke-width: 2.5; stroke-dasharray: 5 3; }
 .scroll { overflow: auto; max-width: 100%; }
 table.confusion { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 table.confusion th, table.confusion td { border: 1px solid #ddd; padding: 4px 8px; }
@@ -80,7 +83,7 @@ def render_report(*, evaluation: Evaluation, summary: TrainingSummary | None) ->
     else:
         body += [
             _training_header(summary),
-            _evaluations_section(summary.evaluations),
+            _evaluations_section(summary.evaluations, summary.train_windows),
             _workers_section(summary),
         ]
     if evaluation.confusion_matrix is not None:
@@ -141,40 +144,62 @@ def _training_header(summary: TrainingSummary) -> str:
     return f"<h2>Training</h2>\n{_cards('training-facts', items)}\n{error}"
 
 
-def _evaluations_section(rounds: list[EvaluationRound]) -> str:
+def _evaluations_section(rounds: list[EvaluationRound], windows: list[TrainWindow]) -> str:
     head = '<section id="evaluations">\n<h2>Loss and metrics by model version</h2>'
-    if not rounds:
-        return f'{head}\n<p class="note">No evaluation ran during training.</p>\n</section>'
+    if not rounds and not windows:
+        return (
+            f'{head}\n<p class="note">No evaluation ran and no training loss was reported.</p>'
+            "\n</section>"
+        )
     rounds = sorted(rounds, key=lambda r: (r.model_version, r.epoch))
-    names = list(dict.fromkeys(name for r in rounds for name in r.metrics))
-    quantities = [("loss", lambda r: r.loss)] + [
-        (name, lambda r, name=name: r.metrics.get(name)) for name in names
-    ]
+    names = list(dict.fromkeys(name for r in rounds + windows for name in r.metrics))
     charts = []
-    for i, (name, value_of) in enumerate(quantities):
-        points = [
+    for i, name in enumerate(["loss", *names]):
+        training = [
+            Point(
+                x=w.max_model_version,
+                y=y,
+                tooltip=f"training, model v{w.min_model_version}-v{w.max_model_version} "
+                f"({w.examples:,} examples): {name} {_number(y)}",
+            )
+            for w in windows
+            if (y := w.loss if name == "loss" else w.metrics.get(name)) is not None
+        ]
+        validation = [
             Point(
                 x=r.model_version,
-                y=value_of(r),
-                tooltip=f"model v{r.model_version}, epoch {r.epoch} ({r.trigger}): "
-                f"{name} {_number(value_of(r))}",
+                y=y,
+                tooltip=f"validation, model v{r.model_version}, epoch {r.epoch} ({r.trigger}): "
+                f"{name} {_number(y)}",
             )
             for r in rounds
-            if value_of(r) is not None
+            if (y := r.loss if name == "loss" else r.metrics.get(name)) is not None
         ]
-        if not points:
+        series = [
+            Series(name=label, points=points, color=color)
+            for label, points, color in (
+                ("training", training, TRAINING_COLOR),
+                ("validation", validation, PALETTE[i % len(PALETTE)]),
+            )
+            if points
+        ]
+        if not series:
             continue
-        chart = Chart(
-            title=name,
-            x_label="model version",
-            y_label=name,
-            series=[Series(name=name, points=points, color=PALETTE[i % len(PALETTE)])],
-        )
+        chart = Chart(title=name, x_label="model version", y_label=name, series=series)
         charts.append(render_chart(chart, plot_id=f"evaluation-{name}"))
-    note = (
-        f'<p class="note">{len(rounds)} evaluation{"s" if len(rounds) > 1 else ""} '
-        "on the validation split while training.</p>"
-    )
+    counts = []
+    if windows:
+        counts.append(
+            f'<span style="color:{TRAINING_COLOR}">&#9679; olive</span>: training, the mean over '
+            f"the batches trained in each window of model versions ({len(windows)} "
+            f"window{'s' if len(windows) > 1 else ''})"
+        )
+    if rounds:
+        counts.append(
+            f"&#9679; coloured: validation, {len(rounds)} evaluation"
+            f"{'s' if len(rounds) > 1 else ''} on the validation split while training"
+        )
+    note = f'<p class="note">{"; ".join(counts)}.</p>'
     return f'{head}\n{note}\n<div class="charts">\n' + "\n".join(charts) + "\n</div>\n</section>"
 
 

@@ -90,7 +90,17 @@ REGIONS_JS = """
                   : getComputedStyle(el.querySelector('.series circle')).fill;
     }
     const events = [...el.querySelectorAll('.event')];
+    const series = [...el.querySelectorAll('.series')].map((g) => {
+      const line = g.querySelector('polyline');
+      return {
+        name: g.dataset.series,
+        circles: g.querySelectorAll('circle').length,
+        color: line ? getComputedStyle(line).stroke
+                    : getComputedStyle(g.querySelector('circle')).fill,
+      };
+    });
     return {
+      series,
       plot: el.dataset.plot,
       x: box.left + scrollX, y: box.top + scrollY, width: box.width, height: box.height,
       mark,
@@ -186,7 +196,7 @@ def test_evaluate_gives_the_roc_curve_of_a_binary_classifier(evaluated) -> None:
 def test_the_report_renders_in_chromium_with_every_plot_drawn(evaluated, tmp_path) -> None:
     import tensorflow as tf
 
-    report, _, _ = evaluated
+    report, _, summary = evaluated
     browser = HeadlessChromium(tmp_path / "profile", width=WIDTH, height=900)
     try:
         browser.load(report.as_uri())
@@ -219,6 +229,22 @@ def test_the_report_renders_in_chromium_with_every_plot_drawn(evaluated, tmp_pat
         assert region["y"] + region["height"] <= height, region
         drawn = pixels_of(image, region, region["mark"])
         assert drawn >= 150, f"{region['plot']}: {drawn} pixels of {region['mark']}"
+    # Each metric's chart draws the training windows and the evaluation rounds, each series
+    # in its own colour, one mark per window or round.
+    windows, rounds = summary["train_loss"], summary["evaluations"]
+    assert len(windows) >= 2 and len(rounds) >= 2
+    for region in regions:
+        if not region["plot"].startswith("evaluation-"):
+            continue
+        name = region["plot"].removeprefix("evaluation-")
+        series = {s["name"]: s for s in region["series"]}
+        assert list(series) == ["training", "validation"], name
+        assert series["validation"]["circles"] == len(rounds), region
+        assert series["training"]["circles"] == len(windows), region
+        assert series["training"]["color"] != series["validation"]["color"]
+        for s in series.values():
+            drawn = pixels_of(image, region, s["color"])
+            assert drawn >= 100, f"{region['plot']} {s['name']}: {drawn} pixels of {s['color']}"
     [workers] = [r for r in regions if r["plot"] == "workers"]
     assert "crashed" in workers["events"]
     assert pixels_of(image, workers, workers["event_mark"]) >= 50

@@ -88,6 +88,18 @@ def summary(**overrides) -> dict:
                 "metrics": {"loss": 0.25, "accuracy": 0.9},
             },
         ],
+        "train_loss": [
+            {
+                "window": w,
+                "min_model_version": 5 * w + 1,
+                "max_model_version": 5 * w + 5,
+                "examples": 160,
+                "loss": 0.8 - 0.1 * w,
+                # xent: a metric of the training windows only.
+                "metrics": {"accuracy": 0.6 + 0.05 * w, "xent": 0.7 - 0.1 * w},
+            }
+            for w in range(4)
+        ],
         "restarts": {"worker": 2, "ps": 0, "master": 0},
         "restarts_by_reason": {"crashed": 1, "preempted": 1},
         "restart_events": [
@@ -122,6 +134,7 @@ def test_a_classifier_with_its_training_gets_every_plot(tmp_path) -> None:
     assert elements.plots() == [
         "evaluation-loss",
         "evaluation-accuracy",
+        "evaluation-xent",
         "workers",
         "confusion-matrix",
         "roc",
@@ -142,7 +155,7 @@ def test_a_classifier_with_its_training_gets_every_plot(tmp_path) -> None:
     # (0, 0) then the three points: area 0.2 * 0.8 + 0.8 * 1.0 = 0.96.
     assert "3 thresholds; area under the plotted curve: 0.960" in text
     assert "per_class" in text and "[0.8, 1.0]" in text  # a list metric is shown, not plotted
-    assert len(svgs(document)) == 4
+    assert len(svgs(document)) == 5
 
 
 def test_text_from_user_files_is_escaped_everywhere(tmp_path) -> None:
@@ -181,19 +194,53 @@ def test_a_regression_model_without_a_summary_gets_its_scalars_only(tmp_path) ->
 
 def test_one_evaluation_an_empty_timeline_and_an_older_summary(tmp_path) -> None:
     training = summary(evaluations=summary()["evaluations"][:1], workers_timeline=[])
-    for key in ("restart_events", "elapsed_s"):  # written by later versions only
+    for key in ("restart_events", "elapsed_s", "train_loss"):  # written by later versions only
         del training[key]
     document = render(tmp_path, binary_evaluation(["0", "1"]), training)
     elements = Elements(document)
 
     assert elements.plots() == ["evaluation-loss", "evaluation-accuracy", "confusion-matrix", "roc"]
     assert "No workers timeline was recorded." in elements.text
-    assert "1 evaluation on the validation split while training." in elements.text
+    assert "validation, 1 evaluation on the validation split while training" in " ".join(
+        elements.text
+    )
     # One point: a dot, no line, on an axis widened around it.
     [loss] = [svg for svg in svgs(document) if svg.get("data-plot") == "evaluation-loss"]
     ns = {"svg": "http://www.w3.org/2000/svg"}
     assert len(loss.findall(".//svg:circle", ns)) == 1
     assert loss.findall(".//svg:polyline", ns) == []
+
+
+def test_training_windows_and_evaluations_share_each_metrics_chart(tmp_path) -> None:
+    document = render(tmp_path, binary_evaluation(["0", "1"]), summary())
+    ns = {"svg": "http://www.w3.org/2000/svg"}
+    charts = {svg.get("data-plot"): svg for svg in svgs(document)}
+
+    def points(plot: str) -> dict[str, list[str]]:
+        return {
+            g.get("data-series"): [
+                c.find("svg:title", ns).text for c in g.findall("svg:circle", ns)
+            ]
+            for g in charts[plot].findall("svg:g[@class='series']", ns)
+        }
+
+    loss = points("evaluation-loss")
+    assert list(loss) == ["training", "validation"]
+    assert loss["training"][0] == "training, model v1-v5 (160 examples): loss 0.8"
+    assert len(loss["training"]) == 4 and len(loss["validation"]) == 2
+    assert loss["validation"][1] == "validation, model v20, epoch 2 (epoch-end): loss 0.25"
+    assert list(points("evaluation-accuracy")) == ["training", "validation"]
+    # A metric only the training windows have still gets its chart, with their series alone.
+    assert list(points("evaluation-xent")) == ["training"]
+    text = " ".join(Elements(document).text)
+    assert "training, the mean over the batches trained in each window of model versions " in text
+    assert "(4 windows)" in text
+
+
+def test_a_summary_with_windows_but_no_evaluation_still_charts_the_training(tmp_path) -> None:
+    document = render(tmp_path, binary_evaluation(["0", "1"]), summary(evaluations=[]))
+    plots = Elements(document).plots()
+    assert plots[:3] == ["evaluation-loss", "evaluation-accuracy", "evaluation-xent"]
 
 
 def test_the_timeline_runs_to_the_end_of_the_job(tmp_path) -> None:
@@ -230,6 +277,20 @@ def test_the_timeline_runs_to_the_end_of_the_job(tmp_path) -> None:
             {**binary_evaluation(["a", "b"]), "roc": [{"threshold": 0.5, "tpr": 2, "fpr": 0}]},
             None,
             "evaluation: roc[0]: 'tpr' and 'fpr' must lie in [0, 1]",
+        ),
+        (
+            binary_evaluation(["a", "b"]),
+            summary(train_loss=[{"min_model_version": 1, "max_model_version": 5, "loss": 1.0}]),
+            "summary: train_loss[0]: 'examples' is missing",
+        ),
+        (
+            binary_evaluation(["a", "b"]),
+            summary(
+                train_loss=[
+                    {"min_model_version": 9, "max_model_version": 5, "examples": 3, "loss": 1.0}
+                ]
+            ),
+            "summary: train_loss[0]: 'min_model_version' must not exceed 'max_model_version'",
         ),
         (
             binary_evaluation(["a", "b"]),
