@@ -193,7 +193,10 @@ print(" ".join(codes))
 @pytest.mark.timeout(600)  # kills, replacements and a PS restore: minutes on 2 loaded cores
 def test_chaos_random_worker_kills_and_a_ps_kill_keep_accounting_exact(train_run):
     run = train_run(
-        "--epochs", "8", "--batch-size", "4", "--checkpoint-steps", "50",
+        # A checkpoint every 10 pushes: the PS dies after one exists. Killed before its first
+        # checkpoint, its replacement could only be filled by a worker holding a copy, and
+        # the random kills may take every such worker first.
+        "--epochs", "8", "--batch-size", "4", "--checkpoint-steps", "10",
         "--max-restarts", "100", "--max-task-retries", "20",
     ).start()  # fmt: skip
     status = run.wait_for("training mid-epoch", mid_epoch)
