@@ -137,7 +137,9 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
     run = TrainRun(
         root / "data",
         root / "run",
-        *("--epochs", "8", "--workers", "2", "--ps", "1"),
+        # Enough epochs that the job is still running when the test looks for mid-epoch:
+        # 8 could end in 3 s.
+        *("--epochs", "16", "--workers", "2", "--ps", "1"),
         model_def=str(root / "model.py"),
     ).start()
     try:
