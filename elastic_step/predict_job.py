@@ -120,8 +120,7 @@ class PredictJob(Job):
 
         coordinator = self.coordinator
         with coordinator.lock:
-            record, tasks, instances = coordinator.record, coordinator.tasks, coordinator.instances
-            rate = coordinator.examples_per_second()
+            record, tasks = coordinator.record, coordinator.tasks
             document = {
                 "phase": record.phase.value,
                 "error": record.error,
@@ -129,11 +128,6 @@ class PredictJob(Job):
                 "records": tasks.records_per_epoch,
                 "records_predicted": tasks.records_trained(1),
                 "predictions": self.paths.predictions,
-                "restarts": {**instances.restarts, "master": record.master_restarts},
-                "restarts_by_reason": instances.restarts_by_reason,
-                "restart_events": instances.restart_events,
-                "workers_timeline": instances.timeline,
-                "elapsed_s": instances.elapsed_s(),
-                "examples_per_second": round(rate, 2) if rate else None,
+                **self._run_facts(),
             }
         reports.write_json(self.paths.summary, document)

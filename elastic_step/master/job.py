@@ -622,24 +622,33 @@ class Job:
         log.info("done: %s are in %s", self.RESULTS, self.output)
         return 0
 
+    def _run_facts(self) -> dict:
+        """What every job's summary.json says of its run: restarts, live workers over time,
+        elapsed time and speed. Called under the coordinator's lock."""
+        coordinator = self.coordinator
+        record, instances = coordinator.record, coordinator.instances
+        rate = coordinator.examples_per_second()
+        return {
+            "restarts": {**instances.restarts, "master": record.master_restarts},
+            "restarts_by_reason": instances.restarts_by_reason,
+            "restart_events": instances.restart_events,
+            "workers_timeline": instances.timeline,
+            "elapsed_s": instances.elapsed_s(),
+            "examples_per_second": round(rate, 2) if rate else None,
+        }
+
     def _write_summary(self) -> None:
         coordinator = self.coordinator
         with coordinator.lock:
-            record, tasks, instances = coordinator.record, coordinator.tasks, coordinator.instances
-            rate = coordinator.examples_per_second()
+            record, tasks = coordinator.record, coordinator.tasks
             document = {
                 "phase": record.phase.value,
                 "error": record.error,
                 "epochs": tasks.epoch_accounting(),
                 "metrics": record.final_metrics(),
                 "evaluations": record.evaluations,
-                "restarts": {**instances.restarts, "master": record.master_restarts},
-                "restarts_by_reason": instances.restarts_by_reason,
+                **self._run_facts(),
                 "ps_restores": record.ps_restores,
-                "workers_timeline": instances.timeline,
-                "restart_events": instances.restart_events,
-                "elapsed_s": instances.elapsed_s(),
-                "examples_per_second": round(rate, 2) if rate else None,
                 "model_version": tasks.model_version,
                 "train_loss": record.train_loss_windows(),
                 "early_stop": record.early_stop,
