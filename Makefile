@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-unit test-e2e test-k8s cluster lint format proto clean \
+.PHONY: setup browser demo test test-unit test-e2e test-k8s test-argo cluster argo lint format proto clean \
 	components bench bench-throughput bench-embedding bench-master bench-goodput \
 	bench-preprocess bench-k8s
 
@@ -46,6 +46,14 @@ cluster:
 
 test-k8s: $(STAMP) cluster
 	GO=$(GO) $(BIN)/python -m pytest -q tests/k8s
+
+# Argo Workflows' own controller, argoexec and CLI, built from the pinned Go module (cached).
+argo: cluster
+	@GO=$(GO) tests/cluster/build_argo.sh >/dev/null
+
+# The example Workflow and stop, retry and delete under Argo's real controller.
+test-argo: $(STAMP) argo
+	GO=$(GO) $(BIN)/python -m pytest -q tests/argo
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .

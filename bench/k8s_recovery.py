@@ -796,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     busy0, ours0 = machine_busy_s(), own_cpu_s() + children_cpu_s()
     try:
-        with start_cluster(cluster_dir) as cluster:
+        with start_cluster(cluster_dir, host_paths=[workdir]) as cluster:
             cluster_s = time.monotonic() - started
             log(f"test cluster ready in {cluster_s:.1f} s ({cluster_dir})")
             kubeconfig = add_namespace(

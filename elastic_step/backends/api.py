@@ -65,6 +65,24 @@ class ExitReason(enum.StrEnum):
         return self in (ExitReason.CRASHED, ExitReason.OOM_KILLED)
 
 
+class StopKind(enum.StrEnum):
+    """What the platform asks of the master when it stops it."""
+
+    #: The run is stopped (cancelled, terminated, its master pod deleted by a person): the
+    #: master removes its instances and keeps the job's state, so the same command resumes.
+    STOP = "stop"
+    #: The master itself moves (evicted, preempted, its pod lost under an engine that
+    #: retries the step): it leaves its instances running for the next master to adopt.
+    HANDOVER = "handover"
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    kind: StopKind
+    #: What the platform showed, in one line ("Workflow wf-1: spec.shutdown is Stop").
+    reason: str
+
+
 @dataclass(frozen=True)
 class Resources:
     """What one instance asks the platform for; the local backend ignores it."""
@@ -179,11 +197,14 @@ class Backend(ABC):
         instances that outlive a master find the next one. Idempotent.
         """
 
-    def disruption(self) -> str | None:
-        """Why the platform is stopping the master itself (evicted, preempted), or None.
+    def stop_request(self, signalled: bool = False) -> StopRequest | None:
+        """What the platform asks of the master, read from its API: no signal is needed.
 
-        Asked when the master gets SIGTERM: a disrupted master leaves its instances running
-        for the next master to adopt; otherwise the run was stopped, and it removes them.
+        The master polls it every tick, so it answers at once from what a watcher has seen;
+        None while the run goes on. With ``signalled`` (the master got SIGTERM) it reads
+        the platform now, so that the signal is told apart: a move of the master (a
+        HANDOVER) or a stop of the run. A SIGTERM that the platform does not explain is
+        answered with None, and the master takes it for a STOP.
         """
         return None
 
@@ -193,8 +214,10 @@ class Backend(ABC):
         return None
 
     def remove_job_objects(self) -> None:  # noqa: B027 - most backends make nothing else
-        """Removes what the backend made for the job besides its instances (Services, the
-        Secret, an owner object). Called once the job is over or stopped for good."""
+        """Removes what the backend made for the job's instances besides them (a Service,
+        their credentials). Called once the job is over or stopped. Whatever owns the job's
+        state (an owner object) stays: only deleting the run, or that owner, forgets the job.
+        """
 
     @abstractmethod
     def close(self) -> None:

@@ -19,10 +19,15 @@ master must adopt them. They are owned by the run's object, found from the maste
 - an Argo ``Workflow`` (``argoproj.io``; KFP runs on Argo): deleting the run removes all;
 - a ``batch/v1`` ``Job`` (the master run as a Kubernetes Job, with no pipeline engine);
 - otherwise (no owner, another kind, or a master outside the cluster) a ConfigMap
-  ``<job>-owner`` that the backend creates: deleting it garbage-collects everything, and
-  :meth:`remove_job_objects` deletes it at the end.
+  ``<job>-owner`` that the backend creates: deleting it garbage-collects everything.
 
-Owner references are not controller references and do not block the owner's deletion.
+Owner references are not controller references and do not block the owner's deletion. The
+job's state on the cluster (its Lease and state ConfigMaps) has the same owner, so a
+stopped job resumes, and only deleting the run (or the owner ConfigMap) forgets it:
+:meth:`remove_job_objects` removes the Service and the Secret, never the owner.
+
+**Stop.** How the master learns that the run is stopped, or that it is moved itself, from
+the API rather than from a signal: see ``kubernetes_run.py``.
 
 **Launch.** :meth:`launch` only queues the create: a small pool of threads makes the API
 calls, so the master's lock never waits on API latency. A create that timed out but was
@@ -82,6 +87,7 @@ from elastic_step.backends.api import (
     InstanceInfo,
     LaunchSpec,
     Role,
+    StopRequest,
     take_events,
 )
 from elastic_step.backends.kubernetes_client import (
@@ -92,6 +98,7 @@ from elastic_step.backends.kubernetes_client import (
     load_api_client,
 )
 from elastic_step.backends.kubernetes_options import KubernetesOptions
+from elastic_step.backends.kubernetes_run import RunWatch
 from elastic_step.backends.kubernetes_watch import (
     Phase,
     PodWatch,
@@ -241,7 +248,6 @@ class KubernetesBackend(Backend):
         self._events: queue.Queue[InstanceEvent] = queue.Queue()
         self._setup_lock = threading.Lock()
         self._owner: dict[str, Any] | None = None
-        self._owns_owner = False
         self._image = self._options.image
         #: What the job's Secret holds, as this master put it there.
         self._secret_values: dict[str, str] = {}
@@ -253,6 +259,7 @@ class KubernetesBackend(Backend):
             self._kube, pods.job_selector(job_name), self._on_list, self._on_watch_event
         )
         self._watch.start()
+        self._run_watch = RunWatch(self._kube, self._master_pod, api_client)
 
     @property
     def namespace(self) -> str:
@@ -337,23 +344,11 @@ class KubernetesBackend(Backend):
         self._ensure_service(port)
         return f"{pods.service_name(self._job)}.{self._namespace}.svc:{port}"
 
-    def disruption(self) -> str | None:
-        if self._master_pod is None:
-            return None
-        try:
-            pod = self._kube.call(
-                "get",
-                "pods",
-                self._kube.core.read_namespaced_pod,
-                self._master_pod,
-                self._namespace,
-                timeout=(2.0, 3.0),
-            )
-        except KubeCallError as e:
-            log.warning("cannot tell whether the master's pod is disrupted: %s", e)
-            return None
-        found = disruption_of(pod)
-        return None if found is None else one_line(f"{found[0]}: {found[1]}").rstrip(": ")
+    def stop_request(self, signalled: bool = False) -> StopRequest | None:
+        if not signalled:
+            return self._run_watch.request()
+        self._ensure_setup()  # the run's object is found there
+        return self._run_watch.read_now()
 
     def remove_job_objects(self) -> None:
         deadline = time.monotonic() + REMOVE_DEADLINE_S
@@ -401,14 +396,12 @@ class KubernetesBackend(Backend):
         service, secret = pods.service_name(self._job), pods.secret_name(self._job)
         attempt("delete", "services", core.delete_namespaced_service, service, ns)
         attempt("delete", "secrets", core.delete_namespaced_secret, secret, ns)
-        if self._owns_owner or self._owner is None:  # None: maybe an earlier master's
-            attempt(
-                "delete",
-                "configmaps",
-                core.delete_namespaced_config_map,
-                pods.owner_name(self._job),
-                ns,
-                body=client.V1DeleteOptions(propagation_policy="Background"),
+        if self._owner is not None:
+            log.info(
+                "kubernetes: the state of job %s stays until %s %s is deleted",
+                self._job,
+                self._owner["kind"],
+                self._owner["name"],
             )
 
     def close(self) -> None:
@@ -416,6 +409,7 @@ class KubernetesBackend(Backend):
             return
         self._closed = True
         self._watch.stop()
+        self._run_watch.stop()
         self._pool.close()
 
     def owner_reference(self) -> dict | None:
@@ -449,13 +443,13 @@ class KubernetesBackend(Backend):
                     self._image = (main or containers[0])["image"]
             if owner is None:
                 owner = self._make_owner()
-                self._owns_owner = True
             if self._image is None:
                 raise BackendError(
                     "--image is required when the master does not run in a pod "
                     "(in a pod, the default is the master pod's own image)"
                 )
             self._owner = owner
+            self._run_watch.start(owner)
             log.info(
                 "kubernetes: job %s in namespace %s, objects owned by %s %s",
                 self._job,

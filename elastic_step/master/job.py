@@ -3,7 +3,10 @@
 It takes the job's lease in the state store, creates the job or resumes it (checking that
 the settings are the same), starts the gRPC server, and runs the loop that feeds backend
 events and ticks to the :class:`Coordinator`. At the end it saves the model and the summary.
-SIGTERM or SIGINT stops every instance and exits non-zero; the same command resumes.
+SIGTERM or SIGINT, or a stop of the run that the backend reads from the platform, stops
+every instance and exits non-zero, keeping the state: the same command resumes. When the
+platform moves the master instead (an eviction, a retried step), the instances stay for the
+next master to adopt.
 While it runs it writes status.json, TensorBoard events and, with ``--metrics-port``, serves
 Prometheus metrics; with ``--keep-best`` it saves the model of each better evaluation round.
 """
@@ -23,7 +26,7 @@ from concurrent import futures
 import grpc
 
 from elastic_step.backends import BackendParams, Role, create_backend
-from elastic_step.backends.api import Backend, LaunchSpec
+from elastic_step.backends.api import Backend, LaunchSpec, StopKind, StopRequest
 from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.errors import InputError, JobFailedError
@@ -253,10 +256,9 @@ class Job:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        # Once the job is over its state may be gone with the job's objects (a stopped run's
-        # owner is deleted, and the state with it): a failing close then changes nothing.
-        over = self.coordinator is not None and self.coordinator.phase.over
-        self._close_store(quietly=over)
+        # A stopped run may have been deleted, and its state with it.
+        stopped = self.coordinator is not None and self.coordinator.phase is Phase.INTERRUPTED
+        self._close_store(quietly=stopped)
         return status
 
     def _close_store(self, quietly: bool) -> None:
@@ -433,8 +435,9 @@ class Job:
             coordinator.tick()
             if coordinator.store_failure is not None:
                 raise coordinator.store_failure
-            if self._stop_signal is not None:
-                return self._interrupt()
+            request = self.backend.stop_request()
+            if self._stop_signal is not None or request is not None:
+                return self._interrupt(request)
             if coordinator.record.error:
                 self._fail()
             best = coordinator.best_model_due()
@@ -482,28 +485,32 @@ class Job:
             self.coordinator.instances.delete_all(STOP_GRACE_S)
         self._wait_until_gone(wait_s)
 
-    def _interrupt(self) -> int:
-        name = signal.Signals(self._stop_signal).name
-        disruption = self.backend.disruption()
-        if disruption is not None:
-            # The platform moves the master: the retried step's master adopts the instances.
-            log.warning(
-                "%s received (%s): leaving workers and PS running for the next master",
-                name,
-                disruption,
+    def _interrupt(self, request: StopRequest | None) -> int:
+        """Stops the run, or hands it over to the next master, as the platform asks; returns
+        the exit status (128 + SIGTERM when no signal came)."""
+        status = 128 + (self._stop_signal or signal.SIGTERM)
+        if self._stop_signal is not None:
+            name = signal.Signals(self._stop_signal).name
+            request = self.backend.stop_request(signalled=True) or StopRequest(
+                StopKind.STOP, f"{name} received"
             )
+        if request.kind is StopKind.HANDOVER:
+            # The platform moves the master: the next master adopts the instances.
+            log.warning("%s: leaving workers and PS running for the next master", request.reason)
             self.store.flush(FLUSH_TIMEOUT_S)
             self._write_status()
-            return 128 + self._stop_signal
+            return status
         log.warning(
-            "%s received: stopping all workers and PS; run the same command to resume", name
+            "the run is stopped (%s): stopping all workers and PS; the job's state stays, "
+            "and the same command resumes it",
+            request.reason,
         )
         self.coordinator.set_phase(Phase.INTERRUPTED)
         self._stop_all(wait_s=STOP_GRACE_S + 4)
         self.store.flush(FLUSH_TIMEOUT_S)
-        self.backend.remove_job_objects()  # last: it may take the state with it
+        self.backend.remove_job_objects()
         self._write_status()
-        return 128 + self._stop_signal
+        return status
 
     def _fail(self) -> None:
         error = self.coordinator.record.error

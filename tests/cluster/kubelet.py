@@ -457,7 +457,10 @@ class ProcessKubelet:
         cluster_dns: str = "",
         cluster_domain: str = "cluster.local",
         pvc_root: Path | None = None,
+        host_paths: list[str] | None = None,
     ) -> None:
+        """``host_paths``: host paths that every container sees at their paths even under
+        /tmp (beside the interpreter and the repository): a test's own directory."""
         self.api = api
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
@@ -465,6 +468,7 @@ class ProcessKubelet:
         self.capacity = capacity
         self.workdir = workdir
         self.base_env = base_env if base_env is not None else _host_env()
+        self.host_paths = _host_paths(self.base_env) + list(host_paths or [])
         server = urlsplit(api.configuration.host)
         self.service_env = service_env(server.hostname or HOST_IP, server.port or 443)
         self.pod_cidr = pod_cidr
@@ -827,6 +831,9 @@ class ProcessKubelet:
             )
             rootfs = run.pod_dir / f"rootfs-{name}"
             rootfs.mkdir(exist_ok=True)
+            private_tmp = run.pod_dir / f"tmp-{name}"
+            private_tmp.mkdir(exist_ok=True)
+            private_tmp.chmod(0o1777)
             container.error_file = run.pod_dir / f"{name}.start-error"
             container.error_file.unlink(missing_ok=True)
             host_network = bool(run.pod["spec"].get("hostNetwork"))
@@ -837,6 +844,8 @@ class ProcessKubelet:
                 "hostname": "" if host_network else pod_hostname(run.pod),
                 "mounts": mounts,
                 "cwd": spec.get("workingDir") or str(run.pod_dir),
+                "private_tmp": str(private_tmp),
+                "keep": [*self.host_paths, str(run.pod_dir)],
                 "argv": argv,
                 "env": env,
                 "error_file": str(container.error_file),
@@ -1233,6 +1242,16 @@ def _host_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k in HOST_ENV}
 
 
+def _host_paths(env: dict[str, str]) -> list[str]:
+    """The host paths a container must see whatever its /tmp: the interpreter's prefix, the
+    repository, and what the host env points to (PATH, PYTHONPATH, VIRTUAL_ENV)."""
+    paths = [sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[2])]
+    for variable in ("PATH", "PYTHONPATH"):
+        paths += filter(None, env.get(variable, "").split(os.pathsep))
+    paths += filter(None, [env.get("VIRTUAL_ENV")])
+    return sorted({os.path.realpath(p) for p in paths} | set(paths))
+
+
 def parse_capacity(text: str) -> dict[str, str]:
     """Parse "cpu=4,pods=20" over the default capacity."""
     capacity = dict(DEFAULT_CAPACITY)
@@ -1252,6 +1271,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster-dns", default="", help="nameserver for ClusterFirst pods")
     parser.add_argument("--cluster-domain", default="cluster.local")
     parser.add_argument("--pvc-root", default="", help="claims whose PV has no host path")
+    parser.add_argument(
+        "--host-path", action="append", default=[], help="seen by every container, even in /tmp"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s kubelet %(message)s")
     workdir = Path(args.workdir or f"/tmp/process-kubelet-{args.node_name}")
@@ -1265,6 +1287,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_dns=args.cluster_dns,
         cluster_domain=args.cluster_domain,
         pvc_root=Path(args.pvc_root) if args.pvc_root else None,
+        host_paths=args.host_path,
     )
     signal.signal(signal.SIGTERM, lambda *_: kubelet.stop())
     signal.signal(signal.SIGINT, lambda *_: kubelet.stop())

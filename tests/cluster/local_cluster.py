@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -164,6 +164,11 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "<no log>"
 
 
+def _pod_path(first: Sequence[Path]) -> list[str]:
+    path = [str(p) for p in first] + [str(Path(sys.executable).parent)]
+    return path + [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p]
+
+
 def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
     if proc.poll() is not None:
         return
@@ -201,11 +206,21 @@ def _node_ready(core: client.CoreV1Api) -> bool:
 
 
 @contextlib.contextmanager
-def start_cluster(workdir: Path, binary: Path | None = None) -> Iterator[Cluster]:
+def start_cluster(
+    workdir: Path,
+    binary: Path | None = None,
+    *,
+    pod_path: Sequence[Path] = (),
+    host_paths: Sequence[Path] = (),
+) -> Iterator[Cluster]:
     """Starts the control plane, the add-ons and one kubelet with their files and logs under
     ``workdir``; stops them all (and so every pod's processes) on exit. ``binary``: the
-    control plane, from :func:`build_binary` (built now when None). Raises ClusterStartError,
-    with the logs' tails, when a part does not come up."""
+    control plane, from :func:`build_binary` (built now when None). Pods find commands on
+    ``pod_path``, then in this interpreter's bin directory (``elastic-step``, as in the
+    image), then on this process's PATH. Each container has its own /tmp, but sees
+    ``host_paths`` (a test session's directory, where it hands pods their files) at their
+    paths. Raises ClusterStartError, with the logs' tails,
+    when a part does not come up."""
     binary = binary or build_binary()
     plane_dir = workdir / "control-plane"
     plane_log = (workdir / "control-plane.log").open("wb")
@@ -277,10 +292,12 @@ def start_cluster(workdir: Path, binary: Path | None = None) -> Iterator[Cluster
                 f"--pod-cidr={pod_cidr}",
                 f"--cluster-dns={dns_address}",
                 f"--pvc-root={pvc_root}",
+                *(f"--host-path={path}" for path in host_paths),
             ],
             stdout=kubelet_log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env={**os.environ, "PATH": os.pathsep.join(_pod_path(pod_path))},
         )
 
         def addons_up() -> bool:

@@ -11,9 +11,12 @@ helper, still with the container's pid, then:
    the host (a volume's mountPath such as /checkpoints, /var/run/secrets/...) can be
    created without touching the host: a directory that needs a new entry is "shadowed" by
    a tmpfs holding bind mounts of its original entries;
-4. bind-mounts every volume, /etc/hosts, /etc/resolv.conf and /etc/hostname at their
+4. mounts the container's own directory on /tmp (plan["private_tmp"]), with the host paths
+   under /tmp that it needs bound back (plan["keep"]: the interpreter, the repository, the
+   pod's directory), so that two containers writing /tmp/outputs/... do not collide;
+5. bind-mounts every volume, /etc/hosts, /etc/resolv.conf and /etc/hostname at their
    paths, read-only where asked;
-5. changes to the working directory, takes the securityContext's user and groups if one is
+6. changes to the working directory, takes the securityContext's user and groups if one is
    given, and execs the command with the container's env.
 
 Nothing is mounted in the host's namespace: when the last process of the container exits,
@@ -184,16 +187,51 @@ def setup(plan: dict) -> None:
         socket.sethostname(plan["hostname"])
     root = Root()
     root.build(plan["root"])
+    host = (
+        _private_tmp(root, plan["private_tmp"], plan.get("keep", []))
+        if plan.get("private_tmp")
+        else (lambda path: path)
+    )
     for item in plan.get("mounts", []):
         try:
-            root.bind(item["source"], item["target"], bool(item.get("readOnly")))
+            root.bind(host(item["source"]), item["target"], bool(item.get("readOnly")))
         except OSError as err:
             raise OSError(f"mounting {item['source']} at {item['target']}: {err}") from err
+    if plan.get("private_tmp"):
+        umount_detach(HOST_TMP)  # the binds made from it stay
+        os.rmdir(HOST_TMP)
     os.chdir(root.make_dir(plan["cwd"]) if plan.get("cwd") else "/")
     if "uid" in plan:  # securityContext.runAsUser/runAsGroup/supplementalGroups
         os.setgroups(plan.get("groups") or [])
         os.setgid(plan.get("gid", 0))
         os.setuid(plan["uid"])
+
+
+HOST_TMP = "/.podinit-host-tmp"
+
+
+def _private_tmp(root: Root, private: str, keep: list[str]):
+    """Mount the container's own directory on /tmp, as a container's /tmp is its image's,
+    and bind back the host paths under /tmp that it needs (the interpreter, the repository,
+    the pod's directory). Returns how a host path is reached from now on."""
+    os.mkdir(HOST_TMP)
+    mount("/tmp", HOST_TMP, None, MS_BIND | MS_REC)
+
+    def host(path: str) -> str:
+        if path == "/tmp" or path.startswith("/tmp/"):
+            return HOST_TMP + path[len("/tmp") :]
+        return path
+
+    mount(host(private), "/tmp", None, MS_BIND | MS_REC)
+    root.volumes.append("/tmp")  # entries made under /tmp go to the container's own directory
+    kept: list[str] = []
+    for path in sorted(set(keep)):
+        if not path.startswith("/tmp/") or any(path.startswith(k + "/") for k in kept):
+            continue
+        if os.path.exists(host(path)):
+            root.bind(host(path), path, False)
+            kept.append(path)
+    return host
 
 
 _error_fd = -1

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from example_data import write_breast_cancer_csv
 from kfp import local
 
 from elastic_step.examples import path_of
@@ -25,20 +26,6 @@ LABEL = "benign"
 # kfp.local warns that the components' image does not look like a Python image: it runs them
 # in this environment instead, which is the point.
 pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")
-
-
-def write_breast_cancer_csv(path: Path) -> None:
-    """The 569 records as CSV: 30 numeric columns, named as elastic_step/examples/
-    breast_cancer.py expects, and the label (0 or 1)."""
-    from sklearn.datasets import load_breast_cancer
-
-    data = load_breast_cancer()
-    names = [name.replace(" ", "_") for name in data.feature_names]
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow([*names, LABEL])
-        for values, target in zip(data.data, data.target, strict=True):
-            writer.writerow([*(f"{v:.6g}" for v in values), int(target)])
 
 
 def executor_output(root: Path, task: str) -> dict:
@@ -54,7 +41,7 @@ def artifact(output: dict, name: str) -> dict:
 def work(tmp_path_factory) -> Path:
     """The run's folder: the CSV, and the pipeline root, root/."""
     work = tmp_path_factory.mktemp("kfp")
-    write_breast_cancer_csv(work / "breast_cancer.csv")
+    write_breast_cancer_csv(work / "breast_cancer.csv", LABEL)
     return work
 
 

@@ -38,7 +38,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         try:
-            cluster = stack.enter_context(start_cluster(tmp_path_factory.mktemp("k8s"), _BINARY))
+            cluster = stack.enter_context(
+                start_cluster(
+                    tmp_path_factory.mktemp("k8s"),
+                    _BINARY,
+                    # The tests hand pods files in their own directories, as a shared
+                    # volume would.
+                    host_paths=[tmp_path_factory.getbasetemp()],
+                )
+            )
         except ClusterStartError as err:
             pytest.fail(str(err))
         print(f"\nKubernetes control plane and kubelet ready in {time.monotonic() - started:.1f}s")

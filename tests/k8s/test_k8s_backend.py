@@ -33,7 +33,15 @@ from test_k8s_backend_support import (
 )
 
 from elastic_step.backends import kubernetes_pods as pods
-from elastic_step.backends.api import EventKind, ExitReason, InstanceEvent, LaunchSpec, Role
+from elastic_step.backends.api import (
+    EventKind,
+    ExitReason,
+    InstanceEvent,
+    LaunchSpec,
+    Role,
+    StopKind,
+    StopRequest,
+)
 from elastic_step.backends.kubernetes import KubernetesBackend
 from elastic_step.backends.kubernetes_client import KubeCallError
 from elastic_step.backends.kubernetes_options import RoleResources
@@ -447,17 +455,34 @@ def test_the_master_service_follows_the_master_pod(admin, restricted, new_backen
     assert [(p.port, p.target_port) for p in ports] == [(5001, 5001)]
 
 
-def test_disruption_reads_the_master_pods_disruption_target(admin, restricted, new_backend):
+def test_an_eviction_of_the_master_pod_is_a_handover(admin, restricted, new_backend):
     # The master's pod is evicted (a node drain): the eviction API marks it DisruptionTarget
     # and deletes it, and the master reads that on its SIGTERM, within the grace period.
     ns = restricted.name
     master = start_master_pod(admin, ns, SLEEP_THROUGH_SIGTERM)
     backend = new_backend(master=master)
-    assert backend.disruption() is None
+    assert backend.stop_request(signalled=True) is None
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name=master, namespace=ns))
     admin.create_namespaced_pod_eviction(master, ns, eviction)
     assert read_pod(admin, ns, master).metadata.deletion_timestamp
-    assert backend.disruption() == "EvictionByEvictionAPI: Eviction API: evicting"
+    request = backend.stop_request(signalled=True)
+    assert request == StopRequest(
+        StopKind.HANDOVER, "EvictionByEvictionAPI: Eviction API: evicting"
+    ), request
+
+
+def test_a_deleted_owner_is_a_stop_seen_with_no_signal(admin, restricted, new_backend):
+    # A bare master pod (nothing owns it): the backend makes the owner ConfigMap. Deleting it
+    # is a stop of the run, which the backend's own poll sees within seconds.
+    ns = restricted.name
+    master = start_master_pod(admin, ns, SLEEP_THROUGH_SIGTERM)
+    backend = new_backend(master=master)
+    owner = backend.owner_reference()
+    assert owner["kind"] == "ConfigMap"
+    assert backend.stop_request() is None
+    admin.delete_namespaced_config_map(owner["name"], ns)
+    request = poll("the stop seen", backend.stop_request, timeout=10)
+    assert request == StopRequest(StopKind.STOP, f"ConfigMap {owner['name']} was deleted")
 
 
 def test_secret_values_are_in_one_secret_and_never_in_a_pod_spec(admin, restricted, new_backend):
@@ -555,7 +580,7 @@ def test_a_master_run_as_a_job_makes_the_job_the_owner(admin, restricted, new_ba
     poll("the garbage collector to remove the job's objects", collected, timeout=90)
 
 
-def test_remove_job_objects_leaves_nothing_of_the_job_within_20_s(admin, restricted, new_backend):
+def test_remove_job_objects_leaves_only_the_owner_within_20_s(admin, restricted, new_backend):
     ns = restricted.name
     backend = new_backend()
     job = backend._job
@@ -568,7 +593,7 @@ def test_remove_job_objects_leaves_nothing_of_the_job_within_20_s(admin, restric
         wait_for(backend, name, EventKind.STARTED, START_S)
     wait_for(backend, "worker-1", EventKind.EXITED, END_S)  # its pod stays, Succeeded
 
-    started = time.monotonic()  # what the master does on SIGTERM with no disruption:
+    started = time.monotonic()  # what the master does when the run is stopped:
     for name in ("ps-0", "worker-0"):
         backend.delete(name, grace_period_s=3)
     backend.remove_job_objects()
@@ -579,11 +604,13 @@ def test_remove_job_objects_leaves_nothing_of_the_job_within_20_s(admin, restric
             admin.list_namespaced_pod(ns, label_selector=selector).items
             or admin.list_namespaced_service(ns, label_selector=selector).items
             or admin.list_namespaced_secret(ns, label_selector=selector).items
-            or admin.list_namespaced_config_map(ns, label_selector=selector).items
         )
 
-    poll("no object of the job", nothing_left, timeout=20)
+    poll("no pod, Service or Secret of the job", nothing_left, timeout=20)
     assert time.monotonic() - started < 20
+    # The owner stays, and with it the job's state: only deleting the run forgets the job.
+    configmaps = admin.list_namespaced_config_map(ns, label_selector=selector).items
+    assert [c.metadata.name for c in configmaps] == [f"{job}-owner"]
 
 
 # -- --dry-run --

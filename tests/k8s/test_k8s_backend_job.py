@@ -1,7 +1,8 @@
 """A whole training job through the Kubernetes backend on the test control plane: the
 master (here a process outside the cluster, acting as the elastic-step-master ServiceAccount)
 runs its PS and workers as pods in a namespace that enforces the ``restricted`` Pod Security
-Standard, survives a worker pod deleted by someone else, and leaves nothing behind.
+Standard, survives a worker pod deleted by someone else, and leaves nothing running; its
+state stays until the run's owner is deleted.
 
 Then the master itself as a pod, with only the project's Role: it is replaced mid-job by
 another pod of the same --job-name, which adopts the running pods.
@@ -51,7 +52,6 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
         "--env", f"PYTHONPATH={REPO}",
     ]  # fmt: skip
     log_path = tmp_path / "master.log"
-    selector = pods.job_selector(job)
     with cluster.admin() as api, open(log_path, "w") as log:
         core = client.CoreV1Api(api)
         master = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -94,17 +94,21 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
         assert summary["metrics"]["accuracy"] > 0.8
         assert (output / "model.keras").exists()
 
-        def nothing_left() -> bool:
-            return not (
-                core.list_namespaced_pod(ns, label_selector=selector).items
-                or core.list_namespaced_service(ns, label_selector=selector).items
-                or core.list_namespaced_secret(ns, label_selector=selector).items
-                or core.list_namespaced_config_map(ns, label_selector=selector).items
-            )
-
+        assert "closing the state store failed" not in log, log[-3000:]
         started = time.monotonic()
-        poll("no object of the job left", nothing_left, timeout=20)
+        idle = {"pods": [], "services": [], "secrets": [f"{job}-state-secret"]}
+        poll("nothing of the job running", lambda: _job_objects(core, ns, job) == idle, timeout=20)
         assert time.monotonic() - started < 20
+        # Its state stays with its owner (a finished job is not run twice); deleting the
+        # owner forgets the job.
+        assert _state_objects(api, ns, job) == {
+            "configmaps": True,
+            "leases": [f"{job}-master"],
+        }
+        core.delete_namespaced_config_map(f"{job}-owner", ns, propagation_policy="Background")
+        nothing = {"configmaps": False, "leases": []}
+        poll("the job's state gone", lambda: _state_objects(api, ns, job) == nothing, timeout=60)
+        assert _job_objects(core, ns, job) == {"pods": [], "services": [], "secrets": []}
     clean_namespace(cluster, ns)
 
 
@@ -231,8 +235,11 @@ def _exists(core: client.CoreV1Api, name: str, ns: str) -> bool:
     return True
 
 
-def _start_master_pod_job(cluster, core, ns: str, digits: Path, output: Path) -> tuple[str, str]:
-    """A master pod running a job, once its training is under way: (job, master pod)."""
+def _start_master_pod_job(
+    cluster, core, ns: str, digits: Path, output: Path
+) -> tuple[str, list[str], str]:
+    """A master pod running a job, once its training is under way: (job, its command, master
+    pod)."""
     job = new_job_name()
     argv = [
         sys.executable, "-m", "elastic_step", "train",
@@ -250,7 +257,7 @@ def _start_master_pod_job(cluster, core, ns: str, digits: Path, output: Path) ->
         return read_status(output).get("model_version", 0) >= 2
 
     poll("training under way", training, timeout=240)
-    return job, name
+    return job, argv, name
 
 
 def _job_objects(core: client.CoreV1Api, ns: str, job: str) -> dict[str, list[str]]:
@@ -268,28 +275,77 @@ def _job_objects(core: client.CoreV1Api, ns: str, job: str) -> dict[str, list[st
     }
 
 
-def test_sigterm_with_no_disruption_stops_the_run_and_leaves_nothing_within_20_s(
+def test_a_stopped_job_keeps_its_state_and_the_same_command_resumes_it(
     cluster, restricted, digits, tmp_path
 ):
-    """What Argo and KFP do to stop a run: SIGTERM to the step's process, no pod deletion."""
+    """Two stops of a bare master pod, each followed by the same command: a SIGTERM alone
+    (what Argo's and KFP's signal path sends), then an ordinary delete of the master's pod.
+    Each time the workers and PS are gone within 20 s, the state stays, and the next master
+    resumes the job; at the end the accounting is exact."""
     ns = restricted.name
+    output = tmp_path / "run"
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
-        job, master = _start_master_pod_job(cluster, core, ns, digits, tmp_path / "run")
-        os.kill(pid_of(core.read_namespaced_pod(master, ns)), signal.SIGTERM)
-        signalled = time.monotonic()
-        nothing = {"pods": [], "services": [], "secrets": []}
-        poll("no pod, Service or Secret of the job", lambda: _job_objects(core, ns, job) == nothing,
-             timeout=20)  # fmt: skip
-        elapsed = time.monotonic() - signalled
-        print(f"the job's objects were gone {elapsed:.1f} s after SIGTERM")
-        assert elapsed < 20
-        pod = poll(
-            "the master to exit",
-            lambda: (p := core.read_namespaced_pod(master, ns)).status.phase == "Failed" and p,
-            timeout=30,
-        )
-        assert pod.status.container_statuses[0].state.terminated.exit_code == 128 + signal.SIGTERM
+        job, argv, master = _start_master_pod_job(cluster, core, ns, digits, output)
+        stopped = {"pods": [], "services": [], "secrets": [f"{job}-state-secret"]}
+        for attempt, how in enumerate(("SIGTERM", "delete"), start=1):
+            pod = core.read_namespaced_pod(master, ns)
+            if how == "SIGTERM":
+                os.kill(pid_of(core.read_namespaced_pod(master, ns)), signal.SIGTERM)
+            else:
+                core.delete_namespaced_pod(master, ns)  # the pod's grace period: a SIGTERM
+            started = time.monotonic()
+            poll(
+                "no pod, Service or worker Secret of the job",
+                lambda: _job_objects(core, ns, job) == stopped,
+                timeout=20,
+            )
+            elapsed = time.monotonic() - started
+            print(f"stop by {how}: the job's pods were gone after {elapsed:.1f} s")
+            assert elapsed < 20
+            log = container_log(cluster.workdir, pod)
+            assert "the run is stopped" in log and "the same command resumes it" in log, log
+            if how == "SIGTERM":
+                pod = poll(
+                    "the master to exit",
+                    lambda m=master: (
+                        (p := core.read_namespaced_pod(m, ns)).status.phase == "Failed" and p
+                    ),
+                    timeout=30,
+                )
+                terminated = pod.status.container_statuses[0].state.terminated
+                assert terminated.exit_code == 128 + signal.SIGTERM
+            else:
+                poll("the master pod gone", lambda m=master: not _exists(core, m, ns), timeout=40)
+                log = container_log(cluster.workdir, pod)
+                assert f"pod {master} is being deleted" in log, log
+            assert _state_objects(api, ns, job)["leases"] == [f"{job}-master"]
+            version = read_status(output)["model_version"]  # where the stopped master left it
+            master = f"{job}-step-{attempt + 1}"
+            core.create_namespaced_pod(ns, master_pod_manifest(master, argv))
+            if attempt == 1:
+
+                def resumed(m=master, v=version) -> bool:
+                    log = container_log(cluster.workdir, core.read_namespaced_pod(m, ns))
+                    training = read_status(output).get("model_version", 0) > v + 2
+                    return "resuming the job" in log and training
+
+                poll("the resumed job training", resumed, timeout=240)
+
+        def finished() -> bool:
+            pod = core.read_namespaced_pod(master, ns)
+            assert pod.status.phase in ("Pending", "Running", "Succeeded"), pod_log(
+                cluster, core, master, ns
+            )
+            return pod.status.phase == "Succeeded"
+
+        poll("the job to finish", finished, timeout=600)
+        log = pod_log(cluster, core, master, ns)
+        assert "resum" in log, log
+        summary = json.loads((output / "summary.json").read_text())
+        assert summary["phase"] == "succeeded"
+        assert all(e["records_trained"] == e["records_expected"] for e in summary["epochs"])
+        assert summary["restarts"]["master"] == 2, summary["restarts"]
     clean_namespace(cluster, ns)
 
 
@@ -299,7 +355,7 @@ def test_an_evicted_master_leaves_its_pods_for_the_next_master(
     ns = restricted.name
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
-        job, master = _start_master_pod_job(cluster, core, ns, digits, tmp_path / "run")
+        job, _, master = _start_master_pod_job(cluster, core, ns, digits, tmp_path / "run")
         before = _job_objects(core, ns, job)
         uids = {
             p.metadata.name: p.metadata.uid
@@ -316,3 +372,14 @@ def test_an_evicted_master_leaves_its_pods_for_the_next_master(
         }
         core.delete_namespaced_config_map(f"{job}-owner", ns, propagation_policy="Background")
     clean_namespace(cluster, ns)
+
+
+def _state_objects(api: client.ApiClient, ns: str, job: str) -> dict:
+    """Whether the job's state ConfigMaps exist, and its Leases."""
+    selector = pods.job_selector(job)
+    configmaps = client.CoreV1Api(api).list_namespaced_config_map(ns, label_selector=selector)
+    leases = client.CoordinationV1Api(api).list_namespaced_lease(ns, label_selector=selector)
+    return {
+        "configmaps": bool(configmaps.items),
+        "leases": [lease.metadata.name for lease in leases.items],
+    }
