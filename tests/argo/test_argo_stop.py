@@ -47,13 +47,14 @@ ENDLESS = 500
 SHORT = 12
 
 
-def _start(argo, api, training_data: str, epochs: int, **kw) -> tuple[str, str, str]:
+def _start(argo, api, s3_server, data: str, epochs: int, **kw) -> tuple[str, str, str]:
     """Submits a training-only Workflow and waits until it trains: (workflow, job, the
     output's key prefix in the bucket)."""
     key = f"jobs/{uuid.uuid4().hex[:8]}/model"
-    manifest = train_only_workflow(training_data, f"s3://{argo.bucket}/{key}", epochs=epochs, **kw)
+    manifest = train_only_workflow(data, f"s3://{argo.bucket}/{key}", epochs=epochs, **kw)
     name = submit(argo, manifest)
     job = job_name(read_workflow(api, argo.namespace, name), "train")
+    wait_for_training(s3_server, argo.bucket, key, version=3, timeout=300)
     return name, job, key
 
 
@@ -101,8 +102,7 @@ def test_a_stopped_workflow_leaves_no_pod_of_the_job_within_20_s(
     with argo.cluster.admin() as api:
         core = client.CoreV1Api(api)
         launcher = how.endswith("launcher")
-        name, job, key = _start(argo, api, training_data, ENDLESS, launcher=launcher)
-        wait_for_training(s3_server, argo.bucket, key, version=3, timeout=300)
+        name, job, _ = _start(argo, api, s3_server, training_data, ENDLESS, launcher=launcher)
         assert len(job_pods(core, ns, job)) == 3, explain(argo, api, name)
         if how.startswith("argo"):
             argo.cli(how.split()[1].rstrip(","), name)
@@ -130,8 +130,7 @@ def test_argo_retry_after_argo_stop_resumes_the_job(argo, s3_server, training_da
     ns = argo.namespace
     with argo.cluster.admin() as api:
         core = client.CoreV1Api(api)
-        name, job, key = _start(argo, api, training_data, SHORT)
-        wait_for_training(s3_server, argo.bucket, key, version=3, timeout=300)
+        name, job, key = _start(argo, api, s3_server, training_data, SHORT)
         argo.cli("stop", name)
         seconds_until(lambda: not job_pods(core, ns, job), timeout=20)
         workflow = wait_until_ended(api, ns, name, timeout=60)
@@ -161,8 +160,7 @@ def test_a_deleted_master_pod_is_retried_and_adopts_the_workers(argo, s3_server,
     ns = argo.namespace
     with argo.cluster.admin() as api:
         core = client.CoreV1Api(api)
-        name, job, key = _start(argo, api, training_data, SHORT)
-        wait_for_training(s3_server, argo.bucket, key, version=3, timeout=300)
+        name, job, key = _start(argo, api, s3_server, training_data, SHORT)
         workers = {
             p.metadata.name: p.metadata.uid
             for p in core.list_namespaced_pod(ns, label_selector=pods.job_selector(job)).items
@@ -204,8 +202,7 @@ def test_deleting_the_workflow_removes_every_object_of_the_job_within_60_s(
 ):
     ns = argo.namespace
     with argo.cluster.admin() as api:
-        name, job, key = _start(argo, api, training_data, ENDLESS)
-        wait_for_training(s3_server, argo.bucket, key, version=3, timeout=300)
+        name, job, _ = _start(argo, api, s3_server, training_data, ENDLESS)
         before = _job_objects(api, ns, job)
         assert len(before["pods"]) == 3 and before["leases"], before
         argo.cli("delete", name)
