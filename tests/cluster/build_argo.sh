@@ -22,7 +22,7 @@ key="$ARGO_VERSION-$(sha256sum "$0" | cut -c1-8)-$("$GO" env GOVERSION)"
 root="${ELASTIC_STEP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastic-step}/argo"
 cache="$root/$key"
 if [ ! -x "$cache/argo" ]; then
-  echo "building Argo Workflows $ARGO_VERSION into $cache (cold: about 10 minutes on 2 cores; then cached)" >&2
+  echo "building Argo Workflows $ARGO_VERSION into $cache (cold: about 4 minutes on 2 cores; then cached)" >&2
   start=$(date +%s)
   mkdir -p "$root"
   exec 9>"$root/.lock"

@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from elastic_step.demo import write_digits_csv
 from elastic_step.examples import path_of
+from elastic_step.master.job import STATUS_EVERY_S as STATUS_PERIOD_S
 
 
 @pytest.fixture(scope="session")
@@ -119,6 +120,42 @@ class TrainRun:
             time.sleep(0.2)
         pytest.fail(f"timed out waiting for {what}; log:\n{self.log()[-3000:]}")
 
+    @contextlib.contextmanager
+    def held(self, predicate: Callable[[dict], bool], timeout: float = 180) -> Iterator[dict]:
+        """The job held where ``predicate`` holds: yields the status while every worker and
+        PS is stopped (SIGSTOP), and lets them go on at exit.
+
+        A job can finish an epoch faster than the master writes status.json (every second),
+        so waiting for a mid-epoch status races it. This stops the job as soon as it trains
+        (past its fourth model version, not in its last epoch), reads the status the master
+        writes next, and tries again a little later if that does not meet ``predicate``.
+        """
+
+        def training(status: dict) -> bool:
+            return (
+                status.get("phase") == "running"
+                and status.get("model_version", 0) >= 4
+                and status.get("epoch", 0) < status.get("epochs", 0)
+            )
+
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.wait_for("training", training, max(1.0, deadline - time.monotonic()))
+            members = self.member_pids(status)
+            _signal_groups(members.values(), signal.SIGSTOP)
+            time.sleep(STATUS_PERIOD_S + 0.5)  # the status the master writes while held
+            status = self.status()
+            if predicate(status) and set(self.member_pids(status)) == set(members):
+                break
+            _signal_groups(members.values(), signal.SIGCONT)
+            if time.monotonic() > deadline:
+                pytest.fail(f"the job was never held where asked; log:\n{self.log()[-3000:]}")
+            time.sleep(0.2)
+        try:
+            yield status
+        finally:
+            _signal_groups(members.values(), signal.SIGCONT)
+
     def member_pids(self, status: dict | None = None) -> dict[str, int]:
         status = status or self.status()
         return {
@@ -154,6 +191,13 @@ def train_run(tmp_path, digits_data):
 
 def records_exact(summary: dict) -> bool:
     return all(e["records_trained"] == e["records_expected"] for e in summary["epochs"])
+
+
+def _signal_groups(pids, sig: int) -> None:
+    """Workers and PS lead their own process groups; one that is gone is skipped."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, sig)
 
 
 def mid_epoch(status: dict) -> bool:

@@ -65,9 +65,9 @@ def test_undisturbed_run_outputs(digits_run, digits_data, tmp_path):
 
 def test_worker_killed_mid_epoch(train_run, digits_run):
     run = train_run(*EPOCHS).start()
-    status = run.wait_for("training mid-epoch", mid_epoch)
-    victim = next(m for m in status["workers"] if m["state"] == "running")
-    os.kill(victim["pid"], signal.SIGKILL)
+    with run.held(mid_epoch) as status:
+        victim = next(m for m in status["workers"] if m["state"] == "running")
+        os.kill(victim["pid"], signal.SIGKILL)
     assert run.wait() == 0, run.log()[-3000:]
     summary = run.summary()
     assert records_exact(summary), summary["epochs"]
@@ -83,9 +83,9 @@ def test_worker_killed_mid_epoch(train_run, digits_run):
 
 def test_only_ps_killed(train_run):
     run = train_run(*EPOCHS, "--checkpoint-steps", "10").start()
-    status = run.wait_for("a PS checkpoint", lambda s: mid_epoch(s) and s["model_version"] >= 12)
-    ps = status["ps"][0]
-    os.kill(ps["pid"], signal.SIGKILL)
+    with run.held(lambda s: mid_epoch(s) and s["model_version"] >= 12) as status:
+        ps = status["ps"][0]  # it has written a checkpoint
+        os.kill(ps["pid"], signal.SIGKILL)
     assert run.wait() == 0, run.log()[-3000:]
     summary = run.summary()
     assert records_exact(summary)
@@ -97,11 +97,11 @@ def test_only_ps_killed(train_run):
 
 def test_master_killed_and_rerun_adopts_workers(train_run):
     run = train_run(*EPOCHS).start()
-    before = run.wait_for("training mid-epoch", mid_epoch)
-    members = run.member_pids(before)
-    assert len(members) == 3
-    run.proc.send_signal(signal.SIGKILL)
-    run.proc.wait(timeout=10)
+    with run.held(mid_epoch) as before:
+        members = run.member_pids(before)
+        assert len(members) == 3
+        run.proc.send_signal(signal.SIGKILL)
+        run.proc.wait(timeout=10)
     time.sleep(1)
     assert all(pid_alive(pid) for pid in members.values()), "workers and PS outlive the master"
 
@@ -117,10 +117,10 @@ def test_master_killed_and_rerun_adopts_workers(train_run):
 
 def test_sigterm_to_master_removes_every_process(train_run):
     run = train_run(*EPOCHS).start()
-    status = run.wait_for("training mid-epoch", mid_epoch)
-    members = run.member_pids(status)
-    assert len(members) == 3
-    run.proc.send_signal(signal.SIGTERM)
+    with run.held(mid_epoch) as status:
+        members = run.member_pids(status)
+        assert len(members) == 3
+        run.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     code = run.proc.wait(timeout=30)
     deadline = sent + 10

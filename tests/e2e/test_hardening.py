@@ -88,10 +88,9 @@ def test_a_record_that_kills_every_worker_reading_it_fails_the_job(tmp_path: Pat
 
 def test_sigterm_while_workers_ask_for_tasks_then_resume(train_run):
     run = train_run("--epochs", "3").start()
-    status = run.wait_for("training mid-epoch", mid_epoch)
-    first = run.member_pids(status)
-
-    run.proc.send_signal(signal.SIGTERM)
+    with run.held(mid_epoch) as status:
+        first = run.member_pids(status)
+        run.proc.send_signal(signal.SIGTERM)
     assert run.proc.wait(timeout=30) == 128 + signal.SIGTERM
     stopped = run.status()
     assert stopped["phase"] == "interrupted"
@@ -118,12 +117,12 @@ def test_resumed_job_requeues_lost_tasks_at_once_and_reports_the_final_model(
     # 8 epochs: at 4 the run could end before the test saw epoch 2 under way.
     args = ("--epochs", "8", "--evaluation-steps", "15", "--task-timeout", "600")
     run = train_run(*args).start()
-    status = run.wait_for("training mid-epoch", lambda s: mid_epoch(s) and s["epoch"] >= 2)
-    workers = {m["id"]: m["pid"] for m in status["workers"] if m["state"] == "running"}
-    run.proc.send_signal(signal.SIGKILL)
-    run.proc.wait(timeout=10)
-    for pid in workers.values():  # the workers die while no master watches, tasks in hand
-        os.killpg(pid, signal.SIGKILL)
+    with run.held(lambda s: mid_epoch(s) and s["epoch"] >= 2) as status:
+        workers = {m["id"]: m["pid"] for m in status["workers"] if m["state"] == "running"}
+        run.proc.send_signal(signal.SIGKILL)
+        run.proc.wait(timeout=10)
+        for pid in workers.values():  # the workers die while no master watches, tasks in hand
+            os.killpg(pid, signal.SIGKILL)
 
     resumed = train_run(*args, output=run.output).start()
     started = time.monotonic()
@@ -201,7 +200,7 @@ def test_chaos_random_worker_kills_and_a_ps_kill_keep_accounting_exact(train_run
         "--epochs", "8", "--batch-size", "4", "--checkpoint-steps", "10",
         "--max-restarts", "100", "--max-task-retries", "20",
     ).start()  # fmt: skip
-    status = run.wait_for("training mid-epoch", mid_epoch)
+    status = run.wait_for("training mid-epoch", mid_epoch)  # batches of 4: slow enough
 
     # A process without the job's credentials is turned away by master and PS alike.
     probe = subprocess.run(

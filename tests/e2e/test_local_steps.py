@@ -58,9 +58,9 @@ def test_k_steps_reach_the_accuracy_of_one_step(runs, digits_data) -> None:
 
 def test_worker_killed_mid_window(train_run, digits_data, runs) -> None:
     run = train_run(*SETTINGS, "--local-steps", str(K)).start()
-    status = run.wait_for("training mid-epoch", mid_epoch)
-    victim = next(m for m in status["workers"] if m["state"] == "running")
-    os.kill(victim["pid"], signal.SIGKILL)
+    with run.held(mid_epoch) as status:
+        victim = next(m for m in status["workers"] if m["state"] == "running")
+        os.kill(victim["pid"], signal.SIGKILL)
     assert run.wait() == 0, run.log()[-3000:]
     summary = run.summary()
     assert records_exact(summary), summary["epochs"]

@@ -143,9 +143,9 @@ def trained(tmp_path_factory) -> tuple[Path, Path]:
         model_def=str(root / "model.py"),
     ).start()
     try:
-        status = run.wait_for("training mid-epoch", mid_epoch)
-        victim = next(m for m in status["workers"] if m["state"] == "running")
-        os.kill(victim["pid"], signal.SIGKILL)
+        with run.held(mid_epoch) as status:
+            victim = next(m for m in status["workers"] if m["state"] == "running")
+            os.kill(victim["pid"], signal.SIGKILL)
         assert run.wait() == 0, run.log()[-3000:]
     finally:
         run.kill_all()
