@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from argo import WORKFLOW_TEMPLATE, Argo
 from kubernetes import client
-from local_cluster import wait_for
+from local_cluster import container_log, log_tail, wait_for
 
 from elastic_step.backends import kubernetes_pods as pods
 from elastic_step.examples import path_of
@@ -207,8 +207,6 @@ def step_pods(core: client.CoreV1Api, ns: str, workflow: str) -> list[client.V1P
 def explain(argo: Argo, api: client.ApiClient, name: str) -> str:
     """For an assertion's message: each node's phase and message, the step pods' last log
     lines, and the controller's."""
-    from local_cluster import _tail, container_log
-
     workflow = read_workflow(api, argo.namespace, name)
     status = workflow.get("status", {})
     lines = [f"workflow {name}: {status.get('phase')} {status.get('message', '')}"]
@@ -223,5 +221,5 @@ def explain(argo: Argo, api: client.ApiClient, name: str) -> str:
             lines.append(
                 f"--- {pod.metadata.name}/{container}\n" + "\n".join(text.splitlines()[-25:])
             )
-    lines.append("--- workflow-controller\n" + _tail(argo.log, 25))
+    lines.append("--- workflow-controller\n" + log_tail(argo.log, 25))
     return "\n".join(lines)

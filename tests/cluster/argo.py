@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client, utils
-from local_cluster import REPO, Cluster, ClusterStartError, _stop, _tail, wait_for
+from local_cluster import REPO, Cluster, ClusterStartError, log_tail, stop_process, wait_for
 
 CLUSTER_DIR = Path(__file__).resolve().parent
 #: The controller's settings in a test: workflows requeued every second, a pod missing for
@@ -194,10 +194,10 @@ def start_argo(
 
         def running() -> bool:
             if controller.poll() is not None:
-                raise ClusterStartError(f"workflow-controller exited:\n{_tail(log_path)}")
+                raise ClusterStartError(f"workflow-controller exited:\n{log_tail(log_path)}")
             return "Starting Workflow Controller" in log_path.read_text(errors="replace")
 
         wait_for("Argo's workflow-controller", running, timeout=60)
         yield Argo(cluster, bin_dir, ns, bucket, log_path)
     finally:
-        _stop(controller, timeout=15)
+        stop_process(controller, timeout=15)

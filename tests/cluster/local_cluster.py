@@ -157,7 +157,7 @@ def add_namespace(
     return write_token_kubeconfig(kubeconfig, admin_kubeconfig, namespace, user, token)
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+def log_tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -169,7 +169,7 @@ def _pod_path(first: Sequence[Path]) -> list[str]:
     return path + [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p]
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout: float) -> None:
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)
@@ -243,7 +243,7 @@ def start_cluster(
         def ready() -> dict[str, str] | None:
             if plane.poll() is not None:
                 raise ClusterStartError(
-                    f"control plane exited:\n{_tail(workdir / 'control-plane.log')}"
+                    f"control plane exited:\n{log_tail(workdir / 'control-plane.log')}"
                 )
             info = plane_dir / "ready.json"
             return json.loads(info.read_text()) if info.exists() else None
@@ -252,7 +252,7 @@ def start_cluster(
             info = wait_for("the control plane", ready, timeout=240)
         except (ClusterStartError, TimeoutError) as err:
             logs = "\n".join(
-                f"--- {p.name}\n{_tail(p)}" for p in sorted((plane_dir / "logs").glob("*.log"))
+                f"--- {p.name}\n{log_tail(p)}" for p in sorted((plane_dir / "logs").glob("*.log"))
             )
             raise ClusterStartError(f"{err}\n{logs}") from err
         admin_kubeconfig = Path(info["admin_kubeconfig"])
@@ -302,7 +302,8 @@ def start_cluster(
 
         def addons_up() -> bool:
             if addons.poll() is not None:
-                raise ClusterStartError(f"cluster add-ons exited:\n{_tail(workdir / 'addons.log')}")
+                log = log_tail(workdir / "addons.log")
+                raise ClusterStartError(f"cluster add-ons exited:\n{log}")
             return addons_ready.exists()
 
         with config.new_client_from_config(config_file=str(admin_kubeconfig)) as admin:
@@ -311,7 +312,7 @@ def start_cluster(
                 wait_for("cluster DNS and provisioner", addons_up, timeout=60)
                 wait_for("node Ready and untainted", lambda: _node_ready(core), timeout=90)
             except TimeoutError as err:
-                log = _tail(workdir / "kubelet.log")
+                log = log_tail(workdir / "kubelet.log")
                 raise ClusterStartError(f"{err}\n--- kubelet.log\n{log}") from err
         yield Cluster(
             admin_kubeconfig=admin_kubeconfig,
@@ -326,10 +327,10 @@ def start_cluster(
         )
     finally:
         if kubelet is not None:
-            _stop(kubelet, timeout=30)
+            stop_process(kubelet, timeout=30)
         if addons is not None:
-            _stop(addons, timeout=10)
-        _stop(plane, timeout=60)
+            stop_process(addons, timeout=10)
+        stop_process(plane, timeout=60)
         plane_log.close()
         kubelet_log.close()
         addons_log.close()
