@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-unit test-e2e test-k8s test-argo cluster argo lint format proto clean \
+.PHONY: setup browser demo test test-unit test-e2e test-k8s test-argo cluster argo kfp mariadb lint format proto clean \
 	components bench bench-throughput bench-embedding bench-master bench-goodput \
 	bench-preprocess bench-k8s
 
@@ -51,8 +51,18 @@ test-k8s: $(STAMP) cluster
 argo: cluster
 	@GO=$(GO) tests/cluster/build_argo.sh >/dev/null
 
-# The example Workflow and stop, retry and delete under Argo's real controller.
-test-argo: $(STAMP) argo
+# Kubeflow Pipelines 2.17.0's backend, built from its release tarball in ../shared/upstream
+# (cached), and Debian's MariaDB for its API server (needs root and apt).
+kfp: cluster
+	@GO=$(GO) tests/cluster/build_kfp.sh >/dev/null
+
+mariadb:
+	@command -v mariadbd >/dev/null || test -x /usr/sbin/mariadbd || (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server mariadb-client)
+
+# The example Workflow and stop, retry and delete under Argo's real controller, and KFP's
+# API server on that controller.
+test-argo: $(STAMP) argo kfp mariadb
 	GO=$(GO) $(BIN)/python -m pytest -q tests/argo
 
 lint: $(STAMP)

@@ -1,6 +1,8 @@
 """Session fixtures: the test control plane with Argo's own workflow-controller (see
 tests/cluster/argo.py), an S3 server on loopback as the artifact repository and the
-workflows' object store, and the example's data in it. `make test-argo` runs these tests.
+workflows' object store, and the example's data in it; and Kubeflow Pipelines' API server,
+which runs its pipelines on that controller (tests/cluster/kfp_backend.py). `make test-argo` runs
+these tests.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 from argo import Argo, build_argo, start_argo
 from example_data import write_breast_cancer_csv
+from kfp_backend import ApiServer, build_kfp, start_api_server, start_mariadb
 from kubernetes import client
 from local_cluster import ClusterStartError, build_binary, start_cluster
 
@@ -26,6 +29,8 @@ from local_cluster import ClusterStartError, build_binary, start_cluster
 #: serves as Argo's artifact repository (its csv input is datasets/breast_cancer.csv there).
 BUCKET = "elastic-step"
 STORAGE_SECRET = "elastic-step-storage"
+#: KFP's own bucket, as in a default install.
+KFP_BUCKET = "mlpipeline"
 _BUILT: dict[str, Path] = {}
 
 
@@ -34,6 +39,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     try:
         _BUILT["cluster"] = build_binary()
         _BUILT["argo"] = build_argo()
+        _BUILT["kfp"] = build_kfp()
     except ClusterStartError as err:
         pytest.exit(str(err), 1)
 
@@ -62,6 +68,20 @@ def argo(tmp_path_factory: pytest.TempPathFactory, s3_server) -> Iterator[Argo]:
         argo = stack.enter_context(start_argo(cluster, _BUILT["argo"], s3_env=env, bucket=BUCKET))
         print(f"\ncontrol plane and Argo's controller ready in {time.monotonic() - started:.1f}s")
         yield argo
+
+
+@pytest.fixture(scope="session")
+def kfp_api(argo: Argo, s3_server, tmp_path_factory) -> Iterator[ApiServer]:
+    """KFP's API server over Argo's controller, with MariaDB (tests/cluster/kfp_backend.py), its
+    pipelines in the bucket ``mlpipeline``."""
+    boto3.client("s3", **s3_server.client_kwargs()).create_bucket(Bucket=KFP_BUCKET)
+    work = tmp_path_factory.mktemp("kfp")
+    with start_mariadb(work) as database:
+        env = s3_server.env()
+        with start_api_server(
+            argo.cluster, _BUILT["kfp"], database, s3_env=env, bucket=KFP_BUCKET
+        ) as server:
+            yield server
 
 
 @pytest.fixture(scope="session")
