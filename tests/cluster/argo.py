@@ -32,9 +32,16 @@ from pathlib import Path
 
 import yaml
 from kubernetes import client, utils
-from local_cluster import REPO, Cluster, ClusterStartError, log_tail, stop_process, wait_for
+from local_cluster import (
+    REPO,
+    Cluster,
+    ClusterStartError,
+    log_tail,
+    run_build,
+    stop_process,
+    wait_for,
+)
 
-CLUSTER_DIR = Path(__file__).resolve().parent
 #: The controller's settings in a test: workflows requeued every second, a pod missing for
 #: 3 s counts as deleted, no leader election, no progress patches.
 CONTROLLER_ENV = {
@@ -50,12 +57,7 @@ WORKFLOW_TEMPLATE = REPO / "components" / "argo" / "workflow-template.yaml"
 
 def build_argo() -> Path:
     """The directory of Argo's binaries, CRDs and executor Role (built once, then cached)."""
-    result = subprocess.run(
-        [str(CLUSTER_DIR / "build_argo.sh")], stdout=subprocess.PIPE, stderr=None, text=True
-    )
-    if result.returncode != 0:
-        raise ClusterStartError(f"building Argo Workflows failed (exit {result.returncode})")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return run_build("build_argo.sh", "Argo Workflows")
 
 
 @dataclass(frozen=True)

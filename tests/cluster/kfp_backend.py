@@ -23,21 +23,15 @@ from pathlib import Path
 
 import requests
 from kubernetes import client, utils
-from local_cluster import Cluster, ClusterStartError, log_tail, stop_process, wait_for
+from local_cluster import Cluster, ClusterStartError, log_tail, run_build, stop_process, wait_for
 
-CLUSTER_DIR = Path(__file__).resolve().parent
 #: The ServiceAccount KFP runs pipelines as (DEFAULTPIPELINERUNNERSERVICEACCOUNT).
 PIPELINE_RUNNER = "pipeline-runner"
 
 
 def build_kfp() -> Path:
     """The directory of KFP's binaries, CRD and config (built once, then cached)."""
-    result = subprocess.run(
-        [str(CLUSTER_DIR / "build_kfp.sh")], stdout=subprocess.PIPE, stderr=None, text=True
-    )
-    if result.returncode != 0:
-        raise ClusterStartError(f"building Kubeflow Pipelines failed (exit {result.returncode})")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return run_build("build_kfp.sh", "Kubeflow Pipelines")
 
 
 def free_port() -> int:

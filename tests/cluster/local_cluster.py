@@ -90,13 +90,16 @@ def container_log(workdir: Path, pod: client.V1Pod, container: str = "main") -> 
 def build_binary() -> Path:
     """The control plane binary (build.sh builds it once per source hash, then answers from
     its cache); needs the Go toolchain ($GO or go on PATH)."""
+    return run_build("build.sh", "the test control plane")
+
+
+def run_build(script: str, what: str) -> Path:
+    """Runs one of this directory's cached build scripts; the path it prints last."""
     result = subprocess.run(
-        [str(CLUSTER_DIR / "build.sh")], stdout=subprocess.PIPE, stderr=None, text=True
+        [str(CLUSTER_DIR / script)], stdout=subprocess.PIPE, stderr=None, text=True
     )
     if result.returncode != 0:
-        raise ClusterStartError(
-            f"building the test control plane failed (exit {result.returncode})"
-        )
+        raise ClusterStartError(f"building {what} failed (exit {result.returncode})")
     return Path(result.stdout.strip().splitlines()[-1])
 
 
