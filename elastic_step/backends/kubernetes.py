@@ -98,7 +98,7 @@ from elastic_step.backends.kubernetes_client import (
     load_api_client,
 )
 from elastic_step.backends.kubernetes_options import KubernetesOptions
-from elastic_step.backends.kubernetes_run import RunWatch
+from elastic_step.backends.kubernetes_run import RunWatch, engine_restarts
 from elastic_step.backends.kubernetes_watch import (
     Phase,
     PodWatch,
@@ -463,11 +463,7 @@ class KubernetesBackend(Backend):
         """The run's object from the master pod's controller reference: an Argo Workflow or a
         batch Job; None for anything else (the master pod's own ReplicaSet, say)."""
         for ref in master_pod["metadata"].get("ownerReferences") or []:
-            if not ref.get("controller"):
-                continue
-            workflow = ref["kind"] == "Workflow" and ref["apiVersion"].startswith("argoproj.io/")
-            job = ref["kind"] == "Job" and ref["apiVersion"] == "batch/v1"
-            if workflow or job:
+            if ref.get("controller") and engine_restarts(ref):
                 return pods.owner_reference(ref["apiVersion"], ref["kind"], ref["name"], ref["uid"])
         return None
 

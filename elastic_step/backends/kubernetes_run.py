@@ -46,7 +46,8 @@ Reader = Callable[[], dict[str, Any] | None]
 
 
 def engine_restarts(owner: dict[str, Any] | None) -> bool:
-    """True when the owner is an engine that starts a lost step's pod again."""
+    """True when the owner (an ownerReference) is a run that starts a lost step's pod again:
+    an Argo Workflow or a batch Job. The backend takes only these for the run's object."""
     if owner is None:
         return False
     workflow = owner["kind"] == "Workflow" and owner["apiVersion"].startswith("argoproj.io/")
