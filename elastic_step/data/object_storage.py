@@ -8,8 +8,8 @@ Configuration comes from the environment; this is the one place that lists it.
     source of botocore's credential chain (``~/.aws``, a web identity, an instance role);
   - ``AWS_REGION`` or ``AWS_DEFAULT_REGION``;
   - ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``: the server, when it is not AWS.
-``minio://BUCKET/KEY``: a bucket on Kubeflow Pipelines' MinIO, spoken to as S3 with the same
-  variables; the endpoint defaults to ``http://minio-service.kubeflow:9000``.
+``minio://BUCKET/KEY``: a bucket on Kubeflow Pipelines' object store, spoken to as S3 with the
+  same variables; the endpoint defaults to KFP 2.17's, ``http://seaweedfs.kubeflow:9000``.
 ``gs://BUCKET/KEY``: Google Cloud Storage, with gcsfs's defaults
   (``GOOGLE_APPLICATION_CREDENTIALS``, gcloud's credentials, the metadata server).
 
@@ -40,8 +40,11 @@ from elastic_step.errors import InputError
 for _name in ("botocore.credentials", "aiobotocore.credentials"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-#: Where KFP's MinIO answers inside the cluster (its Service in the kubeflow namespace).
-KFP_MINIO_ENDPOINT = "http://minio-service.kubeflow:9000"
+#: Where a default install of KFP 2.17 serves minio:// inside the cluster: SeaweedFS's
+#: Service in the kubeflow namespace, on the port it keeps for MinIO's clients (the endpoint
+#: KFP's launcher defaults to, objectstore.DefaultEndpointInMultiUserMode). Older releases
+#: shipped MinIO at minio-service.kubeflow:9000; set AWS_ENDPOINT_URL for that.
+KFP_MINIO_ENDPOINT = "http://seaweedfs.kubeflow:9000"
 GCS_ENDPOINT = "https://storage.googleapis.com"
 
 #: botocore's attempts per request (the first and up to two retries), and its timeouts.
@@ -107,7 +110,7 @@ class S3Settings:
             "read_timeout": READ_TIMEOUT_S,
         }
         if self.endpoint_url:
-            # BUCKET.host names do not resolve on a server such as minio-service.kubeflow.
+            # BUCKET.host names do not resolve on a server such as seaweedfs.kubeflow.
             config["s3"] = {"addressing_style": "path"}
         fs = s3fs.S3FileSystem(
             endpoint_url=self.endpoint_url,

@@ -1,8 +1,9 @@
 """Session fixtures: the test control plane with Argo's own workflow-controller (see
 tests/cluster/argo.py), an S3 server on loopback as the artifact repository and the
-workflows' object store, and the example's data in it; and Kubeflow Pipelines' API server,
-which runs its pipelines on that controller (tests/cluster/kfp_backend.py). `make test-argo` runs
-these tests.
+workflows' object store, and the example's data in it; and Kubeflow Pipelines' backend,
+which runs its pipelines on that controller: its API server, persistence agent and ML
+Metadata, with the driver and launcher on the pods' PATH (tests/cluster/kfp_backend.py,
+mlmd.py). `make test-argo` runs these tests.
 """
 
 from __future__ import annotations
@@ -21,16 +22,25 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 from argo import Argo, build_argo, start_argo
 from example_data import write_breast_cancer_csv
-from kfp_backend import ApiServer, build_kfp, start_api_server, start_mariadb
+from host_services import service_address
+from kfp_backend import (
+    KFP_BUCKET,
+    OBJECT_STORE_ADDRESS,
+    OBJECT_STORE_PORT,
+    Kfp,
+    build_kfp,
+    start_kfp,
+)
+from kfp_helpers import upload_example_inputs
+from kfp_ui import Ui, build_kfp_ui, start_ui
 from kubernetes import client
 from local_cluster import ClusterStartError, build_binary, start_cluster
+from mlmd import build_mlmd
 
 #: The example workflow's default work-dir is s3://elastic-step/runs: the same bucket also
 #: serves as Argo's artifact repository (its csv input is datasets/breast_cancer.csv there).
 BUCKET = "elastic-step"
 STORAGE_SECRET = "elastic-step-storage"
-#: KFP's own bucket, as in a default install.
-KFP_BUCKET = "mlpipeline"
 _BUILT: dict[str, Path] = {}
 
 
@@ -40,6 +50,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _BUILT["cluster"] = build_binary()
         _BUILT["argo"] = build_argo()
         _BUILT["kfp"] = build_kfp()
+        _BUILT["mlmd"] = build_mlmd()
+        _BUILT["kfp-ui"] = build_kfp_ui()
     except ClusterStartError as err:
         pytest.exit(str(err), 1)
 
@@ -56,7 +68,10 @@ def argo(tmp_path_factory: pytest.TempPathFactory, s3_server) -> Iterator[Argo]:
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(
             start_cluster(
-                tmp_path_factory.mktemp("argo"), _BUILT["cluster"], pod_path=[_BUILT["argo"]]
+                tmp_path_factory.mktemp("argo"),
+                _BUILT["cluster"],
+                # argoexec, and KFP's driver and launcher-v2, as their images have them.
+                pod_path=[_BUILT["argo"], _BUILT["kfp"]],
             )  # no host path under /tmp: the steps exchange their files through S3 only
         )
         with cluster.admin() as api:
@@ -71,17 +86,27 @@ def argo(tmp_path_factory: pytest.TempPathFactory, s3_server) -> Iterator[Argo]:
 
 
 @pytest.fixture(scope="session")
-def kfp_api(argo: Argo, s3_server, tmp_path_factory) -> Iterator[ApiServer]:
-    """KFP's API server over Argo's controller, with MariaDB (tests/cluster/kfp_backend.py), its
-    pipelines in the bucket ``mlpipeline``."""
+def kfp(argo: Argo, s3_server, tmp_path_factory) -> Iterator[Kfp]:
+    """Kubeflow Pipelines' backend over Argo's controller (tests/cluster/kfp_backend.py), and
+    the example's inputs in its bucket (tests/argo/kfp_helpers.py)."""
     boto3.client("s3", **s3_server.client_kwargs()).create_bucket(Bucket=KFP_BUCKET)
     work = tmp_path_factory.mktemp("kfp")
-    with start_mariadb(work) as database:
-        env = s3_server.env()
-        with start_api_server(
-            argo.cluster, _BUILT["kfp"], database, s3_env=env, bucket=KFP_BUCKET
-        ) as server:
-            yield server
+    write_breast_cancer_csv(work / "breast_cancer.csv")
+    upload_example_inputs(s3_server.client_kwargs(), work / "breast_cancer.csv")
+    address = service_address(argo.cluster.pod_cidr, OBJECT_STORE_ADDRESS)
+    store = s3_server.serve_also(address, OBJECT_STORE_PORT).removeprefix("http://")
+    with start_kfp(
+        argo.cluster, _BUILT["kfp"], _BUILT["mlmd"], work, s3_env=s3_server.env(),
+        object_store=store,
+    ) as backend:  # fmt: skip
+        yield backend
+
+
+@pytest.fixture(scope="session")
+def kfp_ui(argo: Argo, kfp: Kfp) -> Iterator[Ui]:
+    """KFP's UI as KFP deploys it, a pod beside the backend (tests/cluster/kfp_ui.py)."""
+    with start_ui(argo.cluster, _BUILT["kfp-ui"]) as ui:
+        yield ui
 
 
 @pytest.fixture(scope="session")

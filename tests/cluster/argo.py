@@ -36,6 +36,7 @@ from local_cluster import (
     REPO,
     Cluster,
     ClusterStartError,
+    die_with_parent,
     log_tail,
     run_build,
     stop_process,
@@ -191,6 +192,7 @@ def start_argo(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
     try:
 

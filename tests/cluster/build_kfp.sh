@@ -2,36 +2,27 @@
 # Build Kubeflow Pipelines 2.17.0's backend once per Go version, and print the directory
 # that holds it: the API server (`apiserver`), the persistence agent (`persistence-agent`),
 # the v2 driver (`driver`) and launcher (`launcher-v2`), with what an install applies beside
-# them (the ScheduledWorkflow CRD; the API server's config.json without its MLflow plugin).
+# them (the ScheduledWorkflow CRD; the Roles of the pipelines' ServiceAccount and of the
+# persistence agent; the API server's config.json without its MLflow plugin).
 # The KFP tests' fixture and the Makefile call this; nothing else builds them.
 #
-# The KFP Go module is not on the module proxy: the source is the release's tarball in
-# ../shared/upstream/ beside the checkout (KFP_SOURCE overrides), checked by its sha256.
-# Every module its go.mod requires comes from the proxy. The API server needs cgo (its
+# The source is the release's tarball (kfp_source.sh). Every module its go.mod requires
+# comes from the proxy. The API server needs cgo (its
 # sqlite3 driver), so a C compiler too.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-KFP_VERSION=2.17.0
-KFP_SHA256=b08772058cd0a9e9e113018300c51222abca0356b7df6b398a58bdc8b1353640
-KFP_SOURCE="${KFP_SOURCE:-$here/../../../shared/upstream/kubeflow-pipelines-$KFP_VERSION.tar.gz}"
+. "$here/kfp_source.sh"
 GO="${GO:-$(command -v go || true)}"
 if [ -z "$GO" ] && [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go; fi
 if [ -z "$GO" ]; then
   echo "error: the Go toolchain is needed to build Kubeflow Pipelines (https://go.dev/dl/)" >&2
   exit 127
 fi
-key="$KFP_VERSION-$(sha256sum "$0" | cut -c1-8)-$("$GO" env GOVERSION)"
+key="$KFP_VERSION-$(cat "$0" "$here/kfp_source.sh" | sha256sum | cut -c1-8)-$("$GO" env GOVERSION)"
 root="${ELASTIC_STEP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastic-step}/kfp"
 cache="$root/$key"
 if [ ! -x "$cache/apiserver" ]; then
-  if [ ! -f "$KFP_SOURCE" ]; then
-    echo "error: $KFP_SOURCE not found (KFP $KFP_VERSION's source; set KFP_SOURCE)" >&2
-    exit 1
-  fi
-  echo "$KFP_SHA256  $KFP_SOURCE" | sha256sum --check --quiet - || {
-    echo "error: $KFP_SOURCE is not KFP $KFP_VERSION's release tarball (sha256 differs)" >&2
-    exit 1
-  }
+  check_kfp_source
   echo "building Kubeflow Pipelines $KFP_VERSION into $cache (cold: about 5 minutes on 2 cores; then cached)" >&2
   start=$(date +%s)
   mkdir -p "$root"
@@ -48,7 +39,10 @@ if [ ! -x "$cache/apiserver" ]; then
     ./backend/src/v2/cmd/driver ./backend/src/v2/cmd/launcher-v2)
   mv "$work/bin/persistence" "$work/bin/persistence-agent"
   rm -rf "$cache" && mkdir -p "$cache"
-  cp "$src/manifests/kustomize/base/pipeline/cluster-scoped/scheduled-workflow-crd.yaml" "$cache/"
+  manifests="$src/manifests/kustomize/base/pipeline"
+  cp "$manifests/cluster-scoped/scheduled-workflow-crd.yaml" \
+    "$manifests/pipeline-runner-role.yaml" "$manifests/ml-pipeline-persistenceagent-role.yaml" \
+    "$cache/"
   # The release's config.json enables an MLflow plugin that every run creation would try to
   # reach; the tests run without it.
   python3 - "$src/backend/src/apiserver/config/config.json" "$cache/config.json" <<'EOF'

@@ -106,13 +106,18 @@ def now_micro() -> str:
 
 
 class IPAllocator:
-    """Pod IPs from a loopback block, round-robin so an address is not soon reused."""
+    """Pod IPs from a loopback block, round-robin so an address is not soon reused. A block
+    larger than a /24 keeps its last /24 for the cluster's service addresses (its DNS server,
+    and the host processes that tests publish as Services): no pod gets one."""
 
     def __init__(self, cidr: str, reserved: set[str] | None = None):
         self.network = ipaddress.IPv4Network(cidr)
         if not self.network.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")):
             raise ValueError(f"--pod-cidr {cidr} is not inside 127.0.0.0/8")
         self.reserved = {ipaddress.IPv4Address(a) for a in reserved or ()}
+        self.services: ipaddress.IPv4Network | None = None
+        if self.network.prefixlen < 24:
+            *_, self.services = self.network.subnets(new_prefix=24)
         self.in_use: set[ipaddress.IPv4Address] = set()
         self.next = 1
         self.lock = threading.Lock()
@@ -125,6 +130,8 @@ class IPAllocator:
                 address = self.network[offset]
                 last = int(address) & 0xFF
                 if address in self.in_use or address in self.reserved or last in (0, 255):
+                    continue
+                if self.services is not None and address in self.services:
                     continue
                 self.in_use.add(address)
                 return str(address)

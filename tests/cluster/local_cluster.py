@@ -11,6 +11,7 @@ elastic-step-master ServiceAccount. See README.md here.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
@@ -36,6 +37,9 @@ NODE_CAPACITY = {"cpu": "4", "memory": "8Gi", "pods": "20"}
 # Each test cluster on this machine claims one 127.N.0.0/16 for its pods and its DNS server
 # (127.N.255.53), by holding a lock file for as long as the cluster runs.
 NET_LOCKS = Path("/tmp/elastic-step-cluster-net")
+
+
+PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
 
 
 class ClusterStartError(RuntimeError):
@@ -66,7 +70,8 @@ class Cluster:
 def wait_for(
     what: str, check: Callable[[], Any], timeout: float = 60, interval: float = 0.2
 ) -> Any:
-    """Poll check() until it returns something truthy; TimeoutError naming ``what`` if not."""
+    """Poll check() until it returns something truthy; TimeoutError naming ``what`` if not.
+    A ClusterStartError from check() (what it waits for has exited) ends the wait at once."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -74,6 +79,8 @@ def wait_for(
             result = check()
             if result:
                 return result
+        except ClusterStartError:
+            raise
         except Exception as err:  # keep polling; report the last error on timeout
             last_error = err
         time.sleep(interval)
@@ -158,6 +165,15 @@ def add_namespace(
         ).status.token
     user = f"{namespace}:{SERVICE_ACCOUNT}"
     return write_token_kubeconfig(kubeconfig, admin_kubeconfig, namespace, user, token)
+
+
+def die_with_parent() -> None:
+    """A ``preexec_fn`` for the host servers a test starts: the kernel kills the child when
+    the test process dies, killed or not, so none is left holding its ports (SIGKILL: KFP's
+    API server outlives a SIGTERM)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
 
 
 def log_tail(path: Path, lines: int = 40) -> str:

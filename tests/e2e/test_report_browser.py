@@ -1,7 +1,7 @@
 """The report as its reader sees it: a binary classifier trained through a worker crash,
 evaluated by `elastic-step evaluate --report`, opened in headless Chromium.
 
-Chromium is driven over the DevTools protocol (tests/e2e/headless_chromium.py): from the
+Chromium is driven over the DevTools protocol (tests/headless_chromium.py): from the
 first load on it reports console errors, exceptions and every request, and it gives the
 plots' boxes from the DOM and a screenshot of the same page. The screenshot is checked
 pixel by pixel: each plot's own marks (its curve's color, the restarts' color, the darkest

@@ -114,11 +114,12 @@ class HeadlessChromium:
         self.wait_for_event("Page.loadEventFired", since=since)
 
     def evaluate(self, expression: str):
-        """The JSON value of a JavaScript expression evaluated in the page."""
+        """The JSON value of a JavaScript expression evaluated in the page (None for
+        undefined)."""
         result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression[:60]}...: {result['exceptionDetails']}")
-        return result["result"]["value"]
+        return result["result"].get("value")
 
     def screenshot(self, *, width: int, height: int) -> bytes:
         """A PNG of the page's top ``width`` x ``height`` CSS pixels, at one pixel each."""
