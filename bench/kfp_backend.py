@@ -92,6 +92,8 @@ def kfp_backend_runs(csv: Path, work: Path, args: argparse.Namespace) -> dict:
         boto3.client("s3", **s3.client_kwargs()).create_bucket(Bucket="elastic-step")
         boto3.client("s3", **s3.client_kwargs()).create_bucket(Bucket=KFP_BUCKET)
         upload_example_inputs(s3.client_kwargs(), csv)
+        (work / "cluster").mkdir()
+        (work / "kfp").mkdir()
         with contextlib.ExitStack() as stack:
             started = time.monotonic()
             cluster = stack.enter_context(
@@ -104,7 +106,6 @@ def kfp_backend_runs(csv: Path, work: Path, args: argparse.Namespace) -> dict:
             )
             address = service_address(cluster.pod_cidr, OBJECT_STORE_ADDRESS)
             store = s3.serve_also(address, OBJECT_STORE_PORT).removeprefix("http://")
-            (work / "kfp").mkdir()
             kfp = stack.enter_context(
                 start_kfp(
                     cluster,
