@@ -38,7 +38,13 @@ RUN_PARAMETERS = {
     "epochs": "2",
     "max_workers": "2",
 }
-#: The UI refreshes a run's page by itself; a run of the example takes about a minute.
+#: The Scalar Metrics table of the training step's metrics (name, value), not the properties
+#: table of the Artifact Info tab, which names the same metrics.
+SCALAR_METRICS_TABLE = """[...document.querySelectorAll('table')].filter(t =>
+    t.getClientRects().length > 0
+    && /name[\\s\\S]*value/.test(t.querySelector('thead')?.innerText || '')
+    && t.innerText.includes('examples_per_second')).pop()"""
+#: How long to wait on a run's page: a run of the example takes about a minute.
 RUN_TIMEOUT_S = 600
 
 pytestmark = pytest.mark.filterwarnings("ignore:This client only works:FutureWarning")
@@ -92,6 +98,22 @@ class Page:
             "DOM.querySelector", nodeId=document["root"]["nodeId"], selector=selector
         )
         self.browser.call("DOM.setFileInputFiles", files=[str(path)], nodeId=node["nodeId"])
+
+    def settled_box(self, element: str, what: str) -> dict:
+        """The box of the element that the expression ``element`` finds, scrolled into view,
+        once it stays put for half a second (the side panel slides in)."""
+        measure = f"""(() => {{ const e = {element}; if (!e) return null;
+            e.scrollIntoView({{block: 'nearest'}}); const r = e.getBoundingClientRect();
+            return {{x: r.x, y: r.y, width: r.width, height: r.height}}; }})()"""
+        deadline = time.monotonic() + 30
+        last = None
+        while time.monotonic() < deadline:
+            box = self.browser.evaluate(measure)
+            if box is not None and box == last:
+                return box
+            last = box
+            time.sleep(0.5)
+        raise TimeoutError(f"waited 30 s for {what} to settle (last box {last})")
 
     def text(self) -> str:
         return self.browser.evaluate("document.body.innerText")
@@ -186,18 +208,11 @@ def test_a_person_uploads_the_pipeline_runs_it_and_sees_its_results(
         ]
         graph_index = _graph_index(page, "metrics", train_metrics)
         open_visualization(page, "metrics", graph_index)
-        table = page.wait(
-            """(() => { const t = [...document.querySelectorAll('table')]
-                 .filter(t => t.innerText.includes('examples_per_second')
-                              && t.getClientRects().length > 0).pop();
-               if (!t) return null;
-               t.scrollIntoView({block: 'center'});
-               const r = t.getBoundingClientRect();
-               return {x: r.x, y: r.y, width: r.width, height: r.height,
-                       rows: [...t.querySelectorAll('tr')].map(r =>
-                         [...r.querySelectorAll('td')].map(c => c.innerText.trim()))
-                         .filter(cells => cells.length === 2)}; })()""",
-            what="the Scalar Metrics table",
+        table = page.settled_box(SCALAR_METRICS_TABLE, what="the Scalar Metrics table")
+        table["rows"] = browser.evaluate(
+            f"""[...{SCALAR_METRICS_TABLE}.querySelectorAll('tbody tr')]
+                 .map(r => [...r.querySelectorAll('td')].map(c => c.innerText.trim()))
+                 .filter(cells => cells.length === 2)"""
         )
         image = page.shot("4-training-metrics")
         shown = {name: float(value) for name, value in table["rows"]}
