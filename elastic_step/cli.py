@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import select
 import sys
 
 from elastic_step.backends import backend_names
@@ -17,6 +19,13 @@ from elastic_step.errors import ElasticStepError, InputError
 from elastic_step.tf_runtime import import_tensorflow_quietly
 
 log = logging.getLogger("elastic_step")
+
+#: The exit status of a command whose stdout's reader went away (``... | head``): a shell's
+#: for a process killed by SIGPIPE (128 + 13), which `cat` or `grep` give there, so that
+#: `set -o pipefail` sees it as it does for them. Not 0: the output was cut short. Not death
+#: by SIGPIPE itself (SIG_DFL), which Python's docs advise against: a write to any closed
+#: socket (the master's gRPC) would then kill the process too.
+BROKEN_PIPE_EXIT = 141
 
 DESCRIPTION = """\
 Elastic, fault-tolerant TensorFlow 2 training as one pipeline step.
@@ -53,7 +62,7 @@ def _add_preprocess(commands) -> None:
         "--input",
         required=True,
         metavar="CSV",
-        help="the CSV file: a path or URI (s3://, gs://, ...); .gz for gzip",
+        help="the CSV file: a path or URI (s3://, gs://, ...); gzip-compressed or not",
     )
     p.add_argument("--label", required=True, metavar="COLUMN", help="the label column")
     p.add_argument("--output", required=True, metavar="DIR", help="where to write the data")
@@ -487,6 +496,44 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            # Here, not in the interpreter's flush at exit, so that a reader that has gone
+            # (`elastic-step status run/ | head -3`) meets the handler below.
+            if sys.stdout is not None:  # None when started with stdout closed
+                sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a pipe of our own, not stdout: a bug to show whole
+        _quiet_stdout()
+        return BROKEN_PIPE_EXIT
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket whose reader has gone (poll reports an error or a
+    hang-up on it), so that a BrokenPipeError is that reader's doing."""
+    try:
+        fd = sys.stdout.fileno()
+        poller = select.poll()
+    except (AttributeError, OSError, ValueError):  # no file descriptor, or no poll
+        return False
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _quiet_stdout() -> None:
+    """Points stdout at /dev/null: the interpreter flushes it again at exit, and what is
+    still buffered would raise BrokenPipeError there (Python's "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # The master launches workers and PS through this same entry point.
     if argv and argv[0] in ("worker", "ps"):

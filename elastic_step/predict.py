@@ -14,6 +14,9 @@ from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.errors import InputError
 from elastic_step.master.config import TrainConfig
+from elastic_step.master.job_record import check_same_command, command_of
+from elastic_step.master.persistence import SavedJob
+from elastic_step.master.state_store import create_state_store
 from elastic_step.model_def import load_model_definition
 from elastic_step.output_layout import OutputLayout
 from elastic_step.predict_input import SPLIT, check_data_dir, encode_csv
@@ -37,6 +40,7 @@ def predict(
     (see :func:`engine_paths`). ``split`` applies to a data directory input only."""
     from elastic_step.evaluate import trained_model_of
 
+    _check_output(config)
     model = OutputLayout(model_dir)
     for path in (model.model_file, model.model_def, model.schema):
         if not storage.exists(path):
@@ -75,6 +79,29 @@ def predict(
             source=input_path,
         )
     return PredictJob(config, schema, definition, given, backend_options=backend_options).run()
+
+
+def _check_output(config: TrainConfig) -> None:
+    """Refuses an --output that holds a training job before anything is written there: the
+    job's own check (``Job._check_saved``) comes after the CSV is encoded into
+    --output/input/ and the job's lease is taken."""
+    command = _saved_command(config)
+    # A finished training's model, with its state where this job does not look (another
+    # --state-dir, the cluster): a prediction never writes one.
+    if command is None and storage.exists(OutputLayout(config.output).model_file):
+        command = "train"
+    if command is not None:
+        check_same_command(config.output, command, "predict")
+
+
+def _saved_command(config: TrainConfig) -> str | None:
+    """The command of the job saved for ``config``, read as it is: no lease taken, nothing
+    written. None when no job is saved, or when the state is on the cluster (--backend
+    kubernetes), where the job's own check at its start covers it."""
+    if config.backend == "kubernetes":
+        return None
+    job = SavedJob.of(create_state_store("file", config.local_dir).load()).part("job")
+    return None if job is None else command_of(job["settings"])
 
 
 def engine_paths(model_dir: str) -> dict[str, str]:

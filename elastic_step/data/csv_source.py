@@ -1,4 +1,5 @@
-"""A CSV file (local path or URI, optionally ``.gz``) read as a stream of batches of text columns.
+"""A CSV file (local path or URI, optionally gzip-compressed) read as a stream of batches of text
+columns.
 
 Arrow's streaming CSV reader parses the file block by block in C++, so memory holds a few
 blocks whatever the file's size. Every value arrives as text.
@@ -45,29 +46,36 @@ class CsvBatch:
         return len(self.columns[0])
 
 
+#: The first two bytes of every gzip file (RFC 1952). No UTF-8 text starts with them: 0x8b
+#: cannot follow 0x1f there.
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def _is_gzip(path: str) -> bool:
-    return path.lower().endswith(".gz")
+    """Whether the file is gzip-compressed, by its first bytes: its name need not say so (an
+    Argo step saves its input artifact as data.csv whatever it holds)."""
+    return storage.storage_for(path).read_range(path, 0, len(GZIP_MAGIC)) == GZIP_MAGIC
 
 
 @contextlib.contextmanager
-def _open_text_bytes(path: str) -> Iterator[BinaryIO]:
+def _open_text_bytes(path: str, gzipped: bool) -> Iterator[BinaryIO]:
     """The file's (decompressed) bytes as a binary stream."""
     with storage.open_file(path, "rb") as raw:
-        if _is_gzip(path):
+        if gzipped:
             with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
                 yield unzipped
         else:
             yield raw
 
 
-def _python_rows(path: str) -> Iterator[tuple[int, list[str]]]:
+def _python_rows(path: str, gzipped: bool) -> Iterator[tuple[int, list[str]]]:
     """``(line number, stripped fields)`` of each row, header first, by Python's csv module.
 
     Empty lines are skipped, as Arrow skips them. The slow reference reader: it finds the line
     numbers and the exact problem for error messages.
     """
     try:
-        with _open_text_bytes(path) as raw:
+        with _open_text_bytes(path, gzipped) as raw:
             text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
             reader = csv.reader(text)
             try:
@@ -77,15 +85,15 @@ def _python_rows(path: str) -> Iterator[tuple[int, list[str]]]:
             except csv.Error as e:
                 raise InputError(f"{path}: line {reader.line_num}: malformed CSV: {e}") from None
     except UnicodeDecodeError:
-        raise InputError(_utf8_error(path)) from None
+        raise InputError(_utf8_error(path, gzipped)) from None
     except (gzip.BadGzipFile, EOFError, zlib.error) as e:
         raise InputError(f"{path}: damaged gzip data: {e}") from None
 
 
-def _utf8_error(path: str) -> str:
+def _utf8_error(path: str, gzipped: bool) -> str:
     """Where the first byte sequence that is not UTF-8 is: its line and byte offset."""
     offset = 0
-    with _open_text_bytes(path) as raw:
+    with _open_text_bytes(path, gzipped) as raw:
         for number, line in enumerate(raw, start=1):
             try:
                 line.decode("utf-8")
@@ -121,7 +129,9 @@ class CsvSource:
         self.block_bytes = block_bytes
         self.batch_bytes = batch_bytes
         self.total_bytes = storage.size(path)
-        rows = _python_rows(path)
+        # Decided once, by the content: every reading of the file below follows it.
+        self.gzipped = _is_gzip(path)
+        rows = _python_rows(path, self.gzipped)
         first = next(rows, None)
         rows.close()
         if first is None:
@@ -132,7 +142,7 @@ class CsvSource:
         """The data rows in order, one block of the file at a time.
 
         ``progress(bytes_read, rows_read)`` is called after each batch (bytes of the file as
-        stored, so compressed bytes for a ``.gz`` file). A row with the wrong number of fields,
+        stored, so compressed bytes for a gzip file). A row with the wrong number of fields,
         malformed quoting or bytes that are not UTF-8 raise an :class:`InputError` naming the
         line.
         """
@@ -147,7 +157,7 @@ class CsvSource:
         )
         with storage.open_file(self.path, "rb") as raw:
             stream = pa.PythonFile(raw, mode="r")
-            if _is_gzip(self.path):
+            if self.gzipped:
                 stream = pa.CompressedInputStream(stream, "gzip")
             try:
                 reader = pacsv.open_csv(
@@ -172,7 +182,7 @@ class CsvSource:
     def _diagnose(self, arrow_message: str) -> str:
         """The first problem the reference reader finds, else Arrow's own words."""
         width = len(self.header)
-        for line, fields in _python_rows(self.path):
+        for line, fields in _python_rows(self.path, self.gzipped):
             if len(fields) != width:
                 return f"{self.path}: line {line}: expected {width} fields, got {len(fields)}"
         first_line = arrow_message.strip().splitlines()[0] if arrow_message.strip() else ""
@@ -180,7 +190,7 @@ class CsvSource:
 
     def line_of_row(self, row: int) -> int:
         """The line on which data row ``row`` (0-based) starts."""
-        for number, (line, _) in enumerate(_python_rows(self.path)):
+        for number, (line, _) in enumerate(_python_rows(self.path, self.gzipped)):
             if number == row + 1:  # the header is row 0 here
                 return line
         raise AssertionError(f"{self.path}: no data row {row}")

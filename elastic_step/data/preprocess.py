@@ -79,8 +79,8 @@ def preprocess(
     progress_every_s: float = 5.0,
     memory: MemoryBudget = MemoryBudget(),
 ) -> Schema:
-    """Converts the CSV ``input_path`` (header row first; a path or URI, ``.gz`` for gzip) into
-    shards and a schema in ``output``.
+    """Converts the CSV ``input_path`` (header row first; a path or URI; gzip-compressed or not,
+    whatever its name) into shards and a schema in ``output``.
 
     Column types follow :mod:`elastic_step.data.csv_scan`; names in ``categorical`` are forced
     categorical. ``label_kind="auto"`` makes the label a class label when it is text, or

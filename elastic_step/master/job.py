@@ -35,7 +35,7 @@ from elastic_step.master.config import TrainConfig
 from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open_coordinator
 from elastic_step.master.evaluation import metric_values
 from elastic_step.master.instance_manager import MembershipSettings
-from elastic_step.master.job_record import JobRecord
+from elastic_step.master.job_record import JobRecord, check_same_command, command_of
 from elastic_step.master.job_view import JobView
 from elastic_step.master.metrics_endpoint import MetricsEndpoint
 from elastic_step.master.persistence import SavedJob
@@ -300,7 +300,9 @@ class Job:
         if saved.snapshot is None:
             return None
         record = JobRecord.restore(saved.part("job"), saved.records["job"])
-        differ = record.differing_settings(self.fixed_settings())
+        settings = self.fixed_settings()
+        check_same_command(self.output, command_of(record.settings), command_of(settings))
+        differ = record.differing_settings(settings)
         if differ:
             state = "finished" if record.phase is Phase.SUCCEEDED else "saved"
             raise InputError(

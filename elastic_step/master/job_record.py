@@ -12,7 +12,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from elastic_step.errors import InputError
 from elastic_step.master.phase import Phase
+
+
+def command_of(settings: dict) -> str:
+    """``train`` or ``predict``: the command whose job has these fixed settings. A training
+    job's do not name it (they came first, and saved ones must still match)."""
+    return settings.get("the command", "train")
+
+
+#: A command's job, as a message names it.
+_JOB_NAMES = {"train": "a training job", "predict": "a prediction"}
+
+
+def check_same_command(output: str, saved: str, command: str) -> None:
+    """A job resumes only one of its own command's: the settings of a training and of a
+    prediction differ in ways that say nothing (--epochs against --input)."""
+    if saved != command:
+        raise InputError(
+            f"{output} holds {_JOB_NAMES.get(saved, f'a {saved} job')}, not "
+            f"{_JOB_NAMES.get(command, f'a {command} job')}: give {command} another --output"
+        )
 
 
 @dataclass

@@ -95,6 +95,29 @@ def test_output_is_the_same_whatever_the_budget_compression_or_storage(
     assert len({r["cultivar"] for r in first_shard[:20]}) == 3
 
 
+def test_gzip_is_told_by_its_first_bytes_not_its_name(
+    wine_csv: Path, tmp_path: Path, s3_env
+) -> None:
+    """The Argo preprocess step saves every input as data.csv: gzip under that name, locally
+    or on an object store, preprocesses as the plain file does; a plain file named .gz too."""
+    common = {"label": "cultivar", "fill_missing": "mean", "seed": 3}
+    plain = tmp_path / "plain"
+    preprocess(input_path=str(wine_csv), output=str(plain), **common)
+    compressed = gzip.compress(wine_csv.read_bytes())
+    (tmp_path / "gz").mkdir()
+    local = tmp_path / "gz" / "data.csv"
+    local.write_bytes(compressed)
+    uri = f"s3://{s3_env.new_bucket()}/in/data.csv"
+    storage.write_bytes_atomic(uri, compressed)
+    misnamed = tmp_path / "plain.csv.gz"
+    misnamed.write_bytes(wine_csv.read_bytes())
+    for i, source in enumerate([str(local), uri, str(misnamed)]):
+        out = tmp_path / f"out-{i}"
+        schema = preprocess(input_path=source, output=str(out), memory=TINY, **common)
+        assert schema.records == {"train": 480, "validation": 120}, source
+        assert _tree(out) == _tree(plain), source
+
+
 def test_three_class_split_is_stratified(tmp_path: Path) -> None:
     counts = {"a": 30, "b": 60, "c": 90}
     lines = ["x,y"] + [f"{i},{label}" for label, n in counts.items() for i in range(n)]
