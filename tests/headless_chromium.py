@@ -20,6 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import websocket
 
 TIMEOUT_S = 30.0
@@ -163,3 +164,12 @@ class HeadlessChromium:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+
+def pixels_of(image: np.ndarray, region: dict, color: str) -> int:
+    """Pixels of ``color`` (a CSS ``rgb(r, g, b)``) inside ``region`` (a DOMRect's x, y,
+    width and height; one CSS pixel per image pixel), within a small margin."""
+    rgb = np.array([int(c) for c in color[color.index("(") + 1 : color.index(")")].split(",")[:3]])
+    top, left = int(region["y"]), int(region["x"])
+    box = image[top : top + int(region["height"]), left : left + int(region["width"])]
+    return int((np.abs(box - rgb).max(axis=-1) <= 8).sum())

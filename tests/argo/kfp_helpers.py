@@ -112,14 +112,22 @@ def wait_for_training(s3_server, run_id: str, version: int, timeout: float) -> d
     return wait_for("training under way", training, timeout=timeout, interval=1.0)
 
 
-def master_pod(core: client.CoreV1Api, ns: str, run_id: str) -> client.V1Pod:
-    """The running pod of the run's training step, where its master runs: KFP's executor
-    pod whose command runs the elastic_train component."""
-    selector = f"pipeline/runid={run_id}"
-    for pod in core.list_namespaced_pod(ns, label_selector=selector).items:
+def training_pods(core: client.CoreV1Api, ns: str, run_id: str) -> list[client.V1Pod]:
+    """The pods of the run's training step, where its master runs (each attempt's): KFP's
+    executor pods whose command runs the elastic_train component."""
+    found = []
+    for pod in core.list_namespaced_pod(ns, label_selector=f"pipeline/runid={run_id}").items:
         main = next((c for c in pod.spec.containers if c.name == "main"), None)
         program = " ".join([*(main.command or []), *(main.args or [])]) if main else ""
-        if pod.status.phase == "Running" and "def elastic_train(" in program:
+        if "def elastic_train(" in program:
+            found.append(pod)
+    return found
+
+
+def master_pod(core: client.CoreV1Api, ns: str, run_id: str) -> client.V1Pod:
+    """The running pod of the run's training step."""
+    for pod in training_pods(core, ns, run_id):
+        if pod.status.phase == "Running":
             return pod
     raise AssertionError(f"no running training pod in run {run_id}")
 
@@ -134,10 +142,7 @@ def master_log(
     workdir: Path, core: client.CoreV1Api, ns: str, run_id: str, *, other_than: client.V1Pod
 ) -> str:
     """The whole log of the run's training pod other than ``other_than`` (a retry's)."""
-    selector = f"pipeline/runid={run_id}"
-    for pod in core.list_namespaced_pod(ns, label_selector=selector).items:
-        main = next((c for c in pod.spec.containers if c.name == "main"), None)
-        program = " ".join([*(main.command or []), *(main.args or [])]) if main else ""
-        if pod.metadata.uid != other_than.metadata.uid and "def elastic_train(" in program:
+    for pod in training_pods(core, ns, run_id):
+        if pod.metadata.uid != other_than.metadata.uid:
             return container_log(workdir, pod)
     raise AssertionError(f"no other training pod in run {run_id}")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from headless_chromium import HeadlessChromium
+from headless_chromium import HeadlessChromium, pixels_of
 from kfp_helpers import (
     CSV_URI,
     EXAMPLE_PACKAGE,
@@ -173,13 +173,6 @@ def open_visualization(page: Page, node: str, index: int = 0) -> None:
     page.click_text("button", "Visualization")
 
 
-def pixels_of(image: np.ndarray, box: dict, rgb: tuple[int, int, int]) -> int:
-    """Pixels within 8 of ``rgb`` inside ``box`` (a DOMRect, CSS pixels = image pixels)."""
-    top, left = int(box["y"]), int(box["x"])
-    region = image[top : top + int(box["height"]), left : left + int(box["width"])]
-    return int((np.abs(region - np.array(rgb)).max(axis=-1) <= 8).sum())
-
-
 def dark_pixels(image: np.ndarray, box: dict) -> int:
     """Pixels of text (every channel below 100) inside ``box``."""
     top, left = int(box["y"]), int(box["x"])
@@ -251,7 +244,8 @@ def test_a_person_uploads_the_pipeline_runs_it_and_sees_its_results(
         (fullest,) = [c for c in cells if c["count"] == max(counts)]
         assert fullest["color"] == "rgb(41, 121, 255)", fullest  # the full colour of the scale
         assert (
-            pixels_of(image, fullest, (41, 121, 255)) >= 0.5 * fullest["width"] * fullest["height"]
+            pixels_of(image, fullest, fullest["color"])
+            >= 0.5 * fullest["width"] * fullest["height"]
         ), fullest
 
         # evaluate's HTML report, read from the object store through the UI's server.

@@ -31,11 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from kubernetes import client, utils
+from kubernetes import client
 from local_cluster import (
     REPO,
     Cluster,
     ClusterStartError,
+    bind_role,
+    create_role,
     die_with_parent,
     log_tail,
     run_build,
@@ -52,7 +54,6 @@ CONTROLLER_ENV = {
     "ARGO_PROGRESS_PATCH_TICK_DURATION": "0",
 }
 ARTIFACT_SECRET = "argo-artifacts"
-RBAC_GROUP = "rbac.authorization.k8s.io"
 WORKFLOW_TEMPLATE = REPO / "components" / "argo" / "workflow-template.yaml"
 
 
@@ -155,20 +156,7 @@ def start_argo(
             ns,
             _controller_config(bucket, s3_env["AWS_ENDPOINT_URL"], s3_env["AWS_DEFAULT_REGION"]),
         )
-        utils.create_from_yaml(api, str(bin_dir / "executor-role.yaml"), namespace=ns)
-        rbac = client.RbacAuthorizationV1Api(api)
-        rbac.create_namespaced_role_binding(
-            ns,
-            {
-                "metadata": {"name": "executor"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": "executor",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": service_account}],
-            },
-        )
+        bind_role(api, ns, create_role(api, ns, bin_dir / "executor-role.yaml"), service_account)
         template = yaml.safe_load(
             (REPO / "components" / "argo" / "workflow-template.yaml").read_text()
         )

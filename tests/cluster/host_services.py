@@ -23,11 +23,24 @@ SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 MANAGED_BY = "host-services.elastic-step.test"
 
 
+def service_range(pod_cidr: str) -> ipaddress.IPv4Network | None:
+    """The cluster's service range: the pod block's last /24 (the kubelet gives no pod an
+    address there), or None for a block no larger than a /24."""
+    network = ipaddress.IPv4Network(pod_cidr)
+    if network.prefixlen >= 24:
+        return None
+    *_, services = network.subnets(new_prefix=24)
+    return services
+
+
 def service_address(pod_cidr: str, index: int) -> str:
     """The ``index``-th address of the cluster's service range (1..254; 53 is the DNS)."""
-    if not 1 <= index <= 254 or index == 53:
-        raise ValueError(f"service address index {index}: must be 1..254 and not 53")
-    *_, services = ipaddress.IPv4Network(pod_cidr).subnets(new_prefix=24)
+    services = service_range(pod_cidr)
+    if services is None or not 1 <= index <= 254 or index == 53:
+        raise ValueError(
+            f"service address {index} of {pod_cidr}: must be 1..254 and not 53, "
+            "in a block larger than a /24"
+        )
     return str(services[index])
 
 

@@ -37,12 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
-import yaml
 from host_services import publish, service_address
 from kubernetes import client, utils
 from local_cluster import (
     Cluster,
     ClusterStartError,
+    bind_role,
+    create_role,
     die_with_parent,
     log_tail,
     run_build,
@@ -69,7 +70,6 @@ API_SERVER_ADDRESS, MLMD_ADDRESS, OBJECT_STORE_ADDRESS = 1, 2, 3
 PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"
 OBJECT_STORE_SERVICE, OBJECT_STORE_NAMESPACE = "seaweedfs", "kubeflow"
 ARTIFACT_SECRET = "mlpipeline-minio-artifact"
-RBAC_GROUP = "rbac.authorization.k8s.io"
 
 
 def build_kfp() -> Path:
@@ -135,23 +135,6 @@ def start_mariadb(workdir: Path) -> Iterator[Database]:
         stop_process(server, timeout=30)
 
 
-def bind_role(rbac: client.RbacAuthorizationV1Api, ns: str, role: str, account: str) -> None:
-    rbac.create_namespaced_role_binding(
-        ns,
-        {
-            "metadata": {"name": f"{account}-{role}"},
-            "roleRef": {"apiGroup": RBAC_GROUP, "kind": "Role", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}],
-        },
-    )
-
-
-def _create_role(rbac: client.RbacAuthorizationV1Api, ns: str, manifest: Path) -> str:
-    role = yaml.safe_load(manifest.read_text())
-    rbac.create_namespaced_role(ns, role)
-    return role["metadata"]["name"]
-
-
 def install_pipeline_runtime(
     cluster: Cluster, kfp_dir: Path, *, s3_env: dict[str, str], object_store: str
 ) -> None:
@@ -180,12 +163,11 @@ def install_pipeline_runtime(
             {"metadata": {"name": "kfp-launcher"}, "data": {"defaultPipelineRoot": PIPELINE_ROOT}},
         )
         core.create_namespaced_service_account(ns, {"metadata": {"name": PIPELINE_RUNNER}})
-        rbac = client.RbacAuthorizationV1Api(api)
-        runner_role = _create_role(rbac, ns, kfp_dir / "pipeline-runner-role.yaml")
-        bind_role(rbac, ns, runner_role, PIPELINE_RUNNER)
+        runner_role = create_role(api, ns, kfp_dir / "pipeline-runner-role.yaml")
+        bind_role(api, ns, runner_role, PIPELINE_RUNNER)
         # elastic-step's own Role (manifests/rbac.yaml, applied in the namespace by the
         # cluster), as the README asks a user to bind it to the run's ServiceAccount.
-        bind_role(rbac, ns, "elastic-step-master", PIPELINE_RUNNER)
+        bind_role(api, ns, "elastic-step-master", PIPELINE_RUNNER)
 
 
 @dataclass(frozen=True)
@@ -333,9 +315,8 @@ def start_persistence_agent(cluster: Cluster, kfp_dir: Path) -> Iterator[None]:
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
         core.create_namespaced_service_account(ns, {"metadata": {"name": PERSISTENCE_AGENT}})
-        rbac = client.RbacAuthorizationV1Api(api)
-        role = _create_role(rbac, ns, kfp_dir / "ml-pipeline-persistenceagent-role.yaml")
-        bind_role(rbac, ns, role, PERSISTENCE_AGENT)
+        role = create_role(api, ns, kfp_dir / "ml-pipeline-persistenceagent-role.yaml")
+        bind_role(api, ns, role, PERSISTENCE_AGENT)
         core.create_namespaced_pod(ns, _persistence_agent_pod())
         try:
 

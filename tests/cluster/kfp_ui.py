@@ -20,17 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
-import yaml
 from kfp_backend import (
     API_HTTP_PORT,
     ARTIFACT_SECRET,
     METADATA_ENVOY_PORT,
     METADATA_ENVOY_SERVICE,
-    bind_role,
     free_port,
 )
 from kubernetes import client
-from local_cluster import Cluster, ClusterStartError, run_build, wait_for
+from local_cluster import (
+    Cluster,
+    ClusterStartError,
+    bind_role,
+    create_role,
+    run_build,
+    wait_for,
+)
 
 UI = "ml-pipeline-ui"
 
@@ -87,11 +92,7 @@ def start_ui(cluster: Cluster, ui_dir: Path) -> Iterator[Ui]:
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
         core.create_namespaced_service_account(ns, {"metadata": {"name": UI}})
-        rbac = client.RbacAuthorizationV1Api(api)
-        rbac.create_namespaced_role(
-            ns, yaml.safe_load((ui_dir / "ml-pipeline-ui-role.yaml").read_text())
-        )
-        bind_role(rbac, ns, UI, UI)
+        bind_role(api, ns, create_role(api, ns, ui_dir / "ml-pipeline-ui-role.yaml"), UI)
         node = str(ui_dir / "bin" / "node")
         server = str(ui_dir / "server" / "dist" / "server.js")
         core.create_namespaced_pod(

@@ -59,6 +59,7 @@ from kubernetes.client.rest import ApiException
 
 # Run as a script: its sibling modules are importable from here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_services import service_range
 from podenv import (
     HOST_IP,
     container_argv,
@@ -115,9 +116,7 @@ class IPAllocator:
         if not self.network.subnet_of(ipaddress.IPv4Network("127.0.0.0/8")):
             raise ValueError(f"--pod-cidr {cidr} is not inside 127.0.0.0/8")
         self.reserved = {ipaddress.IPv4Address(a) for a in reserved or ()}
-        self.services: ipaddress.IPv4Network | None = None
-        if self.network.prefixlen < 24:
-            *_, self.services = self.network.subnets(new_prefix=24)
+        self.services = service_range(cidr)
         self.in_use: set[ipaddress.IPv4Address] = set()
         self.next = 1
         self.lock = threading.Lock()

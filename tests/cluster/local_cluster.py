@@ -167,6 +167,25 @@ def add_namespace(
     return write_token_kubeconfig(kubeconfig, admin_kubeconfig, namespace, user, token)
 
 
+def create_role(api: client.ApiClient, namespace: str, manifest: Path) -> str:
+    """Creates the Role of a YAML manifest in ``namespace``; its name."""
+    role = yaml.safe_load(manifest.read_text())
+    client.RbacAuthorizationV1Api(api).create_namespaced_role(namespace, role)
+    return role["metadata"]["name"]
+
+
+def bind_role(api: client.ApiClient, namespace: str, role: str, account: str) -> None:
+    """Binds Role ``role`` to ServiceAccount ``account``, both in ``namespace``."""
+    client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": f"{account}-{role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    )
+
+
 def die_with_parent() -> None:
     """A ``preexec_fn`` for the host servers a test starts: the kernel kills the child when
     the test process dies, killed or not, so none is left holding its ports (SIGKILL: KFP's

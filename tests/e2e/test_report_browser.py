@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import TrainRun, mid_epoch
-from headless_chromium import HeadlessChromium
+from headless_chromium import HeadlessChromium, pixels_of
 
 from elastic_step.cli import main
 
@@ -250,14 +250,6 @@ def test_the_report_renders_in_chromium_with_every_plot_drawn(evaluated, tmp_pat
     [workers] = [r for r in regions if r["plot"] == "workers"]
     assert "crashed" in workers["events"]
     assert pixels_of(image, workers, workers["event_mark"]) >= 50
-
-
-def pixels_of(image: np.ndarray, region: dict, color: str) -> int:
-    """Pixels of ``color`` (a CSS ``rgb(r, g, b)``) inside ``region``, within a small margin."""
-    rgb = np.array([int(c) for c in color[color.index("(") + 1 : color.index(")")].split(",")[:3]])
-    top, left = int(region["y"]), int(region["x"])
-    box = image[top : top + int(region["height"]), left : left + int(region["width"])]
-    return int((np.abs(box - rgb).max(axis=-1) <= 8).sum())
 
 
 def test_a_malformed_summary_is_one_error_before_anything_is_evaluated(
