@@ -88,7 +88,7 @@ proto: $(STAMP)
 
 # The committed KFP and Argo YAML under components/ and pipelines/, from their Python.
 components: $(STAMP)
-	$(BIN)/python -m elastic_step.components.render
+	$(BIN)/python -m pipelines.render
 
 # Benchmarks print their figures (see bench/README.md); none fails on a missed target.
 bench: bench-throughput bench-embedding bench-master bench-goodput bench-preprocess

@@ -128,7 +128,7 @@ def run_keras(args, data_dir: str) -> dict:
     import tensorflow as tf
 
     from elastic_step.data.schema import Schema
-    from elastic_step.model_def import load_model_definition
+    from elastic_step.model.definition import load_model_definition
 
     definition = load_model_definition(MODEL_DEF)
     model, rate, wall = fit_keras(args, data_dir, definition, definition.feed)

@@ -95,14 +95,14 @@ RESTRICTED = {
 WORKER_IMPORTS = """
 import json, time
 import elastic_step.cli
-from elastic_step.tf_runtime import configure_threads, import_tensorflow_quietly
+from elastic_step.model.tf_runtime import configure_threads, import_tensorflow_quietly
 import_tensorflow_quietly()
 from elastic_step.worker import worker
 configure_threads()
 import keras, tensorflow
 from elastic_step.data.schema import Schema
-from elastic_step.model_def import load_model_definition
-from elastic_step.worker.parameters import ModelParameters
+from elastic_step.model.definition import load_model_definition
+from elastic_step.model.parameters import ModelParameters
 print(json.dumps({"imported_at": time.time()}), flush=True)
 """
 
@@ -779,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"load average {load_1min()} ({os.cpu_count()} CPUs); results in {workdir}")
     data_dir = prepare_data(str(workdir))
 
-    from elastic_step.tf_runtime import import_tensorflow_quietly
+    from elastic_step.model.tf_runtime import import_tensorflow_quietly
 
     import_tensorflow_quietly()  # as the CLI does, before the master imports Keras
     master_log = workdir / "master.log"

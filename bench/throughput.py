@@ -243,7 +243,7 @@ def fit_keras(args, data_dir: str, definition, feed) -> tuple[object, float, flo
 
 def run_keras(args, data_dir: str) -> dict:
     from elastic_step.data.feed import default_feed
-    from elastic_step.model_def import load_model_definition
+    from elastic_step.model.definition import load_model_definition
 
     model, rate, wall = fit_keras(args, data_dir, load_model_definition(MODEL_DEF), default_feed)
     accuracy = validation_accuracy(model, data_dir, args.batch_size)
@@ -310,7 +310,7 @@ def pss_child(args, data_dir: str, out: str) -> None:
 
     from elastic_step.data.feed import default_feed
     from elastic_step.data.schema import Schema
-    from elastic_step.model_def import load_model_definition
+    from elastic_step.model.definition import load_model_definition
 
     spec = tf.train.ClusterSpec(
         {"worker": [f"localhost:{_free_port()}"], "ps": [f"localhost:{_free_port()}"]}

@@ -10,13 +10,13 @@ import select
 import sys
 
 from elastic_step.backends import backend_names
-from elastic_step.backends.kubernetes_options import (
+from elastic_step.errors import ElasticStepError, InputError
+from elastic_step.kubernetes_flags import (
     add_kubernetes_flags,
     kubernetes_flags_given,
     options_from_args,
 )
-from elastic_step.errors import ElasticStepError, InputError
-from elastic_step.tf_runtime import import_tensorflow_quietly
+from elastic_step.model.tf_runtime import import_tensorflow_quietly
 
 log = logging.getLogger("elastic_step")
 
@@ -44,6 +44,27 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+    return text.lower() == "true"
+
+
+#: A switch: ``--flag`` alone, or ``--flag true|false``, the form that a pipeline engine
+#: passes (an Argo template cannot leave a flag out, only give it a value).
+_SWITCH = {"nargs": "?", "const": True, "default": False, "type": _bool, "metavar": "true|false"}
+
+
+def _unless_empty(convert):
+    """A flag's type under which an empty value means the flag left out (its default None):
+    an Argo template passes every parameter, set or not."""
+
+    def read(text: str):
+        return None if text == "" else convert(text)
+
+    return read
 
 
 def _add_preprocess(commands) -> None:
@@ -95,12 +116,13 @@ def _add_preprocess(commands) -> None:
         "--fill-missing",
         metavar="mean|zero|VALUE",
         default=None,
+        type=_unless_empty(str),
         help="allow empty values in numeric columns and read them as the train split's mean, "
         "0, or VALUE (recorded in schema.json; default: an empty numeric value is an error)",
     )
     p.add_argument(
         "--one-hot",
-        action="store_true",
+        **_SWITCH,
         help="the default feed gives categorical columns as one-hot vectors (vocabulary "
         "size + 1 floats) instead of vocabulary ids",
     )
@@ -108,7 +130,7 @@ def _add_preprocess(commands) -> None:
 
 def _add_train(commands) -> None:
     from elastic_step.master.config import DEFAULT_LOCAL_STEPS
-    from elastic_step.ps.outer_optimizer import OUTER_OPTIMIZERS
+    from elastic_step.model.outer_optimizer import OUTER_OPTIMIZERS
 
     p = commands.add_parser(
         "train",
@@ -120,6 +142,7 @@ def _add_train(commands) -> None:
     p.add_argument("--model-def", required=True, metavar="FILE.py", help="the model definition")
     p.add_argument("--data", required=True, metavar="DIR", help="what `preprocess` wrote")
     p.add_argument("--output", required=True, metavar="DIR", help="model, summary and state")
+    _add_summary_output(p)
     p.add_argument("--epochs", type=_int, metavar="N", default=1, help="(default 1)")
     p.add_argument("--batch-size", type=_int, metavar="N", default=64, help="(default 64)")
     p.add_argument(
@@ -143,7 +166,7 @@ def _add_train(commands) -> None:
     p.add_argument("--keep-checkpoints", type=_int, metavar="N", default=3, help="(default 3)")
     p.add_argument(
         "--staleness-modulation",
-        action="store_true",
+        **_SWITCH,
         help="divide the learning rate by the staleness of asynchronous gradients",
     )
     p.add_argument(
@@ -167,6 +190,7 @@ def _add_train(commands) -> None:
         "--early-stopping",
         metavar="METRIC[:PATIENCE[:min|max]]",
         default=None,
+        type=_unless_empty(str),
         help="end training after the epoch under way once PATIENCE evaluation rounds in a "
         "row (default 2) have not beaten the best; METRIC is loss or a name from the model "
         "definition's metrics(); min or max says which way is better (default: max for "
@@ -176,6 +200,7 @@ def _add_train(commands) -> None:
         "--keep-best",
         metavar="METRIC[:min|max]",
         default=None,
+        type=_unless_empty(str),
         help="save the model of the best evaluation round instead of the last; each round "
         "then runs with training paused, so that it measures one model",
     )
@@ -185,12 +210,13 @@ def _add_train(commands) -> None:
         help="with --backend kubernetes: print, as YAML, every object the master would create "
         "at the start, and exit without contacting a cluster",
     )
-    _add_job_flags(p, members="workers and PS")
+    _add_job_flags(p, ps=True)
 
 
-def _add_job_flags(p: argparse.ArgumentParser, *, members: str) -> None:
+def _add_job_flags(p: argparse.ArgumentParser, *, ps: bool) -> None:
     """The flags of an elastic job, training or prediction: its members, its limits, where
-    it runs and how it is named."""
+    it runs and how it is named. ``ps``: the job has PS (training), with flags of their own."""
+    members = "workers and PS" if ps else "workers"
     g = p.add_argument_group("the elastic job")
     g.add_argument(
         "--workers", type=_int, metavar="N", default=2, help="workers to start (default 2)"
@@ -251,7 +277,7 @@ def _add_job_flags(p: argparse.ArgumentParser, *, members: str) -> None:
         default=300.0,
         metavar="SECONDS",
         help=f"how long {members} wait for an absent master, and how long the job may "
-        "run with no worker or a PS missing before it fails (default 300)",
+        f"run with no worker{' or a PS missing' if ps else ''} before it fails (default 300)",
     )
     g.add_argument(
         "--port", type=_int, metavar="N", default=0, help="master port (default: any free)"
@@ -267,7 +293,7 @@ def _add_job_flags(p: argparse.ArgumentParser, *, members: str) -> None:
         "--state-dir",
         metavar="DIR",
         default=None,
-        help="a local directory for the master's state and the logs of workers and PS; "
+        help=f"a local directory for the master's state and the logs of {members}; "
         "needed where --output is an object store (s3://, gs://, minio://), since the state "
         "needs flock, fsync and atomic rename. Running again with the same one resumes "
         "(default: --output itself when it is local, else "
@@ -276,13 +302,13 @@ def _add_job_flags(p: argparse.ArgumentParser, *, members: str) -> None:
     )
     g.add_argument(
         "--metrics-port",
-        type=_int,
+        type=_unless_empty(_int),
         metavar="N",
         default=None,
         help="serve Prometheus metrics at http://HOST:N/metrics, where HOST is where the "
         "master listens (0: any free port, named in status.json; default: no endpoint)",
     )
-    add_kubernetes_flags(p)
+    add_kubernetes_flags(p, ps=ps)
 
 
 def _job_settings(args: argparse.Namespace) -> dict:
@@ -328,6 +354,25 @@ def _add_evaluate(commands) -> None:
     )
 
 
+def _add_summary_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--summary-output",
+        metavar="FILE.json",
+        help="also copy the finished job's summary.json here (a pipeline step's output)",
+    )
+
+
+def _copy_summary(status: int, args: argparse.Namespace) -> int:
+    """``--summary-output``: the finished job's summary.json, copied where the step wants it."""
+    if status == 0 and args.summary_output:
+        from elastic_step.data import storage
+        from elastic_step.output_layout import OutputLayout
+
+        summary = storage.read_text(OutputLayout(args.output).summary)
+        storage.write_text_atomic(args.summary_output, summary)
+    return status
+
+
 def _add_predict(commands) -> None:
     p = commands.add_parser(
         "predict",
@@ -351,13 +396,26 @@ def _add_predict(commands) -> None:
     p.add_argument(
         "--split", default="validation", help="with a data directory: (default validation)"
     )
-    p.add_argument(
-        "--summary-output",
-        metavar="FILE.json",
-        help="also copy the finished job's summary.json here (a pipeline step's output)",
-    )
+    _add_summary_output(p)
     p.add_argument("--batch-size", type=_int, metavar="N", default=256, help="(default 256)")
-    _add_job_flags(p, members="workers")
+    _add_job_flags(p, ps=False)
+
+
+#: The commands that pipeline components run, by name: each adds its parser.
+_COMPONENT_COMMANDS = {
+    "preprocess": _add_preprocess,
+    "train": _add_train,
+    "evaluate": _add_evaluate,
+    "predict": _add_predict,
+}
+
+
+def command_parser(command: str) -> argparse.ArgumentParser:
+    """The parser of ``elastic-step COMMAND`` alone (preprocess, train, evaluate or
+    predict): the source of the pipeline components' parameters (components/parameters.py)."""
+    commands = argparse.ArgumentParser(prog="elastic-step").add_subparsers()
+    _COMPONENT_COMMANDS[command](commands)
+    return commands.choices[command]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -368,10 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_preprocess(commands)
-    _add_train(commands)
-    _add_evaluate(commands)
-    _add_predict(commands)
+    for add in _COMPONENT_COMMANDS.values():
+        add(commands)
     status = commands.add_parser("status", help="print the status of a training job")
     status.add_argument("output", metavar="DIR", help="the job's --output")
     status.add_argument("--json", action="store_true", help="print status.json as it is")
@@ -440,7 +496,7 @@ def _run(args: argparse.Namespace) -> int:
             if args.backend != "kubernetes":
                 raise InputError("--dry-run needs --backend kubernetes")
             return dry_run(config, backend_options)
-        return train(config, backend_options)
+        return _copy_summary(train(config, backend_options), args)
     if args.command == "evaluate":
         from elastic_step.evaluate import evaluate
         from elastic_step.report import load_summary, write_report
@@ -461,29 +517,18 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(shown, indent=2))
         return 0
     if args.command == "predict":
-        from elastic_step.master.config import TrainConfig
-        from elastic_step.predict import engine_paths, predict
+        from elastic_step.master.config import PredictConfig
+        from elastic_step.predict import predict
 
-        config = TrainConfig(
-            **engine_paths(args.model),
+        config = PredictConfig(
+            model_dir=args.model,
+            input=args.input,
+            split=args.split,
             output=args.output,
             batch_size=args.batch_size,
             **_job_settings(args),
         )
-        status = predict(
-            config,
-            model_dir=args.model,
-            input_path=args.input,
-            split=args.split,
-            backend_options=_backend_options(args),
-        )
-        if status == 0 and args.summary_output:
-            from elastic_step.data import storage
-            from elastic_step.output_layout import OutputLayout
-
-            summary = storage.read_text(OutputLayout(args.output).summary)
-            storage.write_text_atomic(args.summary_output, summary)
-        return status
+        return _copy_summary(predict(config, _backend_options(args)), args)
     if args.command == "status":
         from elastic_step.master.reports import print_status
 

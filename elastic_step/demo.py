@@ -1,6 +1,7 @@
 """``elastic-step demo``: preprocess, elastic training and evaluation on scikit-learn's digits.
 
 The data ships inside scikit-learn; nothing is downloaded.
+Tests: write_digits_csv makes the digits of tests/e2e/conftest.py; run_demo has none.
 """
 
 from __future__ import annotations

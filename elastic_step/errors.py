@@ -1,4 +1,6 @@
-"""Errors that the command line turns into one clear message and an exit code."""
+"""Errors that the command line turns into one clear message and an exit code.
+Tests: tests/e2e/test_bad_input.py (InputError: one line, exit 2) and
+tests/e2e/test_hardening.py (a failed job: exit 1)."""
 
 
 class ElasticStepError(Exception):

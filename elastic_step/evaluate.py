@@ -1,4 +1,5 @@
-"""``elastic-step evaluate``: loss, metrics, a confusion matrix and ROC of a trained model."""
+"""``elastic-step evaluate``: loss, metrics, a confusion matrix and ROC of a trained model.
+Tests: tests/e2e/test_keras_models.py; tests/e2e/test_fault_tolerance.py (an undisturbed run)."""
 
 from __future__ import annotations
 
@@ -12,28 +13,10 @@ from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
 from elastic_step.errors import InputError
-from elastic_step.model_def import ModelDefinition, load_model_definition
-from elastic_step.output_layout import MODEL_FILE, OutputLayout
+from elastic_step.model.definition import load_model_definition
+from elastic_step.output_layout import OutputLayout
 
 log = logging.getLogger("elastic_step")
-
-
-def trained_model_of(model_dir: str, definition: ModelDefinition):
-    """The model that training wrote to ``model_dir`` (taking the feed's features): built by
-    ``definition`` (its copy of the model definition), with the weights of its
-    ``model.keras``."""
-    import shutil
-
-    from elastic_step.serving import load_trained_model
-
-    scratch = storage.local_temp_dir()
-    try:
-        local_model = f"{scratch}/{MODEL_FILE}"
-        with open(local_model, "wb") as f:
-            f.write(storage.read_bytes(OutputLayout(model_dir).model_file))
-        return load_trained_model(definition, local_model)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def evaluate(
@@ -48,6 +31,7 @@ def evaluate(
     import keras
 
     from elastic_step.data.feed import make_dataset
+    from elastic_step.model.serving import trained_model_of
 
     paths = OutputLayout(model_dir)
     for path in (paths.model_file, paths.model_def):

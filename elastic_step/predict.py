@@ -13,32 +13,25 @@ import logging
 from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.errors import InputError
-from elastic_step.master.config import TrainConfig
+from elastic_step.master.config import PredictConfig
+from elastic_step.master.job import Job
 from elastic_step.master.job_record import check_same_command, command_of
 from elastic_step.master.persistence import SavedJob
+from elastic_step.master.prediction_job import PredictInput, PredictionJob
 from elastic_step.master.state_store import create_state_store
-from elastic_step.model_def import load_model_definition
+from elastic_step.model.definition import load_model_definition
 from elastic_step.output_layout import OutputLayout
 from elastic_step.predict_input import SPLIT, check_data_dir, encode_csv
-from elastic_step.predict_job import PredictInput, PredictJob
 
 log = logging.getLogger("elastic_step")
 
 
-def predict(
-    config: TrainConfig,
-    *,
-    model_dir: str,
-    input_path: str,
-    split: str = "validation",
-    backend_options: object = None,
-) -> int:
+def predict(config: PredictConfig, backend_options: object = None) -> int:
     """Runs one prediction job; returns its exit status. Bad input raises InputError before
-    any launch.
+    any launch. ``config.split`` applies to a data directory input only."""
+    from elastic_step.model.serving import trained_model_of
 
-    ``config``: the engine's settings; its ``model_def`` and ``data`` are ``model_dir``'s
-    (see :func:`engine_paths`). ``split`` applies to a data directory input only."""
-    from elastic_step.evaluate import trained_model_of
+    model_dir, input_path, split = config.model_dir, config.input, config.split
 
     _check_output(config)
     model = OutputLayout(model_dir)
@@ -61,7 +54,6 @@ def predict(
         raise InputError(f"{input_path}: no such file or directory")
     if storage.isdir(input_path):
         given = PredictInput(
-            model_dir=model_dir,
             shards=tuple(check_data_dir(input_path, split, schema)),
             source=f"{input_path} (split {split})",
         )
@@ -74,14 +66,14 @@ def predict(
         else:
             encoded = encode_csv(input_path, schema, encoded_dir, progress=log.info)
         given = PredictInput(
-            model_dir=model_dir,
             shards=tuple(encoded.shard_paths(encoded_dir, SPLIT)),
             source=input_path,
         )
-    return PredictJob(config, schema, definition, given, backend_options=backend_options).run()
+    kind = PredictionJob(config, schema, definition, given=given)
+    return Job(kind, backend_options=backend_options).run()
 
 
-def _check_output(config: TrainConfig) -> None:
+def _check_output(config: PredictConfig) -> None:
     """Refuses an --output that holds a training job before anything is written there: the
     job's own check (``Job._check_saved``) comes after the CSV is encoded into
     --output/input/ and the job's lease is taken."""
@@ -94,7 +86,7 @@ def _check_output(config: TrainConfig) -> None:
         check_same_command(config.output, command, "predict")
 
 
-def _saved_command(config: TrainConfig) -> str | None:
+def _saved_command(config: PredictConfig) -> str | None:
     """The command of the job saved for ``config``, read as it is: no lease taken, nothing
     written. None when no job is saved, or when the state is on the cluster (--backend
     kubernetes), where the job's own check at its start covers it."""
@@ -102,8 +94,3 @@ def _saved_command(config: TrainConfig) -> str | None:
         return None
     job = SavedJob.of(create_state_store("file", config.local_dir).load()).part("job")
     return None if job is None else command_of(job["settings"])
-
-
-def engine_paths(model_dir: str) -> dict[str, str]:
-    """The ``model_def`` and ``data`` of the engine's config for a prediction job."""
-    return {"model_def": OutputLayout(model_dir).model_def, "data": model_dir}

@@ -8,6 +8,7 @@ label column may be there (it is ignored), no other column may. Values are check
 ``preprocess`` checks them: a numeric column's values are numbers, and empty only where the
 schema has a fill value. The default feed then standardizes, fills and looks up ids with the
 MODEL's statistics and vocabularies, whatever the input.
+Tests: tests/e2e/test_predict.py (a CSV's rows predicted in order, columns that do not match).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``elastic-step train``: checks the inputs, then runs the master until the job ends."""
+"""``elastic-step train``: checks the inputs, then runs the master until the job ends.
+Tests: tests/unit/test_kubernetes_pods.py (--dry-run); train() by every run in tests/e2e/."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from elastic_step.data.tfrecord import read_records
 from elastic_step.errors import InputError
 from elastic_step.master.config import TrainConfig
 from elastic_step.master.job import Job
-from elastic_step.model_def import check_model_definition, load_model_definition
+from elastic_step.master.training_job import TrainingJob
+from elastic_step.model.definition import check_model_definition, load_model_definition
 
 log = logging.getLogger("elastic_step")
 
@@ -32,7 +34,7 @@ def train(config: TrainConfig, backend_options: object = None) -> int:
     shard, records = next((s, r) for s, r in shards if r)
     check_model_definition(definition, read_records(shard, 0, min(SAMPLE_RECORDS, records)))
     log.info("model definition %s checked on %d sample records", config.model_def, SAMPLE_RECORDS)
-    return Job(config, schema, definition, backend_options=backend_options).run()
+    return Job(TrainingJob(config, schema, definition), backend_options=backend_options).run()
 
 
 #: The master port --dry-run shows when --port is 0 (the master then takes a free port).
@@ -45,7 +47,7 @@ def dry_run(config: TrainConfig, options, out: TextIO | None = None) -> int:
     and reads neither the data nor the model definition."""
     from elastic_step.backends import kubernetes_pods
     from elastic_step.backends.kubernetes_options import KubernetesOptions
-    from elastic_step.master.job import planned_specs
+    from elastic_step.master.launch import planned_specs
 
     options = options or KubernetesOptions()
     if options.image is None:
@@ -57,7 +59,12 @@ def dry_run(config: TrainConfig, options, out: TextIO | None = None) -> int:
     namespace = options.namespace or "default"
     port = config.port or DRY_RUN_PORT
     address = f"{kubernetes_pods.service_name(job)}.{namespace}.svc:{port}"
-    specs = planned_specs(config, address, kubernetes_pods.SECRET_PLACEHOLDER)
+    specs = planned_specs(
+        ps=config.ps,
+        workers=config.workers,
+        master_address=address,
+        secret=kubernetes_pods.SECRET_PLACEHOLDER,
+    )
     objects = kubernetes_pods.plan_job_objects(
         job, options, specs, port, namespace=namespace, image=options.image
     )

@@ -3,6 +3,7 @@
 The line says where the error was raised: on a line of the user's file, or inside a library
 (Keras, TensorFlow) called from a line of the user's file. Multi-line messages and terminal
 colour codes become one plain line; the exception keeps its full traceback for the log (-v).
+Tests: tests/unit/test_model_definition.py (errors that name the user's line).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 MAX_MESSAGE_CHARS = 300
 
 _ANSI_CODE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: How TensorFlow's AutoGraph begins the message of an error raised in a traced function.
+_AUTOGRAPH_HEAD = "in user code:"
 _LIBRARY_NAMES = {"keras": "Keras", "tensorflow": "TensorFlow", "numpy": "NumPy"}
 _PACKAGE_DIRS = ("site-packages", "dist-packages")
 _OWN_DIR = Path(__file__).resolve().parent
@@ -23,8 +26,14 @@ _STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
 def plain_message(error: BaseException) -> str:
-    """The error's message on one line, without colour codes, cut to MAX_MESSAGE_CHARS."""
-    text = " ".join(_ANSI_CODE.sub("", str(error)).split())
+    """The error's message on one line, without colour codes, cut to MAX_MESSAGE_CHARS.
+    Of TensorFlow's ``in user code:`` messages only the cause, their last line: the frames
+    before it are in the traceback (-v)."""
+    text = _ANSI_CODE.sub("", str(error))
+    if text.lstrip().startswith(_AUTOGRAPH_HEAD):
+        text = [line for line in text.splitlines() if line.strip()][-1].strip()
+        text = text.removeprefix(f"{type(error).__name__}: ")
+    text = " ".join(text.split())
     if len(text) > MAX_MESSAGE_CHARS:
         text = text[: MAX_MESSAGE_CHARS - 1].rstrip() + "… (-v logs it whole)"
     return text
@@ -37,6 +46,8 @@ def describe_error(error: BaseException, path: str) -> str:
     message = plain_message(error)
     kind = type(error).__name__
     user_lines = [frame.lineno for frame in frames if frame.filename == path]
+    # A function that TensorFlow traced (a feed's map) names the user's line in its message.
+    user_lines += [int(n) for n in re.findall(rf'File "{re.escape(path)}", line (\d+)', str(error))]
     raised_in = frames[-1].filename if frames else None
     if raised_in == path:
         where = f" at line {user_lines[-1]}"

@@ -4,7 +4,8 @@ batch-predict on the validation split (``predictions/predictions.csv`` under the
 directory).
 
   kubectl apply -n NS -f components/argo/workflow-template.yaml
-  argo submit -n NS pipelines/argo_workflow.yaml -p work-dir=s3://BUCKET/elastic-step
+  argo submit -n NS pipelines/argo_workflow.yaml -p work-dir=s3://BUCKET/elastic-step \
+      -p image=REGISTRY/elastic-step:TAG
 
 The CSV comes from the default artifact repository (key ``csv-key``); data, model,
 checkpoints and predictions go under ``work-dir``, an object store that every pod reaches with the
@@ -19,6 +20,7 @@ import yaml
 from hera.workflows import DAG, Parameter, RawArtifact, S3Artifact, Task, Workflow
 from hera.workflows.models import TemplateRef
 
+from elastic_step.components import IMAGE
 from elastic_step.components.argo_templates import WORKFLOW_TEMPLATE
 from elastic_step.examples import path_of
 
@@ -31,6 +33,7 @@ WORKER_CREDENTIALS = yaml.safe_dump({"spec": {"containers": [_FROM_SECRET]}}, so
 
 
 def _step(name: str, template: str, **arguments) -> Task:
+    arguments = {"image": "{{workflow.parameters.image}}", **arguments}
     return Task(
         name=name,
         template_ref=TemplateRef(name=WORKFLOW_TEMPLATE, template=template),
@@ -55,6 +58,8 @@ def example_workflow() -> Workflow:
                 Parameter(name="work-dir", value="s3://elastic-step/runs"),
                 Parameter(name="csv-key", value="datasets/breast_cancer.csv"),
                 Parameter(name="label", value="benign"),
+                # The image, set once: every step runs in it, and the workers and PS too.
+                Parameter(name="image", value=IMAGE),
             ],
             pod_spec_patch=STEP_CREDENTIALS,
         ) as workflow,

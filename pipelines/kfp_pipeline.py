@@ -4,11 +4,13 @@ batch-predict over the CSV with the trained model.
 Upload pipelines/kfp_pipeline.yaml in the KFP UI (or with ``kfp.Client().upload_pipeline``)
 and start a run with the URIs of a CSV file and of a model definition, and the CSV's label
 column (for example elastic_step/examples/breast_cancer.py, for scikit-learn's breast cancer
-data). The run's service account needs the Role in manifests/rbac.yaml (see the README).
+data). Its parameters are the components' (and so the CLI's flags), under the same names.
+The run's service account needs the Role in manifests/rbac.yaml (see the README).
 """
 
 from kfp import dsl, kubernetes
 
+from elastic_step.components import IMAGE
 from elastic_step.components.kfp_components import (
     batch_predict,
     elastic_train,
@@ -26,6 +28,8 @@ def elastic_step_pipeline(
     csv_uri: str,
     label: str,
     model_def_uri: str,
+    fill_missing: str = "",
+    one_hot: bool = False,
     epochs: int = 5,
     batch_size: int = 64,
     workers: int = 2,
@@ -38,6 +42,9 @@ def elastic_step_pipeline(
     ps_cpu: str = "1",
     ps_memory: str = "2Gi",
     storage_secret: str = "mlpipeline-minio-artifact",
+    early_stopping: str = "",
+    keep_best: str = "",
+    image: str = IMAGE,
 ) -> None:
     csv = dsl.importer(artifact_uri=csv_uri, artifact_class=dsl.Dataset, reimport=False)
     # No display name on an importer: KFP 2.17's importer records its display name as its
@@ -46,7 +53,7 @@ def elastic_step_pipeline(
     model_def = dsl.importer(
         artifact_uri=model_def_uri, artifact_class=dsl.Artifact, reimport=False
     )
-    data = preprocess(csv=csv.output, label=label)
+    data = preprocess(csv=csv.output, label=label, fill_missing=fill_missing, one_hot=one_hot)
     train = elastic_train(
         dataset=data.outputs["data"],
         model_def=model_def.output,
@@ -62,11 +69,13 @@ def elastic_step_pipeline(
         ps_cpu=ps_cpu,
         ps_memory=ps_memory,
         storage_secret=storage_secret,
+        early_stopping=early_stopping,
+        keep_best=keep_best,
         # Resolved by KFP only as a task's whole input: with the run's id, it names the job,
         # so that a retry of this step (a new pod) resumes the same job.
         task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
     )
-    evaluate(model=train.outputs["model"], dataset=data.outputs["data"])
+    evaluation = evaluate(model=train.outputs["model"], dataset=data.outputs["data"])
     # Every row of the CSV, its label column ignored: the predictions beside the labels.
     predict = batch_predict(
         model=train.outputs["model"],
@@ -85,8 +94,12 @@ def elastic_step_pipeline(
     # training would be a stale model. Training runs every time; the other steps are
     # functions of their inputs and may come from the cache.
     train.set_caching_options(False)
+    # The image, set once: every step runs in it, and the workers and PS in the step's own.
+    for task in (data, train, evaluation, predict):
+        task.set_container_image(image)
+    # No set_retry: KFP retries every failure, a bad setting's exit status 2 too, and not a
+    # deleted pod; KFP's Retry of the run resumes the job instead (README, "Retries").
     for job in (train, predict):
-        job.set_retry(num_retries=2)
         # The master reads its inputs and writes its outputs at their object-store URIs
         # itself (its workers, in other pods, cannot see the launcher's local copies), so it
         # needs the store's credentials too; minio:// finds KFP's own store by its default

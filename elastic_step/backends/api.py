@@ -5,6 +5,8 @@ A backend runs *instances*: one worker or parameter server each, named uniquely 
 :meth:`Backend.launch` and :meth:`Backend.delete` and reads what happened from
 :meth:`Backend.next_events`. The ``local`` backend runs instances as subprocesses; the
 ``kubernetes`` backend runs them as pods. Both fit this interface unchanged.
+Tests: tests/contracts/backend_contract.py, run for each backend by
+tests/unit/test_local_backend_contract.py and tests/k8s/test_k8s_backend_contract.py.
 """
 
 from __future__ import annotations
@@ -134,6 +136,17 @@ class InstanceEvent:
     pid: int | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class JobOwner:
+    """The object of the platform that stands for the run (an Argo Workflow, a batch Job, a
+    ConfigMap the backend made): what owns the job's objects, by its API identity."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
 def take_events(events: queue.Queue[InstanceEvent], timeout_s: float) -> list[InstanceEvent]:
     """Every event queued now, waiting up to ``timeout_s`` for the first: how a backend whose
     watcher queues events answers :meth:`Backend.next_events`."""
@@ -208,9 +221,10 @@ class Backend(ABC):
         """
         return None
 
-    def owner_reference(self) -> dict | None:
-        """The ownerReference that the job's other objects (its state on a cluster) should
-        carry, so that deleting the run removes them too; None where nothing owns them."""
+    def owner(self) -> JobOwner | None:
+        """The platform's object that the job's other objects (its state on a cluster) should
+        be owned by, so that deleting the run removes them too; None where nothing owns
+        them."""
         return None
 
     def remove_job_objects(self) -> None:  # noqa: B027 - most backends make nothing else

@@ -3,28 +3,10 @@ workers and parameter servers as pods, with no operator.
 
 **Objects.** Each instance is one pod, ``<job>-<instance>`` (names are never reused), with
 ``restartPolicy: Never``: the master replaces pods, the kubelet does not restart them. The
-job also has a Secret ``<job>-secret`` (the values of each ``LaunchSpec.secret_env`` under
-``<instance>.<VARIABLE>``, which the pod reads with ``secretKeyRef``: no secret value is
-ever in a pod spec or a log; an ended instance's keys are removed) and a headless
-Service ``<job>-master`` that selects the pod labelled ``elastic-step/master: <job>``. The
-master labels its own pod so (and takes the label off any older master pod), so instances
-reach ``<job>-master.<namespace>.svc:<port>`` whichever pod the master runs in now. The
-manifests are built in ``kubernetes_pods.py``; ``--dry-run`` prints the same ones.
-
-**Ownership.** Pods, the Service and the Secret are never owned by the master's pod: the
-garbage collector would delete them when that pod is replaced, which is exactly when a new
-master must adopt them. They are owned by the run's object, found from the master pod's own
-``ownerReferences`` (its controller reference):
-
-- an Argo ``Workflow`` (``argoproj.io``; KFP runs on Argo): deleting the run removes all;
-- a ``batch/v1`` ``Job`` (the master run as a Kubernetes Job, with no pipeline engine);
-- otherwise (no owner, another kind, or a master outside the cluster) a ConfigMap
-  ``<job>-owner`` that the backend creates: deleting it garbage-collects everything.
-
-Owner references are not controller references and do not block the owner's deletion. The
-job's state on the cluster (its Lease and state ConfigMaps) has the same owner, so a
-stopped job resumes, and only deleting the run (or the owner ConfigMap) forgets it:
-:meth:`remove_job_objects` removes the Service and the Secret, never the owner.
+manifests are built in ``kubernetes_pods.py``; ``--dry-run`` prints the same ones. The job's
+other objects (its Secret, the master's Service, and the owner of them all, which deleting
+the run removes) and the master's own pod: see ``kubernetes_job_objects.py``.
+:meth:`remove_job_objects` removes the pods, the Service and the Secret, never the owner.
 
 **Stop.** How the master learns that the run is stopped, or that it is moved itself, from
 the API rather than from a signal: see ``kubernetes_run.py``.
@@ -45,34 +27,25 @@ the instance at once (DELETED), and nothing is made.
 
 **Watch.** One thread lists the job's pods and watches them from the list's
 resourceVersion; on 410 Gone it lists again, and a pod that vanished in between is reported
-from its last known state (or its Events, or as LOST). STARTED is sent once the pod is
-Running; PENDING while it waits for a reason worth telling (the scheduler's
-"Unschedulable: 0/3 nodes are available: ..." or an image pull error); EXITED as read by
-``kubernetes_watch.pod_state``. A pod that stays Terminating ``terminating_timeout_s`` past
-its grace period (a lost node) ends as LOST; its replacement has a new name, and the PS
-fence their writes, so a zombie cannot be confused with it.
+from its last known state (or its Events, or as LOST). How each version of a pod moves its
+instance (pending, started, ended, stuck Terminating): see ``kubernetes_instances.py``.
 
-**The master's pod.** Found by ``ELASTIC_STEP_POD_NAME`` (set it from the downward API
-``metadata.name``), else ``KFP_POD_NAME``, else the hostname when in a pod. The master
-listens on ``ELASTIC_STEP_POD_IP`` (downward API ``status.podIP``) or on its pod's
-``status.podIP``. Outside a pod (development) there is no Service: it listens on and
-advertises this machine's address toward the API server.
+This module makes the calls that create, delete and list pods; ``kubernetes_instances.py``
+keeps what they and the watch (``kubernetes_watch.py``) tell of each instance.
+
+Tests: against an API server, tests/k8s/test_k8s_backend.py, test_k8s_backend_contract.py,
+test_k8s_backend_job.py and test_k8s_backend_faults.py.
 """
 
 from __future__ import annotations
 
-import collections
 import heapq
 import itertools
 import logging
 import math
-import os
-import queue
-import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
@@ -81,32 +54,22 @@ from elastic_step.backends import kubernetes_pods as pods
 from elastic_step.backends.api import (
     Backend,
     BackendError,
-    EventKind,
     ExitReason,
     InstanceEvent,
     InstanceInfo,
+    JobOwner,
     LaunchSpec,
-    Role,
     StopRequest,
-    take_events,
 )
-from elastic_step.backends.kubernetes_client import (
-    Kube,
-    KubeCallError,
-    address_toward,
-    backoff_s,
-    load_api_client,
-)
+from elastic_step.backends.kubernetes_client import Kube, KubeCallError
+from elastic_step.backends.kubernetes_instances import InstanceTracker, PodInstance
+from elastic_step.backends.kubernetes_job_objects import JobObjects, master_pod_from_env
 from elastic_step.backends.kubernetes_options import KubernetesOptions
-from elastic_step.backends.kubernetes_run import RunWatch, engine_restarts
-from elastic_step.backends.kubernetes_watch import (
-    Phase,
-    PodWatch,
-    disruption_of,
-    one_line,
-    pod_state,
-)
+from elastic_step.backends.kubernetes_run import RunWatch
+from elastic_step.backends.kubernetes_watch import PodWatch, one_line, pod_state
 from elastic_step.errors import InputError
+from elastic_step.kube.calls import backoff_s
+from elastic_step.kube.client import load_api_client
 
 log = logging.getLogger(__name__)
 
@@ -118,46 +81,6 @@ DELETE_RETRY_S = 120.0
 #: its waiting for instances included, must fit in 20 s).
 REMOVE_DEADLINE_S = 10.0
 _DETECT_FROM_ENV = object()
-
-
-def master_pod_from_env(in_cluster: bool) -> str | None:
-    """The master's own pod name: ``ELASTIC_STEP_POD_NAME``, ``KFP_POD_NAME``, or the hostname
-    in a pod (a pod's hostname is its name unless its spec sets another)."""
-    for variable in ("ELASTIC_STEP_POD_NAME", "KFP_POD_NAME"):
-        if os.environ.get(variable):
-            return os.environ[variable]
-    return socket.gethostname() if in_cluster else None
-
-
-@dataclass(eq=False)
-class _Instance:
-    name: str
-    role: Role
-    index: int
-    pod_name: str
-    spec: LaunchSpec | None = None
-    #: The uid of its pod, once it is known to exist.
-    uid: str | None = None
-    #: Monotonic time by which the pod was known to exist: a list asked for later must show it.
-    exists_since: float = math.inf
-    #: The create is queued or being retried.
-    creating: bool = False
-    create_attempts: int = 0
-    quota_refusals: int = 0
-    first_attempt: float = 0.0
-    started: bool = False
-    ended: bool = False
-    pending_message: str = ""
-    #: The master asked for it to stop (sticky), and a delete is under way.
-    delete_requested: bool = False
-    deleting: bool = False
-    delete_grace_s: float = 5.0
-    delete_since: float = 0.0
-    disruption: tuple[str, str] | None = None
-    terminating_deadline: float | None = None
-    last_pod: dict[str, Any] | None = None
-    #: Serializes the API calls for this instance (its create before its delete).
-    op_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class _Pool:
@@ -227,9 +150,8 @@ class KubernetesBackend(Backend):
             api_client, namespace, in_cluster = load_api_client(self._options.kubeconfig)
         else:
             namespace, in_cluster = None, False
-        self._api_client = api_client
         self._namespace = self._options.namespace or namespace or "default"
-        self._kube = Kube(client.CoreV1Api(api_client), self._namespace)
+        self._kube = Kube(api_client, self._namespace)
         self._master_pod: str | None = (
             master_pod_from_env(in_cluster) if master_pod is _DETECT_FROM_ENV else master_pod
         )
@@ -238,28 +160,20 @@ class KubernetesBackend(Backend):
                 "--image is required when the master does not run in a pod (in a pod, the "
                 "default is the master pod's own image)"
             )
-        self._terminating_timeout_s = terminating_timeout_s
         self._create_retry_s = create_retry_s
-        self._lock = threading.RLock()
-        self._instances: dict[str, _Instance] = {}
-        #: The watch's latest view of every pod of the job, and the last state of deleted ones.
-        self._seen: dict[str, dict[str, Any]] = {}
-        self._gone: collections.OrderedDict[str, dict[str, Any]] = collections.OrderedDict()
-        self._events: queue.Queue[InstanceEvent] = queue.Queue()
-        self._setup_lock = threading.Lock()
-        self._owner: dict[str, Any] | None = None
-        self._image = self._options.image
-        #: What the job's Secret holds, as this master put it there.
-        self._secret_values: dict[str, str] = {}
-        self._secret_made = False
-        self._listen_host: str | None = None
         self._closed = False
         self._pool = _Pool(api_threads)
+        self._run_watch = RunWatch(self._kube, self._master_pod, api_client)
+        self._objects = JobObjects(
+            self._kube, job_name, self._master_pod, self._options.image, self._run_watch.start
+        )
+        self._instances = InstanceTracker(
+            terminating_timeout_s, on_end=self._ended, on_done_pod=self._done_pod
+        )
         self._watch = PodWatch(
-            self._kube, pods.job_selector(job_name), self._on_list, self._on_watch_event
+            self._kube, pods.job_selector(job_name), self._on_list, self._instances.on_watch_event
         )
         self._watch.start()
-        self._run_watch = RunWatch(self._kube, self._master_pod, api_client)
 
     @property
     def namespace(self) -> str:
@@ -272,33 +186,14 @@ class KubernetesBackend(Backend):
         pods.build_pod(
             spec, self._options, job_name=self._job, namespace=None, image="x", owner=None
         )
-        with self._lock:
-            instance = self._instances.get(spec.name)
-            if instance is not None:
-                if not instance.ended:
-                    return  # live: a launch is idempotent
-                raise BackendError(f"instance name {spec.name} was used before in this job")
-            instance = _Instance(
-                spec.name,
-                spec.role,
-                spec.index,
-                pods.pod_name(self._job, spec.name),
-                spec=spec,
-                creating=True,
-                first_attempt=time.monotonic(),
-            )
-            self._instances[spec.name] = instance
-        self._pool.submit(lambda: self._guarded(instance, self._create))
+        instance = self._instances.new(spec, pods.pod_name(self._job, spec.name))
+        if instance is not None:
+            self._pool.submit(lambda: self._guarded(instance, self._create))
 
     def delete(self, name: str, grace_period_s: float = 5.0) -> None:
-        with self._lock:
-            instance = self._instances.get(name)
-            if instance is None or instance.ended or instance.deleting:
-                return
-            instance.delete_requested = instance.deleting = True
-            instance.delete_grace_s = grace_period_s
-            instance.delete_since = time.monotonic()
-        self._pool.submit(lambda: self._guarded(instance, self._delete))
+        instance = self._instances.request_delete(name, grace_period_s)
+        if instance is not None:
+            self._pool.submit(lambda: self._guarded(instance, self._delete))
 
     def list_instances(self) -> list[InstanceInfo]:
         data = self._kube.call(
@@ -309,45 +204,23 @@ class KubernetesBackend(Backend):
             label_selector=pods.job_selector(self._job),
             retry_for_s=30,
         )
-        answered = time.monotonic()
-        live = []
-        with self._lock:
-            for pod in data.get("items") or []:
-                instance = self._adopt(pod, answered)
-                if instance is not None:
-                    # What the watch saw of it, before it was ours to report, counts too.
-                    for seen in (self._seen.get(instance.pod_name), pod):
-                        if seen is not None and seen["metadata"]["uid"] == instance.uid:
-                            self._observe(instance, seen)
-                    tombstone = self._gone.get(instance.pod_name)
-                    if tombstone is not None and tombstone["metadata"]["uid"] == instance.uid:
-                        self._observe(instance, tombstone, gone=True)
-            for instance in self._instances.values():
-                if not instance.ended:
-                    live.append(InstanceInfo(instance.name, instance.role, instance.index))
-        return sorted(live, key=lambda i: i.name)
+        return self._instances.listed(data.get("items") or [], time.monotonic())
 
     def next_events(self, timeout_s: float) -> list[InstanceEvent]:
-        self._end_stuck_terminating()
-        return take_events(self._events, timeout_s)
+        return self._instances.next_events(timeout_s)
 
     def listen_host(self) -> str:
-        if self._listen_host is None:
-            self._listen_host = self._find_listen_host()
-        return self._listen_host
+        return self._objects.listen_host()
 
     def advertise_master(self, port: int) -> str:
         if self._master_pod is None:
             return f"{self.listen_host()}:{port}"
-        self._ensure_setup()
-        self._label_master_pod()
-        self._ensure_service(port)
-        return f"{pods.service_name(self._job)}.{self._namespace}.svc:{port}"
+        return self._objects.advertise(port)
 
     def stop_request(self, signalled: bool = False) -> StopRequest | None:
         if not signalled:
             return self._run_watch.request()
-        self._ensure_setup()  # the run's object is found there
+        self._objects.ensure_setup()  # the run's object is found there
         return self._run_watch.read_now()
 
     def remove_job_objects(self) -> None:
@@ -378,10 +251,7 @@ class KubernetesBackend(Backend):
             if metadata.get("deletionTimestamp"):
                 continue
             ended = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-            with self._lock:
-                for instance in self._instances.values():
-                    if instance.uid == metadata["uid"]:
-                        instance.delete_requested = True
+            self._instances.delete_requested(metadata["uid"])
             attempt(
                 "delete",
                 "pods",
@@ -396,12 +266,13 @@ class KubernetesBackend(Backend):
         service, secret = pods.service_name(self._job), pods.secret_name(self._job)
         attempt("delete", "services", core.delete_namespaced_service, service, ns)
         attempt("delete", "secrets", core.delete_namespaced_secret, secret, ns)
-        if self._owner is not None:
+        owner = self._objects.owner
+        if owner is not None:
             log.info(
                 "kubernetes: the state of job %s stays until %s %s is deleted",
                 self._job,
-                self._owner["kind"],
-                self._owner["name"],
+                owner["kind"],
+                owner["name"],
             )
 
     def close(self) -> None:
@@ -412,265 +283,49 @@ class KubernetesBackend(Backend):
         self._run_watch.stop()
         self._pool.close()
 
-    def owner_reference(self) -> dict | None:
-        self._ensure_setup()
-        return dict(self._owner)
-
-    def _read_master_pod(self) -> dict[str, Any]:
-        return self._kube.call(
-            "get",
-            "pods",
-            self._kube.core.read_namespaced_pod,
-            self._master_pod,
-            self._namespace,
-            retry_for_s=30,
+    def owner(self) -> JobOwner | None:
+        self._objects.ensure_setup()
+        ref = self._objects.owner
+        return JobOwner(
+            api_version=ref["apiVersion"], kind=ref["kind"], name=ref["name"], uid=ref["uid"]
         )
-
-    # -- set-up: owner, image, Secret, Service --
-
-    def _ensure_setup(self) -> None:
-        """Finds the owner of the job's objects and the image, once."""
-        with self._setup_lock:
-            if self._owner is not None:
-                return
-            owner = None
-            if self._master_pod is not None:
-                pod = self._read_master_pod()
-                owner = self._run_owner(pod)
-                if self._image is None:
-                    containers = pod["spec"]["containers"]
-                    main = next((c for c in containers if c["name"] == pods.CONTAINER), None)
-                    self._image = (main or containers[0])["image"]
-            if owner is None:
-                owner = self._make_owner()
-            if self._image is None:
-                raise BackendError(
-                    "--image is required when the master does not run in a pod "
-                    "(in a pod, the default is the master pod's own image)"
-                )
-            self._owner = owner
-            self._run_watch.start(owner)
-            log.info(
-                "kubernetes: job %s in namespace %s, objects owned by %s %s",
-                self._job,
-                self._namespace,
-                owner["kind"],
-                owner["name"],
-            )
-
-    @staticmethod
-    def _run_owner(master_pod: dict[str, Any]) -> dict[str, Any] | None:
-        """The run's object from the master pod's controller reference: an Argo Workflow or a
-        batch Job; None for anything else (the master pod's own ReplicaSet, say)."""
-        for ref in master_pod["metadata"].get("ownerReferences") or []:
-            if ref.get("controller") and engine_restarts(ref):
-                return pods.owner_reference(ref["apiVersion"], ref["kind"], ref["name"], ref["uid"])
-        return None
-
-    def _make_owner(self) -> dict[str, Any]:
-        name = pods.owner_name(self._job)
-        core = self._kube.core
-        try:
-            made = self._kube.call(
-                "create",
-                "configmaps",
-                core.create_namespaced_config_map,
-                self._namespace,
-                pods.build_owner(self._job, self._namespace),
-                retry_for_s=30,
-            )
-        except KubeCallError as e:
-            if not e.conflict:
-                raise
-            made = self._kube.call(
-                "get", "configmaps", core.read_namespaced_config_map, name, self._namespace
-            )
-        return pods.owner_reference("v1", "ConfigMap", name, made["metadata"]["uid"])
-
-    def _ensure_secret(self, spec: LaunchSpec) -> None:
-        """Puts the instance's secret values into the job's Secret, before its pod exists."""
-        values = {pods.secret_key(spec.name, k): v for k, v in spec.secret_env.items()}
-        with self._setup_lock:
-            if all(self._secret_values.get(k) == v for k, v in values.items()):
-                return
-            body = pods.build_secret(self._job, self._namespace, values, self._owner)
-            core = self._kube.core
-            made = False
-            if not self._secret_made:
-                try:
-                    self._kube.call(
-                        "create", "secrets", core.create_namespaced_secret, self._namespace, body
-                    )
-                    made = True
-                except KubeCallError as e:
-                    if not e.conflict:
-                        raise
-            if not made:
-                # The Secret exists (this master's, or an earlier one's): add the keys. A
-                # patch needs no read, and the master may not read Secrets.
-                self._kube.call(
-                    "patch",
-                    "secrets",
-                    core.patch_namespaced_secret,
-                    pods.secret_name(self._job),
-                    self._namespace,
-                    {"data": body["data"]},
-                )
-            self._secret_made = True
-            self._secret_values.update(values)
-
-    def _forget_secret(self, instance: _Instance) -> None:
-        """Takes an ended instance's keys out of the job's Secret (its pod read them when it
-        started), so that the Secret does not grow with every replacement."""
-        if instance.spec is None or not instance.spec.secret_env:
-            return  # adopted: its keys go with the Secret at the end of the job
-        keys = [pods.secret_key(instance.name, k) for k in instance.spec.secret_env]
-        with self._setup_lock:
-            if not any(k in self._secret_values for k in keys):
-                return
-            for key in keys:
-                self._secret_values.pop(key, None)
-        try:
-            self._kube.call(
-                "patch",
-                "secrets",
-                self._kube.core.patch_namespaced_secret,
-                pods.secret_name(self._job),
-                self._namespace,
-                {"data": dict.fromkeys(keys)},
-            )
-        except KubeCallError as e:
-            if not e.not_found:
-                log.warning("%s", e)
-
-    def _label_master_pod(self) -> None:
-        core = self._kube.core
-        label = pods.LABEL_MASTER
-        labelled = self._kube.call(
-            "list",
-            "pods",
-            core.list_namespaced_pod,
-            self._namespace,
-            label_selector=f"{label}={self._job}",
-            retry_for_s=30,
-        )
-        for pod in labelled.get("items") or []:
-            name = pod["metadata"]["name"]
-            if name != self._master_pod:
-                # An earlier master's pod: the Service must select only this one.
-                try:
-                    self._kube.call(
-                        "patch",
-                        "pods",
-                        core.patch_namespaced_pod,
-                        name,
-                        self._namespace,
-                        {"metadata": {"labels": {label: None}}},
-                    )
-                except KubeCallError as e:
-                    if not e.not_found:
-                        raise
-        self._kube.call(
-            "patch",
-            "pods",
-            core.patch_namespaced_pod,
-            self._master_pod,
-            self._namespace,
-            {"metadata": {"labels": {label: self._job}}},
-            retry_for_s=30,
-        )
-
-    def _ensure_service(self, port: int) -> None:
-        core = self._kube.core
-        body = pods.build_master_service(self._job, self._namespace, port, self._owner)
-        try:
-            self._kube.call(
-                "create",
-                "services",
-                core.create_namespaced_service,
-                self._namespace,
-                body,
-                retry_for_s=30,
-            )
-            return
-        except KubeCallError as e:
-            if not e.conflict:
-                raise
-        name = pods.service_name(self._job)
-        existing = self._kube.call(
-            "get", "services", core.read_namespaced_service, name, self._namespace
-        )
-        wanted, spec = body["spec"], existing.get("spec") or {}
-
-        def ports(items: list[dict[str, Any]]) -> list[tuple]:
-            return [(p.get("name"), p.get("port"), p.get("targetPort")) for p in items]
-
-        if spec.get("selector") == wanted["selector"] and ports(spec.get("ports") or []) == ports(
-            wanted["ports"]
-        ):
-            return
-        # A list body is sent as a JSON patch: the ports are replaced, not merged.
-        self._kube.call(
-            "patch",
-            "services",
-            core.patch_namespaced_service,
-            name,
-            self._namespace,
-            [
-                {"op": "replace", "path": "/spec/ports", "value": wanted["ports"]},
-                {"op": "replace", "path": "/spec/selector", "value": wanted["selector"]},
-            ],
-        )
-
-    def _find_listen_host(self) -> str:
-        if os.environ.get("ELASTIC_STEP_POD_IP"):
-            return os.environ["ELASTIC_STEP_POD_IP"]
-        if self._master_pod is None:
-            return address_toward(self._api_client)
-        deadline = time.monotonic() + 30
-        while True:
-            pod = self._read_master_pod()
-            ip = (pod.get("status") or {}).get("podIP")
-            if ip:
-                return ip
-            if time.monotonic() > deadline:
-                raise BackendError(f"the master's pod {self._master_pod} has no IP after 30 s")
-            time.sleep(0.5)
 
     # -- create and delete, in the pool's threads --
 
-    def _guarded(self, instance: _Instance, operation: Callable[[_Instance], None]) -> None:
+    def _guarded(self, instance: PodInstance, operation: Callable[[PodInstance], None]) -> None:
         """Runs ``operation``; an unexpected error ends the instance rather than leaving it
         pending for ever."""
         try:
             operation(instance)
         except Exception as e:
             log.exception("kubernetes backend: %s of %s failed", operation.__name__, instance.name)
-            self._end(
+            self._instances.end(
                 instance, ExitReason.LOST, None, f"{operation.__name__.strip('_')} failed: {e}"
             )
 
-    def _create(self, instance: _Instance) -> None:
+    def _create(self, instance: PodInstance) -> None:
         with instance.op_lock:
             if instance.ended:
                 return
             if instance.delete_requested:
-                self._end(instance, ExitReason.DELETED, None, "deleted before its pod was made")
+                self._instances.end(
+                    instance, ExitReason.DELETED, None, "deleted before its pod was made"
+                )
                 return
             instance.create_attempts += 1
             spec = instance.spec
             assert spec is not None
             try:
-                self._ensure_setup()
+                self._objects.ensure_setup()
                 if spec.secret_env:
-                    self._ensure_secret(spec)
+                    self._objects.ensure_secret(spec)
                 body = pods.build_pod(
                     spec,
                     self._options,
                     job_name=self._job,
                     namespace=self._namespace,
-                    image=self._image or "",
-                    owner=self._owner,
+                    image=self._objects.image or "",
+                    owner=self._objects.owner,
                 )
                 try:
                     made = self._kube.call(
@@ -681,7 +336,7 @@ class KubernetesBackend(Backend):
                         body,
                     )
                 except KubeCallError as e:
-                    if not e.conflict:
+                    if not e.already_exists:
                         raise
                     made = self._existing_pod(instance)
             except KubeCallError as e:
@@ -690,19 +345,9 @@ class KubernetesBackend(Backend):
             except BackendError as e:
                 self._fail_create(instance, str(e))
                 return
-            answered = time.monotonic()
-            with self._lock:
-                instance.creating = False
-                instance.uid = made["metadata"]["uid"]
-                instance.exists_since = answered
-                for pod in (made, self._seen.get(instance.pod_name)):
-                    if pod is not None and pod["metadata"]["uid"] == instance.uid:
-                        self._observe(instance, pod)
-                tombstone = self._gone.get(instance.pod_name)
-                if tombstone is not None and tombstone["metadata"]["uid"] == instance.uid:
-                    self._observe(instance, tombstone, gone=True)
+            self._instances.made(instance, made, time.monotonic())
 
-    def _existing_pod(self, instance: _Instance) -> dict[str, Any]:
+    def _existing_pod(self, instance: PodInstance) -> dict[str, Any]:
         """After 409 AlreadyExists: the pod, if it is this instance's (an earlier attempt was
         made after all); BackendError if another pod has the name."""
         pod = self._kube.call(
@@ -723,17 +368,19 @@ class KubernetesBackend(Backend):
             )
         return pod
 
-    def _create_failed(self, instance: _Instance, error: KubeCallError) -> None:
+    def _create_failed(self, instance: PodInstance, error: KubeCallError) -> None:
         if error.capacity:
             instance.quota_refusals += 1
             delay = QUOTA_RETRY_S[min(instance.quota_refusals, len(QUOTA_RETRY_S)) - 1]
-            self._pending(instance, f"not created yet: {error}; retrying in {delay:.0f} s")
+            self._instances.pending(
+                instance, f"not created yet: {error}; retrying in {delay:.0f} s"
+            )
             self._pool.submit(lambda: self._guarded(instance, self._create), delay)
             return
         if error.transient:
             waited = time.monotonic() - instance.first_attempt
             if waited > self._create_retry_s:
-                self._end(
+                self._instances.end(
                     instance,
                     ExitReason.LOST,
                     None,
@@ -742,24 +389,26 @@ class KubernetesBackend(Backend):
                 return
             delay = backoff_s(instance.create_attempts, first_s=1.0, cap_s=30.0)
             if instance.create_attempts >= 2:
-                self._pending(instance, f"not created yet: {error}; retrying")
+                self._instances.pending(instance, f"not created yet: {error}; retrying")
             self._pool.submit(lambda: self._guarded(instance, self._create), delay)
             return
         self._fail_create(instance, str(error))
 
-    def _fail_create(self, instance: _Instance, message: str) -> None:
+    def _fail_create(self, instance: PodInstance, message: str) -> None:
         log.error("%s", message)
-        self._end(instance, ExitReason.CRASHED, None, f"not created: {message}")
+        self._instances.end(instance, ExitReason.CRASHED, None, f"not created: {message}")
 
-    def _delete(self, instance: _Instance) -> None:
+    def _delete(self, instance: PodInstance) -> None:
         with instance.op_lock:
-            with self._lock:
+            with self._instances.lock:
                 if instance.ended:
                     return
                 if instance.uid is None:
                     # Not made, and no create is under way (this holds its lock): a queued or
                     # retried create finds the instance ended and makes nothing.
-                    self._end(instance, ExitReason.DELETED, None, "deleted before its pod was made")
+                    self._instances.end(
+                        instance, ExitReason.DELETED, None, "deleted before its pod was made"
+                    )
                     return
                 uid = instance.uid
             grace = max(1, math.ceil(instance.delete_grace_s))
@@ -778,20 +427,18 @@ class KubernetesBackend(Backend):
             except KubeCallError as e:
                 if e.not_found or e.conflict:
                     # Gone already (a 409 here: the uid precondition; the name is another's).
-                    with self._lock:
-                        self._end(instance, ExitReason.DELETED, None, "deleted by the master")
+                    self._instances.end(instance, ExitReason.DELETED, None, "deleted by the master")
                     return
                 if e.transient and time.monotonic() - instance.delete_since < DELETE_RETRY_S:
                     retry = lambda: self._guarded(instance, self._delete)  # noqa: E731
                     self._pool.submit(retry, backoff_s(2, cap_s=10))
                     return
                 log.error("%s", e)
-                with self._lock:
+                with self._instances.lock:
                     instance.deleting = False  # a later delete() tries again
                 return
             if answer.get("kind") == "Pod":
-                with self._lock:
-                    self._observe(instance, answer)
+                self._instances.observe(instance, answer)
 
     def _delete_pod(self, pod_name: str, uid: str | None, grace_s: int) -> None:
         """Deletes a pod whose instance has ended (best effort)."""
@@ -811,49 +458,22 @@ class KubernetesBackend(Backend):
             if not (e.not_found or e.conflict):
                 log.warning("%s", e)
 
+    # -- what follows from the instances --
+
+    def _ended(self, instance: PodInstance) -> None:
+        if instance.spec is not None and instance.spec.secret_env:
+            self._pool.submit(lambda: self._objects.forget_secret(instance.spec))
+
+    def _done_pod(self, pod_name: str, uid: str | None) -> None:
+        self._pool.submit(lambda: self._delete_pod(pod_name, uid, 1))
+
     # -- what the watch sees --
 
-    def _on_watch_event(self, kind: str, pod: dict[str, Any]) -> None:
-        name = pod["metadata"]["name"]
-        with self._lock:
-            if kind == "DELETED":
-                self._seen.pop(name, None)
-                self._gone[name] = pod
-                while len(self._gone) > 1000:
-                    self._gone.popitem(last=False)
-            else:
-                self._seen[name] = pod
-            instance = self._instance_of(pod)
-            if instance is not None:
-                self._observe(instance, pod, gone=kind == "DELETED")
-
     def _on_list(self, listed: dict[str, dict[str, Any]], sent_at: float) -> None:
-        missed = []
-        with self._lock:
-            self._seen = dict(listed)
-            for pod in listed.values():
-                instance = self._instance_of(pod)
-                if instance is not None:
-                    self._observe(instance, pod)
-            for instance in self._instances.values():
-                if instance.ended or instance.uid is None:
-                    continue
-                pod = listed.get(instance.pod_name)
-                if (pod is None or pod["metadata"]["uid"] != instance.uid) and (
-                    instance.exists_since < sent_at
-                ):
-                    missed.append(instance)
-        for instance in missed:
+        for instance in self._instances.on_list(listed, sent_at):
             self._report_missed_end(instance)
 
-    def _instance_of(self, pod: dict[str, Any]) -> _Instance | None:
-        labels = pod["metadata"].get("labels") or {}
-        instance = self._instances.get(labels.get(pods.LABEL_INSTANCE, ""))
-        if instance is None or instance.uid != pod["metadata"]["uid"]:
-            return None
-        return instance
-
-    def _report_missed_end(self, instance: _Instance) -> None:
+    def _report_missed_end(self, instance: PodInstance) -> None:
         """A pod that vanished while the watch was away (410 Gone): its last known state, or
         its Events, say how it ended; otherwise it is LOST."""
         last = instance.last_pod or {"metadata": {}, "status": {}}
@@ -867,10 +487,9 @@ class KubernetesBackend(Backend):
             reason, message = state.reason, state.message
         else:
             reason, message = self._reason_from_events(instance)
-        with self._lock:
-            self._end(instance, reason, None, f"{message} (its end was seen by a relist)")
+        self._instances.end(instance, reason, None, f"{message} (its end was seen by a relist)")
 
-    def _reason_from_events(self, instance: _Instance) -> tuple[ExitReason, str]:
+    def _reason_from_events(self, instance: PodInstance) -> tuple[ExitReason, str]:
         try:
             events = self._kube.call(
                 "list",
@@ -891,102 +510,3 @@ class KubernetesBackend(Backend):
             if reason in ("Evicted", "TaintManagerEviction"):
                 return ExitReason.EVICTED, f"{reason}: {message}"
         return ExitReason.LOST, "the pod was gone; how it ended is unknown"
-
-    # -- events --
-
-    def _adopt(self, pod: dict[str, Any], answered: float) -> _Instance | None:
-        """Tracks a listed pod of the job from now on; None for one that is over, or not an
-        instance's."""
-        metadata = pod["metadata"]
-        labels = metadata.get("labels") or {}
-        try:
-            name = labels[pods.LABEL_INSTANCE]
-            role = Role(labels[pods.LABEL_ROLE])
-            index = int(labels[pods.LABEL_INDEX])
-        except (KeyError, ValueError):
-            log.warning("ignoring pod %s: it lacks the labels of an instance", metadata["name"])
-            return None
-        instance = self._instances.get(name)
-        if instance is not None:
-            return instance if instance.uid == metadata["uid"] else None
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            return None
-        instance = _Instance(
-            name,
-            role,
-            index,
-            metadata["name"],
-            uid=metadata["uid"],
-            exists_since=answered,
-            # The master takes an adopted instance for running: no STARTED for it.
-            started=(pod.get("status") or {}).get("phase") == "Running",
-        )
-        self._instances[name] = instance
-        return instance
-
-    def _observe(self, instance: _Instance, pod: dict[str, Any], gone: bool = False) -> None:
-        """Moves an instance forward (pending, started, ended) by one version of its pod.
-        Called with the lock held. Never backward: versions may arrive out of order."""
-        if instance.ended:
-            return
-        instance.last_pod = pod
-        instance.disruption = disruption_of(pod) or instance.disruption
-        metadata = pod.get("metadata") or {}
-        if metadata.get("deletionTimestamp") and instance.terminating_deadline is None:
-            grace = metadata.get("deletionGracePeriodSeconds") or 0
-            instance.terminating_deadline = time.monotonic() + grace + self._terminating_timeout_s
-        state = pod_state(
-            pod,
-            gone=gone,
-            deleted_by_master=instance.delete_requested,
-            disruption=instance.disruption,
-        )
-        if state.phase is Phase.PENDING:
-            if not instance.started and state.message:
-                self._pending(instance, state.message)
-        elif state.phase is Phase.RUNNING:
-            if not instance.started:
-                instance.started = True
-                self._events.put(InstanceEvent(instance.name, EventKind.STARTED))
-        elif state.phase is Phase.ENDED:
-            self._end(instance, state.reason, state.exit_code, state.message)
-            running = (pod.get("status") or {}).get("phase") in ("Pending", "Running")
-            if running and not gone and not metadata.get("deletionTimestamp"):
-                # Its container is done but a sidecar runs on: the pod goes too.
-                uid = metadata.get("uid")
-                self._pool.submit(lambda: self._delete_pod(instance.pod_name, uid, 1))
-
-    def _pending(self, instance: _Instance, message: str) -> None:
-        with self._lock:
-            if instance.ended or instance.started or message == instance.pending_message:
-                return
-            instance.pending_message = message
-            self._events.put(InstanceEvent(instance.name, EventKind.PENDING, message=message))
-
-    def _end(
-        self, instance: _Instance, reason: ExitReason | None, code: int | None, message: str
-    ) -> None:
-        with self._lock:
-            if instance.ended:
-                return
-            instance.ended = True
-            instance.creating = instance.deleting = False
-            self._events.put(InstanceEvent(instance.name, EventKind.EXITED, code, reason, message))
-        if instance.spec is not None and instance.spec.secret_env:
-            self._pool.submit(lambda: self._forget_secret(instance))
-
-    def _end_stuck_terminating(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for instance in self._instances.values():
-                deadline = instance.terminating_deadline
-                if instance.ended or deadline is None or now < deadline:
-                    continue
-                who = "the master" if instance.delete_requested else "someone else"
-                self._end(
-                    instance,
-                    ExitReason.LOST,
-                    None,
-                    f"stuck Terminating {self._terminating_timeout_s:.0f} s past its grace "
-                    f"period (deleted by {who}; its node may be lost)",
-                )

@@ -10,7 +10,8 @@ the same objects. Names and labels:
   under the keys ``<instance>.<VARIABLE>`` (credentials differ per instance);
 - the headless Service ``<job>-master``, selecting the pod labelled
   ``elastic-step/master: <job>`` (the current master);
-- the owner ConfigMap ``<job>-owner``, when nothing else owns the job (see kubernetes.py).
+- the owner ConfigMap ``<job>-owner``, when nothing else owns the job (see
+  kubernetes_job_objects.py).
 
 A pod is built in layers, each over the one before: the backend's defaults (the
 ``restricted`` Pod Security Standard, ``sidecar.istio.io/inject: "false"``, no ServiceAccount

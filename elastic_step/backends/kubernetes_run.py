@@ -4,7 +4,7 @@ A pipeline engine stops a run by changing objects; the SIGTERM that follows reac
 master only where the engine can exec into its pod and the launcher passes the signal on.
 So the master reads the objects themselves:
 
-- the run's object (the job's owner, see kubernetes.py): an Argo ``Workflow`` with
+- the run's object (the job's owner, see kubernetes_job_objects.py): an Argo ``Workflow`` with
   ``spec.shutdown`` set (``argo stop``, ``argo terminate``), ``spec.activeDeadlineSeconds``
   0 (Kubeflow Pipelines' Terminate) or a phase that has ended; a ``batch/v1`` Job that is
   suspended or has failed; any owner being deleted, or gone. Each is a STOP.

@@ -40,8 +40,9 @@ from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from elastic_step.backends.api import ExitReason
-from elastic_step.backends.kubernetes_client import Kube, KubeCallError, backoff_s
+from elastic_step.backends.kubernetes_client import Kube, KubeCallError
 from elastic_step.backends.kubernetes_pods import CONTAINER
+from elastic_step.kube.calls import backoff_s
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ Each instance runs in its own session, so that a killed master leaves it running
 master to adopt. The backend records its instances (pid and the process's start time, which
 tells a reused pid apart) in ``work_dir/instances.json``; a new master reads that record to
 find the live ones. Output goes to ``work_dir/logs/NAME.log``.
+Tests: tests/unit/test_local_backend.py, tests/unit/test_local_backend_contract.py.
 """
 
 from __future__ import annotations

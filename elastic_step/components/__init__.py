@@ -2,8 +2,10 @@
 for Kubeflow Pipelines v2 (kfp_components.py) and Argo Workflows (argo_templates.py).
 
 Both run the ``elastic-step`` command in the project's image (:data:`IMAGE`, built from the
-Containerfile), which installs nothing at run time. ``python -m elastic_step.components.render``
-writes the committed YAML under components/ and pipelines/.
+Containerfile), which installs nothing at run time. Their parameters are the command's flags,
+under the same names and with the same defaults (parameters.py names the deviations).
+``python -m pipelines.render`` writes the committed YAML under components/ and
+pipelines/.
 """
 
 from elastic_step import __version__

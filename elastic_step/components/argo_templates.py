@@ -12,6 +12,9 @@ included.
 elastic-train and batch-predict name their job from ``{{workflow.uid}}`` and ``{{node.name}}``
 (:data:`identity.ARGO_JOB_NAME`): a retry of the step, or ``argo retry`` of the workflow,
 resumes the same job and adopts its pods, and no two workflows share a job.
+
+A template's parameters are its command's flags, kebab-case, with the command's defaults
+(parameters.py lists the deviations; tests/unit/test_component_parameters.py checks them).
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ from hera.workflows.models import ValueFrom
 
 from elastic_step.components import IMAGE
 from elastic_step.components.identity import ARGO_JOB_NAME
+from elastic_step.components.parameters import (
+    ARGO,
+    argo_value,
+    command_flags,
+    default_of,
+    parameter_name,
+)
 
 WORKFLOW_TEMPLATE = "elastic-step"
 INPUTS = "/tmp/inputs"
@@ -51,14 +61,22 @@ def _flags(*names: str) -> list[str]:
     return argv
 
 
-def _parameters(defaults: dict[str, object], descriptions: dict[str, str]) -> list[Parameter]:
-    """Input parameters: those in ``defaults`` are optional."""
-    return [
-        Parameter(name=name, description=text, default=defaults.get(name))
-        if name in defaults
-        else Parameter(name=name, description=text)
-        for name, text in descriptions.items()
-    ]
+def _parameters(
+    command: str, descriptions: dict[str, str], *, image: str = IMAGE
+) -> list[Parameter]:
+    """Input parameters of a template that runs ``elastic-step COMMAND``, described: a flag's
+    has the command's default (or none, if the flag is required), and ``image`` (of the
+    step, not a flag of preprocess and evaluate) defaults to ``image``."""
+    flags = {parameter_name(command, flag, ARGO): flag for flag in command_flags(command).values()}
+    parameters = []
+    for name, text in descriptions.items():
+        flag = flags.get(name)
+        if flag is not None and flag.required:
+            parameters.append(Parameter(name=name, description=text))
+            continue
+        default = image if flag is None else argo_value(default_of(command, flag, ARGO))
+        parameters.append(Parameter(name=name, description=text, default=default))
+    return parameters
 
 
 def _preprocess() -> Container:
@@ -71,19 +89,12 @@ def _preprocess() -> Container:
             "--input",
             f"{INPUTS}/data.csv",
             *_flags("label", "output", "shards", "validation-fraction", "seed"),
-            *_flags("categorical", "label-type"),
+            *_flags("categorical", "label-type", "fill-missing", "one-hot"),
         ],
         inputs=[
             Artifact(name="csv", path=f"{INPUTS}/data.csv"),
             *_parameters(
-                {
-                    "shards": 4,
-                    "validation-fraction": 0.2,
-                    "seed": 0,
-                    "categorical": "",
-                    "label-type": "auto",
-                    "image": IMAGE,
-                },
+                "preprocess",
                 {
                     "label": "the label column",
                     "output": "where the data goes (a URI or a path on a shared volume)",
@@ -92,6 +103,11 @@ def _preprocess() -> Container:
                     "seed": "seed of the split",
                     "categorical": "comma-separated columns to treat as categorical",
                     "label-type": "auto, class or numeric",
+                    "fill-missing": "allow empty values in numeric columns and read them as "
+                    "the train split's mean, 0, or a number: mean, zero or VALUE (default: "
+                    "an error)",
+                    "one-hot": "true: the default feed gives categorical columns as one-hot "
+                    "vectors, not vocabulary ids",
                     "image": "the elastic-step image",
                 },
             ),
@@ -103,11 +119,36 @@ def _preprocess() -> Container:
 _MAX_WORKERS = "{{=max(asInt(inputs.parameters.workers), asInt(inputs.parameters['max-workers']))}}"
 
 
+#: The limits of an elastic job (train, predict), and its Prometheus endpoint, described.
+_JOB_LIMITS = {
+    "grow-after": "with max-workers: add a worker once all have run this many seconds",
+    "max-restarts": "relaunches per slot of a process that crashed or was OOM-killed",
+    "max-task-retries": "retries of a failing task before the job fails",
+    "task-timeout": "seconds without a finished batch before a worker loses its task",
+    "master-timeout": "seconds that the job's pods wait for an absent master, and that the "
+    "job runs with a member missing before it fails",
+    "metrics-port": "serve Prometheus metrics on this port of the step's pod (0: any free "
+    "one, named in status.json; default: no endpoint)",
+}
+
+
 def _master_env() -> list[FieldEnv]:
     """The master finds its own pod, and listens on its IP."""
     return [
         FieldEnv(name="ELASTIC_STEP_POD_NAME", field_path="metadata.name"),
         FieldEnv(name="ELASTIC_STEP_POD_IP", field_path="status.podIP"),
+    ]
+
+
+def _job_args(command: str, *args: str) -> list[str]:
+    """An elastic job's command line: on Kubernetes, named so that a retry resumes it, with
+    the pod template, and its summary.json where the step's outputs are read."""
+    return [
+        command,
+        *("--backend", "kubernetes", "--job-name", ARGO_JOB_NAME),
+        *("--pod-template", f"{INPUTS}/pod-template.yaml"),
+        *args,
+        *("--summary-output", f"{OUTPUTS}/summary.json"),
     ]
 
 
@@ -129,22 +170,19 @@ def _elastic_train() -> Container:
         name="elastic-train",
         image=_value("image"),
         command=["elastic-step"],
-        args=[
+        args=_job_args(
             "train",
-            "--backend",
-            "kubernetes",
-            "--job-name",
-            ARGO_JOB_NAME,
             "--model-def",
             f"{INPUTS}/model_def.py",
-            "--pod-template",
-            f"{INPUTS}/pod-template.yaml",
             *_flags("data", "output", "epochs", "batch-size", "workers", "min-workers"),
             "--max-workers",
             _MAX_WORKERS,
             *_flags("ps", "records-per-task", "seed", "image"),
-            *_flags("worker-cpu", "worker-memory", "ps-cpu", "ps-memory"),
-        ],
+            *_flags("worker-cpu", "worker-memory", "worker-gpu", "ps-cpu", "ps-memory"),
+            *_flags("evaluation-steps", "checkpoint-steps", "keep-checkpoints"),
+            *_flags("staleness-modulation", "local-steps", "outer-optimizer"),
+            *_flags("early-stopping", "keep-best", *_JOB_LIMITS),
+        ),
         env=_master_env(),
         retry_strategy=_job_retries(),
         inputs=[
@@ -152,21 +190,7 @@ def _elastic_train() -> Container:
             Artifact(name="model-def", path=f"{INPUTS}/model_def.py"),
             _pod_template(),
             *_parameters(
-                {
-                    "epochs": 1,
-                    "batch-size": 64,
-                    "workers": 2,
-                    "min-workers": 1,
-                    "max-workers": 0,
-                    "ps": 1,
-                    "records-per-task": 512,
-                    "seed": 0,
-                    "image": IMAGE,
-                    "worker-cpu": "1",
-                    "worker-memory": "2Gi",
-                    "ps-cpu": "1",
-                    "ps-memory": "2Gi",
-                },
+                "train",
                 {
                     "data": "what preprocess wrote (a URI or a path on a shared volume)",
                     "output": "where the model, summary and checkpoints go",
@@ -181,10 +205,38 @@ def _elastic_train() -> Container:
                     "image": "the elastic-step image, of this step and of worker and PS pods",
                     "worker-cpu": "CPU of each worker pod",
                     "worker-memory": "memory of each worker pod",
+                    "worker-gpu": "GPUs of each worker pod",
                     "ps-cpu": "CPU of each PS pod",
                     "ps-memory": "memory of each PS pod",
+                    "evaluation-steps": "also evaluate every N model versions (0: at epoch "
+                    "ends only)",
+                    "checkpoint-steps": "PS checkpoints every N model versions",
+                    "keep-checkpoints": "checkpoints kept",
+                    "staleness-modulation": "true: divide the learning rate by the staleness "
+                    "of asynchronous gradients",
+                    "local-steps": "steps a worker runs on its own copy of the model before "
+                    "it pushes the change (1: every gradient goes to the PS's optimizer)",
+                    "outer-optimizer": "how the PS applies a worker's change with local-steps "
+                    "> 1: average or nesterov",
+                    "early-stopping": "METRIC[:PATIENCE[:min|max]]: end training once "
+                    "PATIENCE evaluation rounds in a row have not beaten the best (default: "
+                    "train every epoch)",
+                    "keep-best": "METRIC[:min|max]: save the model of the best evaluation "
+                    "round instead of the last",
+                    **_JOB_LIMITS,
                 },
             ),
+        ],
+        # What KFP's elastic-train gives as its metrics, summary and job_name: summary.json
+        # holds the final metrics, examples_per_second and the job's name.
+        outputs=[
+            Parameter(
+                name="summary",
+                description="the job's summary.json: final metrics, per-epoch accounting, "
+                "restarts, examples_per_second, job_name",
+                value_from=ValueFrom(path=f"{OUTPUTS}/summary.json"),
+            ),
+            Artifact(name="summary", path=f"{OUTPUTS}/summary.json"),
         ],
     )
 
@@ -203,7 +255,7 @@ def _evaluate() -> Container:
             f"{OUTPUTS}/report.html",
         ],
         inputs=_parameters(
-            {"split": "validation", "batch-size": 256, "image": IMAGE},
+            "evaluate",
             {
                 "model": "what elastic-train wrote",
                 "data": "what preprocess wrote",
@@ -230,37 +282,20 @@ def _batch_predict() -> Container:
         name="batch-predict",
         image=_value("image"),
         command=["elastic-step"],
-        args=[
+        args=_job_args(
             "predict",
-            "--backend",
-            "kubernetes",
-            "--job-name",
-            ARGO_JOB_NAME,
-            "--pod-template",
-            f"{INPUTS}/pod-template.yaml",
             *_flags("model", "input", "output", "split", "batch-size", "workers", "min-workers"),
             "--max-workers",
             _MAX_WORKERS,
-            *_flags("records-per-task", "image", "worker-cpu", "worker-memory"),
-            "--summary-output",
-            f"{OUTPUTS}/summary.json",
-        ],
+            *_flags("records-per-task", "image", "worker-cpu", "worker-memory", "worker-gpu"),
+            *_flags(*_JOB_LIMITS),
+        ),
         env=_master_env(),
         retry_strategy=_job_retries(),
         inputs=[
             _pod_template(),
             *_parameters(
-                {
-                    "split": "validation",
-                    "batch-size": 256,
-                    "workers": 2,
-                    "min-workers": 1,
-                    "max-workers": 0,
-                    "records-per-task": 512,
-                    "image": IMAGE,
-                    "worker-cpu": "1",
-                    "worker-memory": "2Gi",
-                },
+                "predict",
                 {
                     "model": "what elastic-train wrote (a URI or a path on a shared volume)",
                     "input": "a CSV file with the model's feature columns, or what preprocess "
@@ -275,6 +310,8 @@ def _batch_predict() -> Container:
                     "image": "the elastic-step image, of this step and of worker pods",
                     "worker-cpu": "CPU of each worker pod",
                     "worker-memory": "memory of each worker pod",
+                    "worker-gpu": "GPUs of each worker pod",
+                    **_JOB_LIMITS,
                 },
             ),
         ],

@@ -11,6 +11,8 @@ are told apart by a hash of 48 bits, so two runs do not share a name.
   *equals* it, so a component cannot default to it).
 - Argo Workflows: ``{{workflow.uid}}`` and ``{{node.name}}`` (which a retry keeps), hashed by
   the same rule in an Argo expression: :data:`ARGO_JOB_NAME`.
+
+Tests: tests/unit/test_components.py; on a cluster, tests/k8s/test_k8s_kfp_step.py.
 """
 
 from __future__ import annotations
@@ -66,12 +68,10 @@ def kfp_run_id(pod_name: str, kube: Kube | None = None) -> str:
     """The ``pipeline/runid`` label of pod ``pod_name``, read through ``kube`` (default: the
     in-cluster API, in this pod's namespace)."""
     if kube is None:
-        from kubernetes import client
-
-        from elastic_step.backends.kubernetes_client import load_api_client
+        from elastic_step.kube.client import load_api_client
 
         api_client, namespace, _ = load_api_client(None)
-        kube = Kube(client.CoreV1Api(api_client), namespace or "default")
+        kube = Kube(api_client, namespace or "default")
     pod = kube.call(
         "get", "pods", kube.core.read_namespaced_pod, pod_name, kube.namespace, retry_for_s=30
     )

@@ -6,11 +6,17 @@ installed at run time (``install_kfp_package=False``): air-gapped clusters work,
 ``kfp.local.SubprocessRunner(use_venv=False)``. Each body only calls steps.py, so the code
 that runs is the image's own. Another image: ``task.set_container_image(...)`` on a task.
 
+A component's parameters are its command's flags, under the same names and with the same
+defaults, but for the deviations listed in parameters.py; the steps turn them back into the
+flags (tests/unit/test_component_parameters.py checks both). An empty parameter is its flag
+left out.
+
 KFP copies a function's source into the component, so the signatures hold only literals and
-names that ``from kfp.dsl import *`` and ``from typing import *`` provide there.
+names that ``from kfp.dsl import *`` and ``from typing import *`` provide there. kfp reads
+``dict | None`` as an artifact type, hence ``Optional``.
 """
 
-from typing import List, NamedTuple  # noqa: UP035 - see elastic_train.volumes
+from typing import Dict, List, NamedTuple, Optional  # noqa: UP035 - see the module
 
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, ClassificationMetrics, Dataset, Input, Metrics, Model, Output
@@ -28,6 +34,8 @@ def preprocess(
     seed: int = 0,
     categorical: str = "",
     label_type: str = "auto",
+    fill_missing: str = "",
+    one_hot: bool = False,
 ):
     """Turns a CSV file with a header row into train and validation TFRecord shards and
     schema.json (`elastic-step preprocess`).
@@ -41,6 +49,10 @@ def preprocess(
         seed: Seed of the split.
         categorical: Comma-separated columns to treat as categorical.
         label_type: auto, class or numeric.
+        fill_missing: Allow empty values in numeric columns and read them as the train
+            split's mean, 0, or a number: mean, zero or VALUE (default: an error).
+        one_hot: The default feed gives categorical columns as one-hot vectors instead of
+            vocabulary ids.
     """
     arguments = dict(locals())  # every parameter, by name
     from elastic_step.components.steps import preprocess_step
@@ -66,15 +78,39 @@ def elastic_train(
     ps: int = 1,
     records_per_task: int = 512,
     seed: int = 0,
+    evaluation_steps: int = 0,
+    checkpoint_steps: int = 200,
+    keep_checkpoints: int = 3,
+    staleness_modulation: bool = False,
+    local_steps: int = 16,
+    outer_optimizer: str = "average",
+    early_stopping: str = "",
+    keep_best: str = "",
+    grow_after: float = 10.0,
+    max_restarts: int = 3,
+    max_task_retries: int = 3,
+    task_timeout: float = 120.0,
+    master_timeout: float = 300.0,
+    metrics_port: int = -1,
     backend: str = "kubernetes",
     image: str = "",
+    image_pull_policy: str = "",
+    image_pull_secret: List[str] | None = None,  # noqa: UP006 - see volumes
+    service_account: str = "",
     worker_cpu: str = "",
     worker_memory: str = "",
+    worker_gpu: int = 0,
     ps_cpu: str = "",
     ps_memory: str = "",
+    node_selector: List[str] | None = None,  # noqa: UP006 - see volumes
+    toleration: List[str] | None = None,  # noqa: UP006 - see volumes
     worker_priority_class: str = "",
+    high_priority_class: str = "",
+    high_priority_fraction: float = 0.0,
     storage_secret: str = "",
     volumes: List[str] | None = None,  # noqa: UP006 - kfp reads list[str] | None as an artifact
+    env: List[str] | None = None,  # noqa: UP006 - see volumes
+    pod_template: Optional[Dict] = None,  # noqa: UP006, UP045 - see the module
     job_name: str = "",
     task_name: str = "",
 ) -> NamedTuple("TrainOutputs", [("job_name", str)]):
@@ -97,17 +133,50 @@ def elastic_train(
         ps: Parameter server shards.
         records_per_task: Records per task.
         seed: Seed of the task order and of the model's initial values.
+        evaluation_steps: Also evaluate every N model versions (0: at epoch ends only).
+        checkpoint_steps: PS checkpoints every N model versions.
+        keep_checkpoints: Checkpoints kept.
+        staleness_modulation: Divide the learning rate by the staleness of asynchronous
+            gradients.
+        local_steps: Steps a worker runs on its own copy of the model before it pushes the
+            change (1: every gradient goes to the PS's optimizer).
+        outer_optimizer: How the PS applies a worker's change with local_steps > 1: average
+            or nesterov.
+        early_stopping: METRIC[:PATIENCE[:min|max]]: end training once PATIENCE evaluation
+            rounds in a row have not beaten the best (default: train every epoch).
+        keep_best: METRIC[:min|max]: save the model of the best evaluation round instead of
+            the last.
+        grow_after: With max_workers: add a worker once all have run this many seconds.
+        max_restarts: Relaunches per slot of a process that crashed or was OOM-killed.
+        max_task_retries: Retries of a failing task before the job fails.
+        task_timeout: Seconds without a finished batch before a worker loses its task.
+        master_timeout: Seconds that workers and PS wait for an absent master, and that the
+            job runs with no worker or a PS missing before it fails.
+        metrics_port: Serve Prometheus metrics on this port of the master (0: any free one,
+            named in status.json; -1: no endpoint).
         backend: kubernetes or local.
         image: Image of worker and PS pods (default: this step's).
+        image_pull_policy: Always, IfNotPresent or Never (default: the cluster's).
+        image_pull_secret: Secrets to pull the image with.
+        service_account: ServiceAccount of worker and PS pods (default: none).
         worker_cpu: CPU of each worker pod, a Kubernetes quantity (default: unset).
         worker_memory: Memory of each worker pod (default: unset).
+        worker_gpu: GPUs of each worker pod.
         ps_cpu: CPU of each PS pod (default: unset).
         ps_memory: Memory of each PS pod (default: unset).
+        node_selector: Node labels, each KEY=VALUE, that worker and PS pods need.
+        toleration: Taints that worker and PS pods tolerate, each KEY[=VALUE]:EFFECT.
         worker_priority_class: PriorityClass of worker pods.
+        high_priority_class: PriorityClass of PS pods and of high_priority_fraction of the
+            worker slots.
+        high_priority_fraction: Fraction of worker slots that get high_priority_class.
         storage_secret: A Secret with the object store's credentials for worker and PS pods
             (KFP's own: mlpipeline-minio-artifact); this step needs them too.
         volumes: PersistentVolumeClaims mounted in every worker and PS pod, each
             "claim=NAME,mount=/PATH[,readonly][,subpath=DIR]".
+        env: Environment variables of worker and PS pods, each NAME=VALUE.
+        pod_template: A pod (or pod spec) merged into every worker and PS pod; containers
+            merge by name, the elastic-step container is "main".
         job_name: Names the job's pods and state (default: derived from the run and task).
         task_name: Pass dsl.PIPELINE_TASK_NAME_PLACEHOLDER: with the run's id, it names the job.
 
@@ -159,13 +228,29 @@ def batch_predict(
     min_workers: int = 1,
     max_workers: int = 0,
     records_per_task: int = 512,
+    grow_after: float = 10.0,
+    max_restarts: int = 3,
+    max_task_retries: int = 3,
+    task_timeout: float = 120.0,
+    master_timeout: float = 300.0,
+    metrics_port: int = -1,
     backend: str = "kubernetes",
     image: str = "",
+    image_pull_policy: str = "",
+    image_pull_secret: List[str] | None = None,  # noqa: UP006 - see elastic_train.volumes
+    service_account: str = "",
     worker_cpu: str = "",
     worker_memory: str = "",
+    worker_gpu: int = 0,
+    node_selector: List[str] | None = None,  # noqa: UP006 - see elastic_train.volumes
+    toleration: List[str] | None = None,  # noqa: UP006 - see elastic_train.volumes
     worker_priority_class: str = "",
+    high_priority_class: str = "",
+    high_priority_fraction: float = 0.0,
     storage_secret: str = "",
     volumes: List[str] | None = None,  # noqa: UP006 - see elastic_train.volumes
+    env: List[str] | None = None,  # noqa: UP006 - see elastic_train.volumes
+    pod_template: Optional[Dict] = None,  # noqa: UP006, UP045 - see the module
     job_name: str = "",
     task_name: str = "",
 ) -> NamedTuple("PredictOutputs", [("job_name", str)]):
@@ -188,15 +273,34 @@ def batch_predict(
         min_workers: The job fails below this many.
         max_workers: Grow up to this many workers while all run (0: no growth).
         records_per_task: Records per task.
+        grow_after: With max_workers: add a worker once all have run this many seconds.
+        max_restarts: Relaunches per slot of a process that crashed or was OOM-killed.
+        max_task_retries: Retries of a failing task before the job fails.
+        task_timeout: Seconds without a finished batch before a worker loses its task.
+        master_timeout: Seconds that workers wait for an absent master, and that the job
+            runs with no worker before it fails.
+        metrics_port: Serve Prometheus metrics on this port of the master (0: any free one,
+            named in status.json; -1: no endpoint).
         backend: kubernetes or local.
         image: Image of worker pods (default: this step's).
+        image_pull_policy: Always, IfNotPresent or Never (default: the cluster's).
+        image_pull_secret: Secrets to pull the image with.
+        service_account: ServiceAccount of worker pods (default: none).
         worker_cpu: CPU of each worker pod, a Kubernetes quantity (default: unset).
         worker_memory: Memory of each worker pod (default: unset).
+        worker_gpu: GPUs of each worker pod.
+        node_selector: Node labels, each KEY=VALUE, that worker pods need.
+        toleration: Taints that worker pods tolerate, each KEY[=VALUE]:EFFECT.
         worker_priority_class: PriorityClass of worker pods.
+        high_priority_class: PriorityClass of high_priority_fraction of the worker slots.
+        high_priority_fraction: Fraction of worker slots that get high_priority_class.
         storage_secret: A Secret with the object store's credentials for worker pods (KFP's
             own: mlpipeline-minio-artifact); this step needs them too.
         volumes: PersistentVolumeClaims mounted in every worker pod, each
             "claim=NAME,mount=/PATH[,readonly][,subpath=DIR]".
+        env: Environment variables of worker pods, each NAME=VALUE.
+        pod_template: A pod (or pod spec) merged into every worker pod; containers merge by
+            name, the elastic-step container is "main".
         job_name: Names the job's pods and state (default: derived from the run and task).
         task_name: Pass dsl.PIPELINE_TASK_NAME_PLACEHOLDER: with the run's id, it names the job.
 

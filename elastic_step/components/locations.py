@@ -14,6 +14,7 @@ other pods, which see neither copy. So the train step hands the master:
 3. else nothing works: an :class:`InputError` says what to do.
 
 Steps that run in one pod (preprocess, evaluate) use the local path.
+Tests: tests/unit/test_components.py.
 """
 
 from __future__ import annotations

@@ -2,32 +2,57 @@
 this process, with flags made from its artifacts and parameters, then records the outputs.
 
 The components in kfp_components.py only call these functions: the code that runs is the
-image's, and a component and the command line cannot drift apart. Artifacts are
-``kfp.dsl`` artifacts; see locations.py for which of an artifact's paths the job uses.
+image's. A parameter becomes its flag by the rules of parameters.py, and
+tests/unit/test_component_parameters.py holds the components to the command's flags.
+Artifacts are ``kfp.dsl`` artifacts; see locations.py for which of an artifact's paths the
+job uses. Bad input ends a step as it ends the command: one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import functools
 import io
 import json
 import os
+import sys
 import tempfile
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
+import yaml
 from kfp.dsl import HTML, Artifact, ClassificationMetrics, Dataset, Metrics, Model
 
 from elastic_step.backends.kubernetes_options import parse_volume
 from elastic_step.components.identity import kfp_job_name
 from elastic_step.components.locations import shared_location
+from elastic_step.components.parameters import KFP, arguments, command_flags, parameter_name
 from elastic_step.data import storage
 from elastic_step.data.schema import Schema
-from elastic_step.errors import InputError
+from elastic_step.errors import ElasticStepError, InputError
+from elastic_step.kubernetes_flags import kubernetes_flags_given
 from elastic_step.output_layout import OutputLayout
 
 BACKENDS = ("kubernetes", "local")
+_Step = TypeVar("_Step", bound=Callable[..., Any])
+
+
+def as_the_cli(step: _Step) -> _Step:
+    """``step``, ending on bad input as ``elastic-step`` does: its one line on stderr (as
+    cli.main words it) and the error's exit status, no traceback."""
+
+    @functools.wraps(step)
+    def run(**parameters):
+        try:
+            return step(**parameters)
+        except ElasticStepError as e:
+            print(f"elastic-step: error: {e}", file=sys.stderr)
+            raise SystemExit(e.exit_code) from None
+
+    return run  # type: ignore[return-value]
 
 
 def run_cli(argv: list[str]) -> None:
@@ -40,42 +65,14 @@ def run_cli(argv: list[str]) -> None:
         raise SystemExit(status)
 
 
-def flags(values: Mapping[str, object]) -> list[str]:
-    """``--flag value`` for each value that is set (not None, not an empty string)."""
-    argv: list[str] = []
-    for flag, value in values.items():
-        if value is not None and value != "":
-            argv += [flag, str(value)]
-    return argv
-
-
-def preprocess_step(
-    *,
-    csv: Dataset,
-    label: str,
-    data: Dataset,
-    shards: int,
-    validation_fraction: float,
-    seed: int,
-    categorical: str,
-    label_type: str,
-) -> None:
+@as_the_cli
+def preprocess_step(*, csv: Dataset, data: Dataset, **parameters) -> None:
     """Preprocesses the CSV into ``data``; the record counts go into its metadata."""
     run_cli(
         [
             "preprocess",
-            *flags(
-                {
-                    "--input": csv.path,
-                    "--label": label,
-                    "--output": data.path,
-                    "--shards": shards,
-                    "--validation-fraction": validation_fraction,
-                    "--seed": seed,
-                    "--categorical": categorical,
-                    "--label-type": label_type,
-                }
-            ),
+            *["--input", csv.path, "--output", data.path],
+            *arguments("preprocess", parameters),
         ]
     )
     schema = Schema.load(data.path)
@@ -103,9 +100,13 @@ def model_def_file(model_def: Artifact | None, model_def_text: str) -> str:
     if model_def is not None:
         return model_def.path
     # Only the master reads this file; it copies the source to the output for the others.
-    path = os.path.join(tempfile.mkdtemp(prefix="elastic-step-"), "model_def.py")
+    return _temporary_file("model_def.py", model_def_text)
+
+
+def _temporary_file(name: str, text: str) -> str:
+    path = os.path.join(tempfile.mkdtemp(prefix="elastic-step-"), name)
     with open(path, "w") as f:
-        f.write(model_def_text)
+        f.write(text)
     return path
 
 
@@ -119,81 +120,59 @@ class JobCommand:
     job_name: str
 
 
-@dataclass(frozen=True, kw_only=True)
-class ElasticJob:
-    """The settings that every job-running component shares: where its workers run, how
-    many, as what pods, and the job's name (see identity.py)."""
+@functools.cache
+def _kubernetes_parameters(command: str) -> frozenset[str]:
+    """The KFP parameters that are flags of the Kubernetes backend: every one of them, told
+    apart from the rest by the backend's own list (a placeholder differs from any default)."""
+    flags = command_flags(command)
+    given = set(kubernetes_flags_given(argparse.Namespace(**{d: object() for d in flags})))
+    return frozenset(
+        name
+        for flag in flags.values()
+        if flag.option in given and (name := parameter_name(command, flag, KFP))
+    )
 
-    backend: str
-    workers: int
-    min_workers: int
-    max_workers: int
-    records_per_task: int
-    image: str
-    worker_cpu: str
-    worker_memory: str
-    worker_priority_class: str
-    storage_secret: str
-    volumes: list[str] | None
-    job_name: str
-    task_name: str
 
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got '{self.backend}'")
-
-    def command(
-        self,
-        command: str,
-        *,
-        inputs: Mapping[str, Artifact],
-        output: Artifact,
-        options: Mapping[str, object],
-        kubernetes_options: Mapping[str, object] | None = None,
-    ) -> JobCommand:
-        """``elastic-step COMMAND`` reading ``inputs`` (by flag) and writing ``output`` where
-        the job's pods reach them, with the command's own ``options``, and
-        ``kubernetes_options`` besides the shared ones for backend "kubernetes"."""
-        mounts = [parse_volume(text) for text in self.volumes or []]
-        locations = {
-            flag: shared_location(artifact, backend=self.backend, volumes=mounts)
-            for flag, artifact in inputs.items()
-        }
-        out = shared_location(output, backend=self.backend, volumes=mounts)
-        name = kfp_job_name(
-            job_name=self.job_name, task_name=self.task_name, output=out, env=os.environ
+def job_command(
+    command: str,
+    *,
+    inputs: Mapping[str, Artifact],
+    output: Artifact,
+    flags: Mapping[str, str],
+    parameters: Mapping[str, Any],
+) -> JobCommand:
+    """``elastic-step COMMAND`` (train or predict) with the step's ``parameters``, reading
+    ``inputs`` (by flag) and writing ``output`` where the job's pods reach them, plus the
+    ``flags`` that the step makes itself. The job is named by identity.py."""
+    values = dict(parameters)
+    backend = values.get("backend", "kubernetes")
+    if backend not in BACKENDS:
+        raise InputError(f"backend must be one of {', '.join(BACKENDS)}, got '{backend}'")
+    mounts = [parse_volume(text) for text in values.get("volumes") or []]
+    out = shared_location(output, backend=backend, volumes=mounts)
+    name = kfp_job_name(
+        job_name=values.pop("job_name", ""),
+        task_name=values.pop("task_name", ""),
+        output=out,
+        env=os.environ,
+    )
+    if backend == "local":  # the command refuses the pods' settings there: none are made
+        values = {k: v for k, v in values.items() if k not in _kubernetes_parameters(command)}
+    if values.get("pod_template"):  # KFP's is the pod itself; the command reads a file
+        values["pod_template"] = _temporary_file(
+            "pod_template.yaml", yaml.safe_dump(values["pod_template"])
         )
-        argv = [
-            command,
-            *flags(
-                {
-                    **locations,
-                    "--output": out,
-                    "--job-name": name,
-                    "--backend": self.backend,
-                    "--workers": self.workers,
-                    "--min-workers": self.min_workers,
-                    # 0: no growth (the command's default, --max-workers equal to --workers).
-                    "--max-workers": self.max_workers or None,
-                    "--records-per-task": self.records_per_task,
-                    **options,
-                }
-            ),
-        ]
-        if self.backend == "kubernetes":
-            argv += flags(
-                {
-                    "--image": self.image,
-                    "--worker-cpu": self.worker_cpu,
-                    "--worker-memory": self.worker_memory,
-                    "--worker-priority-class": self.worker_priority_class,
-                    "--storage-secret": self.storage_secret,
-                    **(kubernetes_options or {}),
-                }
-            )
-            for text in self.volumes or []:
-                argv += ["--volume", text]
-        return JobCommand(argv=argv, output=out, job_name=name)
+    given = {
+        **{
+            flag: shared_location(artifact, backend=backend, volumes=mounts)
+            for flag, artifact in inputs.items()
+        },
+        "--output": out,
+        "--job-name": name,
+        **flags,
+    }
+    argv = [command, *(item for pair in given.items() for item in pair)]
+    return JobCommand(argv=argv + arguments(command, values), output=out, job_name=name)
 
 
 def train_command(
@@ -201,33 +180,21 @@ def train_command(
     dataset: Dataset,
     model: Model,
     model_def: Artifact | None = None,
-    model_def_text: str,
-    epochs: int,
-    batch_size: int,
-    ps: int,
-    seed: int,
-    ps_cpu: str,
-    ps_memory: str,
-    **job,
+    model_def_text: str = "",
+    **parameters,
 ) -> JobCommand:
-    """The command that trains on ``dataset`` into ``model``, with the component's settings
-    (``job``: those of :class:`ElasticJob`; ``model_def_text`` is written to a file for it)."""
-    settings = ElasticJob(**job)
-    return settings.command(
+    """The command that trains on ``dataset`` into ``model`` (``parameters``: the
+    component's others; ``model_def_text`` is written to a file for it)."""
+    return job_command(
         "train",
         inputs={"--data": dataset},
         output=model,
-        options={
-            "--model-def": model_def_file(model_def, model_def_text),
-            "--epochs": epochs,
-            "--batch-size": batch_size,
-            "--ps": ps,
-            "--seed": seed,
-        },
-        kubernetes_options={"--ps-cpu": ps_cpu, "--ps-memory": ps_memory},
+        flags={"--model-def": model_def_file(model_def, model_def_text)},
+        parameters=parameters,
     )
 
 
+@as_the_cli
 def train_step(*, metrics: Metrics, summary: Artifact, **parameters) -> str:
     """Runs the training job (``parameters``: those of :func:`train_command`); returns its
     job name."""
@@ -265,6 +232,7 @@ def record_training(
     )
 
 
+@as_the_cli
 def evaluate_step(
     *,
     model: Model,
@@ -272,24 +240,16 @@ def evaluate_step(
     metrics: Metrics,
     classification: ClassificationMetrics,
     report: HTML,
-    split: str,
-    batch_size: int,
+    **parameters,
 ) -> None:
     """Evaluates the model; the whole evaluation is the metrics artifact's file, and the
     report (with the training's summary.json from the model) is the HTML artifact."""
     run_cli(
         [
             "evaluate",
-            *flags(
-                {
-                    "--model": model.path,
-                    "--data": dataset.path,
-                    "--split": split,
-                    "--metrics-output": metrics.path,
-                    "--batch-size": batch_size,
-                    "--report": report.path,
-                }
-            ),
+            *["--model", model.path, "--data", dataset.path],
+            *["--metrics-output", metrics.path, "--report", report.path],
+            *arguments("evaluate", parameters),
         ]
     )
     with open(metrics.path) as f:
@@ -327,27 +287,24 @@ def predict_command(
     data: Dataset,
     predictions: Dataset,
     summary: Artifact,
-    split: str,
-    batch_size: int,
-    **job,
+    split: str = "validation",
+    **parameters,
 ) -> JobCommand:
     """The command that runs ``model`` over ``data`` into ``predictions``, and copies the
-    job's summary.json to ``summary`` (``job``: those of :class:`ElasticJob`). ``data`` is a
-    CSV file, or what preprocess wrote (a directory), whose ``split`` is read; the launcher's
-    local copy of ``data`` tells which."""
+    job's summary.json to ``summary`` (``parameters``: the component's others). ``data`` is
+    a CSV file, or what preprocess wrote (a directory), whose ``split`` is read; the
+    launcher's local copy of ``data`` tells which."""
     is_data_dir = os.path.isdir(data.path)
-    return ElasticJob(**job).command(
+    return job_command(
         "predict",
         inputs={"--model": model, "--input": data},
         output=predictions,
-        options={
-            "--split": split if is_data_dir else None,
-            "--batch-size": batch_size,
-            "--summary-output": summary.path,
-        },
+        flags={"--summary-output": summary.path},
+        parameters={**parameters, "split": split if is_data_dir else None},
     )
 
 
+@as_the_cli
 def predict_step(**parameters) -> str:
     """Runs the prediction job (``parameters``: those of :func:`predict_command`); returns
     its job name."""

@@ -11,6 +11,7 @@ Column types come from the first 100 data rows (empty values aside):
 A later value that does not fit its column's type, an empty numeric value without
 ``--fill-missing``, and an empty label are errors naming the line and the column. Nothing is
 held per row: the pass keeps the vocabularies of categorical columns and the label's classes.
+Tests: tests/unit/test_preprocess.py, tests/unit/test_preprocess_streaming.py (via preprocess).
 """
 
 from __future__ import annotations

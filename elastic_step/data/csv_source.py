@@ -7,6 +7,7 @@ blocks whatever the file's size. Every value arrives as text.
 Arrow does not know line numbers (a quoted value may span lines, blank lines are skipped), so
 error messages find them by reading the file again with Python's ``csv`` module, up to the row
 in question. That slow path runs only on the way to an error.
+Tests: tests/unit/test_preprocess_streaming.py, tests/unit/test_preprocess.py (via preprocess).
 """
 
 from __future__ import annotations

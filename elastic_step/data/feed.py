@@ -155,7 +155,7 @@ class DefaultFeed:
     def features(self, parsed: dict[str, tf.Tensor]) -> dict[str, tf.Tensor] | tf.Tensor:
         """The features of ``parsed``: raw values keyed by the CSV's column names (numeric
         ones float32 ``[batch]`` with no value absent, categorical ones strings). The serving
-        model (:mod:`elastic_step.serving`) calls it too, so serving encodes as training."""
+        model (:mod:`elastic_step.model.serving`) calls it too, so serving encodes as training."""
         numeric = [c for c in self.columns if c.kind == "numeric"]
         standardized = None
         if numeric:
@@ -281,18 +281,22 @@ def make_dataset(
     return apply_feed(feed, records_dataset(records, batch_size), mode, schema)
 
 
+class FeedReturnError(TypeError):
+    """A feed returned something other than a ``tf.data.Dataset``; the message says what."""
+
+
 def apply_feed(
     feed: Feed | None, batches: tf.data.Dataset, mode: str, schema: Schema
 ) -> tf.data.Dataset:
     """``feed`` (default: :func:`default_feed`) applied to ``batches`` of serialized records,
-    prefetched. A TypeError with a clear message if it does not return a ``tf.data.Dataset``.
+    prefetched. A :class:`FeedReturnError` if it does not return a ``tf.data.Dataset``.
     """
     check_mode(mode)
     fn = feed or default_feed
     result = fn(batches, mode, schema)
     if not isinstance(result, tf.data.Dataset):
         name = getattr(fn, "__qualname__", None) or type(fn).__name__
-        raise TypeError(
+        raise FeedReturnError(
             f"the feed {name} returned {type(result).__name__}, expected a tf.data.Dataset "
             "(a feed maps a dataset of serialized record batches to model inputs)"
         )

@@ -5,6 +5,7 @@ punctuation. A column name made of ASCII letters, digits, ``_``, ``.`` and ``-``
 with a letter or digit, is used as it is; any other is mapped to one: each run of other
 characters becomes ``_`` (``od280/od315 ratio`` -> ``od280_od315_ratio``), and a suffix
 ``_2``, ``_3``... keeps the names unique.
+Tests: tests/unit/test_preprocess_streaming.py (test_keras_input_names).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 A number is what Arrow's string-to-double cast accepts and is finite: ``1``, ``-2.5``,
 ``1e5``, ``.5``; not ``nan``, ``inf``, ``1,5`` or ``0x10``. An empty value is missing.
+Tests: tests/unit/test_preprocess.py, tests/unit/test_preprocess_streaming.py (via preprocess).
 """
 
 from __future__ import annotations

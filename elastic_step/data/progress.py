@@ -1,4 +1,5 @@
-"""Progress lines for long passes over an input, at most one every few seconds."""
+"""Progress lines for long passes over an input, at most one every few seconds.
+Tests: tests/unit/test_preprocess_streaming.py (test_keras_input_names reads its lines)."""
 
 from __future__ import annotations
 

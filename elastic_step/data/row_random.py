@@ -3,6 +3,8 @@
 Preprocessing streams a file in batches whose size depends on the reader and on memory
 settings. Every random choice about a row is a pure function of ``(seed, purpose, row
 number)``: the same file and seed give the same output, byte for byte, whatever the batching.
+Tests: tests/unit/test_preprocess_streaming.py (the same output whatever the budget) and
+tests/unit/test_preprocess.py (a split fixed by the seed).
 """
 
 from __future__ import annotations

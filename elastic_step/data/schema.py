@@ -15,6 +15,8 @@ How the records store each kind (one value per feature, keyed by the CSV's colum
   a value of the vocabulary like any other;
 - the label: a float (numeric label) or its class name (``bytes_list``, an entry of
   ``Schema.label_vocabulary``).
+
+Tests: tests/unit/test_preprocess.py (test_schema_and_records, test_schema_load_errors).
 """
 
 from __future__ import annotations

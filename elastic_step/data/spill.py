@@ -6,6 +6,8 @@ memory until ``flush_bytes`` of them are pending, then every bucket's pending re
 appended to its file as one block:
 
     uint64 n | n x uint64 keys | (n + 1) x uint64 offsets | data
+
+Tests: tests/unit/test_preprocess_streaming.py (tiny memory budgets, a CSV larger than memory).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ and the label ``benign`` (1 benign, 0 malignant).
 
 It uses the default feed: one named input per column, standardized by the schema. The model
 outputs one logit; evaluate turns it into a probability for the ROC curve.
+Tests: tests/unit/test_job_kinds.py (loads it), tests/e2e/test_kfp_pipeline_local.py (trains it).
 """
 
 import keras

@@ -1,6 +1,7 @@
 """A small classifier for scikit-learn's 8x8 digits (64 pixel columns, label ``digit``).
 
 It uses the default feed: one named input per column, standardized by the schema.
+Tests: the model of most end-to-end runs (TrainRun in tests/e2e/conftest.py) and of tests/k8s/.
 """
 
 import keras

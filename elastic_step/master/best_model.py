@@ -6,6 +6,7 @@ coordinator holds training until the model is saved). The master pulls it as it 
 final model, checks that every shard answered at the round's version, and writes the
 model's weights to ``checkpoints/best-model/round-R.npz``. At the end that file, not the PS,
 becomes ``model.keras`` and ``saved_model/``.
+Tests: tests/e2e/test_watching.py (test_keep_best_exports_the_best_rounds_model).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import numpy as np
 
 from elastic_step.data import storage
 from elastic_step.master.final_model import pull_model
-from elastic_step.model_def import ModelDefinition
+from elastic_step.model.api import ModelDefinition
+from elastic_step.model.tf_runtime import set_random_seed
 from elastic_step.rpc.auth import Credentials
 
 
@@ -54,9 +56,7 @@ def save_round_model(
 
 def load_round_model(definition: ModelDefinition, path: str, seed: int):
     """The model built from the definition with the weights ``save_round_model`` wrote."""
-    import keras
-
-    keras.utils.set_random_seed(seed)
+    set_random_seed(seed)
     model = definition.build_model()
     with np.load(io.BytesIO(storage.read_bytes(path))) as data:
         model.set_weights([data[f"arr_{i}"] for i in range(len(data.files))])

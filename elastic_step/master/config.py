@@ -1,4 +1,5 @@
-"""The settings of one training job, validated in one place.
+"""The settings of a job, validated in one place: what every job runs with, and what a
+training or a prediction job computes.
 
 Each rule's error names the flag, the value and the rule it broke.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from elastic_step.data import storage
 from elastic_step.errors import InputError
 from elastic_step.master.model_selection import EarlyStopping, MetricGoal
-from elastic_step.ps.outer_optimizer import OUTER_OPTIMIZERS
+from elastic_step.model.outer_optimizer import OUTER_OPTIMIZERS
 
 #: Pod names add up to 23 characters to the job name, within Kubernetes' 63.
 MAX_JOB_NAME = 40
@@ -38,86 +39,56 @@ FIXED_SETTINGS = {
 }
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    model_def: str
-    data: str
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """What every job of the engine runs with: where it writes, its workers and their
+    limits, its backend and its timeouts. :class:`TrainConfig` and :class:`PredictConfig` add
+    what their kind of job computes."""
+
     output: str
-    epochs: int = 1
     batch_size: int = 64
     workers: int = 2
     min_workers: int = 1
     #: None: the same as ``workers`` (no growth).
     max_workers: int | None = None
-    ps: int = 1
     seed: int = 0
     backend: str = "local"
     records_per_task: int = 512
-    evaluation_steps: int = 0
-    checkpoint_steps: int = 200
-    keep_checkpoints: int = 3
     max_restarts: int = 3
     max_task_retries: int = 3
     #: Grow by one worker when every wanted worker has run this long (up to max_workers).
     grow_after_s: float = 10.0
     task_timeout_s: float = 120.0
     master_timeout_s: float = 300.0
-    staleness_modulation: bool = False
-    #: Steps a worker runs on its own copy between pushes; the PS applies the change with
-    #: ``outer_optimizer`` (see elastic_step/ps/outer_optimizer.py). 1: push every gradient.
-    local_steps: int = DEFAULT_LOCAL_STEPS
-    outer_optimizer: str = "average"
     port: int = 0
     #: Names the job's objects and state on a cluster; None: derived from ``output``.
     job_name: str | None = None
     #: A local directory for the master's state and the local backend's logs; None: see
     #: :attr:`local_dir`.
     state_dir: str | None = None
-    #: ``METRIC[:PATIENCE[:min|max]]``; kept in its full form (see :attr:`stopping`).
-    early_stopping: str | None = None
-    #: ``METRIC[:min|max]``; kept in its full form (see :attr:`best_goal`).
-    keep_best: str | None = None
     #: Serve Prometheus metrics on this port (0: any free one); None: no endpoint.
     metrics_port: int | None = None
 
     def __post_init__(self) -> None:
-        positive = {
-            "--epochs": self.epochs,
-            "--batch-size": self.batch_size,
-            "--workers": self.workers,
-            "--min-workers": self.min_workers,
-            "--ps": self.ps,
-            "--records-per-task": self.records_per_task,
-            "--keep-checkpoints": self.keep_checkpoints,
-            "--local-steps": self.local_steps,
-        }
-        for flag, value in positive.items():
-            if value < 1:
-                raise InputError(f"{flag} must be >= 1, got {value}")
-        non_negative = {
-            "--evaluation-steps": self.evaluation_steps,
-            "--checkpoint-steps": self.checkpoint_steps,
-            "--max-restarts": self.max_restarts,
-            "--max-task-retries": self.max_task_retries,
-            "--port": self.port,
-        }
-        for flag, value in non_negative.items():
-            if value < 0:
-                raise InputError(f"{flag} must be >= 0, got {value}")
-        if self.outer_optimizer not in OUTER_OPTIMIZERS:
-            raise InputError(
-                f"--outer-optimizer must be one of {', '.join(OUTER_OPTIMIZERS)}, "
-                f"got '{self.outer_optimizer}'"
-            )
+        _at_least(
+            1,
+            {
+                "--batch-size": self.batch_size,
+                "--workers": self.workers,
+                "--min-workers": self.min_workers,
+                "--records-per-task": self.records_per_task,
+            },
+        )
+        _at_least(
+            0,
+            {
+                "--max-restarts": self.max_restarts,
+                "--max-task-retries": self.max_task_retries,
+                "--port": self.port,
+            },
+        )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise InputError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
-        # The full form, so that "loss" and "loss:2:min" are the same fixed setting.
-        if self.early_stopping is not None:
-            object.__setattr__(
-                self, "early_stopping", EarlyStopping.parse(self.early_stopping).text
-            )
-        if self.keep_best is not None:
-            object.__setattr__(self, "keep_best", MetricGoal.parse(self.keep_best).text)
         if self.job_name is not None and not JOB_NAME.fullmatch(self.job_name):
             raise InputError(
                 f"--job-name must be a DNS-1123 label of at most {MAX_JOB_NAME} characters "
@@ -173,6 +144,63 @@ class TrainConfig:
         return os.path.join(root, "elastic-step", self.resolved_job_name)
 
     @property
+    def worker_limit(self) -> int:
+        return self.max_workers if self.max_workers is not None else self.workers
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(EngineConfig):
+    """A training job: the model definition, the data, the epochs and the PS."""
+
+    model_def: str
+    data: str
+    epochs: int = 1
+    ps: int = 1
+    evaluation_steps: int = 0
+    checkpoint_steps: int = 200
+    keep_checkpoints: int = 3
+    staleness_modulation: bool = False
+    #: Steps a worker runs on its own copy between pushes; the PS applies the change with
+    #: ``outer_optimizer`` (see elastic_step/model/outer_optimizer.py). 1: push every gradient.
+    local_steps: int = DEFAULT_LOCAL_STEPS
+    outer_optimizer: str = "average"
+    #: ``METRIC[:PATIENCE[:min|max]]``; kept in its full form (see :attr:`stopping`).
+    early_stopping: str | None = None
+    #: ``METRIC[:min|max]``; kept in its full form (see :attr:`best_goal`).
+    keep_best: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _at_least(
+            1,
+            {
+                "--epochs": self.epochs,
+                "--ps": self.ps,
+                "--keep-checkpoints": self.keep_checkpoints,
+                "--local-steps": self.local_steps,
+            },
+        )
+        _at_least(
+            0,
+            {
+                "--evaluation-steps": self.evaluation_steps,
+                "--checkpoint-steps": self.checkpoint_steps,
+            },
+        )
+        if self.outer_optimizer not in OUTER_OPTIMIZERS:
+            raise InputError(
+                f"--outer-optimizer must be one of {', '.join(OUTER_OPTIMIZERS)}, "
+                f"got '{self.outer_optimizer}'"
+            )
+        # The full form, so that "loss" and "loss:2:min" are the same fixed setting.
+        if self.early_stopping is not None:
+            object.__setattr__(
+                self, "early_stopping", EarlyStopping.parse(self.early_stopping).text
+            )
+        if self.keep_best is not None:
+            object.__setattr__(self, "keep_best", MetricGoal.parse(self.keep_best).text)
+
+    @property
     def stopping(self) -> EarlyStopping | None:
         return None if self.early_stopping is None else EarlyStopping.parse(self.early_stopping)
 
@@ -180,11 +208,25 @@ class TrainConfig:
     def best_goal(self) -> MetricGoal | None:
         return None if self.keep_best is None else MetricGoal.parse(self.keep_best)
 
-    @property
-    def worker_limit(self) -> int:
-        return self.max_workers if self.max_workers is not None else self.workers
-
     def fixed_settings(self) -> dict:
         """What a resumed or re-run job must share with the saved one, by flag; elasticity
         settings may differ."""
         return {flag: getattr(self, name) for name, flag in FIXED_SETTINGS.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictConfig(EngineConfig):
+    """A prediction job: a trained model run on an input; no PS, no epochs."""
+
+    #: The --output of a finished training.
+    model_dir: str
+    #: A CSV file, or a preprocessed data directory (its ``split``).
+    input: str
+    split: str = "validation"
+    batch_size: int = 256
+
+
+def _at_least(minimum: int, values: dict[str, int]) -> None:
+    for flag, value in values.items():
+        if value < minimum:
+            raise InputError(f"{flag} must be >= {minimum}, got {value}")

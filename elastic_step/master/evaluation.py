@@ -1,4 +1,5 @@
-"""Turns an evaluation round's summed metric states into metric values."""
+"""Turns an evaluation round's summed metric states into metric values.
+Tests: tests/e2e/test_keras_models.py (the job's last evaluation equals Keras's evaluate())."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Assembles the trained model from the PS shards and saves it: model.keras and saved_model/."""
+"""Assembles the trained model from the PS shards and saves it: model.keras and saved_model/.
+Tests: tests/e2e/test_fault_tolerance.py (test_undisturbed_run_outputs) and
+tests/e2e/test_keras_models.py (model.keras loads and evaluates as the job did)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import os
 import shutil
 
 from elastic_step.data import storage
-from elastic_step.model_def import ModelDefinition
+from elastic_step.model.api import ModelDefinition
+from elastic_step.model.parameters import ModelParameters
+from elastic_step.model.tf_runtime import set_random_seed
 from elastic_step.output_layout import MODEL_FILE, SAVED_MODEL_DIR, OutputLayout
 from elastic_step.rpc.auth import Credentials
 from elastic_step.rpc.ps_client import PSClient
-from elastic_step.worker.parameters import ModelParameters
 
 
 def save_final_model(
@@ -30,9 +33,7 @@ def pull_model(
 ) -> tuple[object, list[int]]:
     """The model built from the definition with the PS's parameters, and each shard's model
     version as it answered."""
-    import keras
-
-    keras.utils.set_random_seed(seed)
+    set_random_seed(seed)
     model = definition.build_model()
     ps = PSClient(ps_addresses, credentials)
     try:
@@ -44,9 +45,9 @@ def pull_model(
 
 def save_model(model, output: str, definition: ModelDefinition) -> None:
     """Writes ``model.keras`` and a TF Serving ``saved_model/`` through the storage layer:
-    ``model`` behind the schema's preprocessing (see :mod:`elastic_step.serving`)."""
-    from elastic_step.keras_parts import build_compiled_optimizer
-    from elastic_step.serving import save_servable
+    ``model`` behind the schema's preprocessing (see :mod:`elastic_step.model.serving`)."""
+    from elastic_step.model.keras_parts import build_compiled_optimizer
+    from elastic_step.model.serving import save_servable
 
     # A compiled model is saved with its compile() settings: keras.models.load_model gives a
     # model that evaluates at once.

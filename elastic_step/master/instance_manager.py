@@ -1,7 +1,8 @@
 """Keeps the job's workers and parameter servers running, through a :class:`Backend`.
 
 Membership is a set of *slots*: one per PS shard and one per wanted worker. Each slot has at
-most one live instance; when it ends, the relaunch policy decides:
+most one live instance; when it ends, the relaunch policy decides
+(:mod:`~elastic_step.master.relaunch_policy`, which also keeps the restart counters):
 
 - deleted, preempted, evicted or lost: not its fault, always replaced;
 - crashed or OOM-killed (its own fault): replaced at most ``max_restarts`` times per slot,
@@ -17,7 +18,7 @@ The job starts with ``workers`` worker slots and grows by one, up to ``max_worke
 every wanted worker has been running for ``grow_after_s`` seconds: a cluster that grants the
 pods lets the job grow.
 
-Not thread-safe; the master serializes calls.
+Not thread-safe; the master serializes calls. Tests: tests/unit/test_instance_manager.py.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from elastic_step.master.process_state import (
     next_state,
     transition_of,
 )
+from elastic_step.master.relaunch_policy import RelaunchPolicy, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +55,6 @@ MAX_LAUNCH_ERRORS = 8
 KEEP_ENDED = 100
 #: Points kept in the workers timeline; past that the oldest (but the first) are dropped.
 MAX_TIMELINE = 1000
-#: Restart events kept (when, which instance, why); past that the oldest are dropped.
-MAX_RESTART_EVENTS = 1000
 #: Launches per reconcile: the master launches under its lock, so a job of 1,000 workers
 #: starts over a few seconds of ticks instead of holding every RPC for one long pass.
 MAX_LAUNCHES_PER_RECONCILE = 32
@@ -138,19 +138,14 @@ class InstanceManager:
         self._clock = clock
         self.instances: dict[str, Instance] = {}
         self.worker_slots: set[int] = set(range(settings.workers))
-        self.error_restarts: dict[str, int] = {}
-        self.restarts = {Role.WORKER.value: 0, Role.PS.value: 0}
-        #: Restarts by how the replaced instance ended (ExitReason values).
-        self.restarts_by_reason: dict[str, int] = {}
-        #: Each restart: ``{"at_s", "instance", "role", "reason"}``, on the timeline's clock.
-        self.restart_events: list[dict] = []
-        self._new_restart_events: list[dict] = []
-        #: Per slot: failures in a row of instances that finished no task, and when the
-        #: slot may be relaunched.
-        self.failures_in_a_row: dict[str, int] = {}
-        self._relaunch_at: dict[str, float] = {}
-        #: Slots whose instance exited with status 0: their work is over, nothing refills them.
-        self.retired: set[str] = set()
+        self.relaunch = RelaunchPolicy(
+            max_restarts=settings.max_restarts,
+            backoff_s=settings.backoff_s,
+            backoff_max_s=settings.backoff_max_s,
+            clock=clock,
+            elapsed_s=self.elapsed_s,
+            changed=self._changed.add,
+        )
         self.started_at = clock()
         self.timeline: list[list[float]] = [[0.0, 0]]
         self._last_change = clock()
@@ -163,6 +158,19 @@ class InstanceManager:
         self.stopping = False
         #: Set when the membership can no longer run the job.
         self.failure: str | None = None
+
+    @property
+    def restarts(self) -> dict[str, int]:
+        """Restarts by role."""
+        return self.relaunch.restarts
+
+    @property
+    def restarts_by_reason(self) -> dict[str, int]:
+        return self.relaunch.restarts_by_reason
+
+    @property
+    def restart_events(self) -> list[dict]:
+        return self.relaunch.restart_events
 
     # -- membership --
 
@@ -189,9 +197,7 @@ class InstanceManager:
             if launches == MAX_LAUNCHES_PER_RECONCILE:
                 return
             key = self._slot_key(role, slot)
-            if (role, slot) in occupied or key in self.retired:
-                continue
-            if self._relaunch_at.get(key, 0.0) > now:
+            if (role, slot) in occupied or not self.relaunch.may_launch(key, now):
                 continue
             try:
                 self._launch(role, slot)
@@ -347,10 +353,7 @@ class InstanceManager:
     def note_task_done(self, name: str) -> None:
         """A worker finished a task: its slot is healthy, so its failure backoff resets."""
         instance = self.instances.get(name)
-        key = instance and self._slot_key(instance.role, instance.slot)
-        if key in self.failures_in_a_row:
-            del self.failures_in_a_row[key]
-            self._changed.add(f"slot:{key}")
+        if instance and self.relaunch.note_task_done(self._slot_key(instance.role, instance.slot)):
             self._record()
 
     def note_pid(self, name: str, pid: int) -> None:
@@ -373,12 +376,7 @@ class InstanceManager:
         return {
             "instances": [i.to_json() for i in self.instances.values()],
             "worker_slots": sorted(self.worker_slots),
-            "error_restarts": dict(self.error_restarts),
-            "restarts": dict(self.restarts),
-            "restarts_by_reason": dict(self.restarts_by_reason),
-            "restart_events": [dict(event) for event in self.restart_events],
-            "failures_in_a_row": dict(self.failures_in_a_row),
-            "retired": sorted(self.retired),
+            **self.relaunch.snapshot(),
             "started_at": self.started_at,
             "timeline": [list(point) for point in self.timeline],
             "failure": self.failure,
@@ -390,13 +388,7 @@ class InstanceManager:
         """Loads a :meth:`snapshot` (nothing is launched or journaled)."""
         self.instances = {d["name"]: Instance.from_json(d) for d in state["instances"]}
         self.worker_slots = set(state["worker_slots"])
-        self.error_restarts = dict(state["error_restarts"])
-        self.restarts = dict(state["restarts"])
-        self.restarts_by_reason = dict(state["restarts_by_reason"])
-        # Absent from the state of versions that did not record when restarts happened.
-        self.restart_events = [dict(event) for event in state.get("restart_events", [])]
-        self.failures_in_a_row = dict(state["failures_in_a_row"])
-        self.retired = set(state["retired"])
+        self.relaunch.restore(state)
         self.started_at = state["started_at"]
         self.timeline = [list(point) for point in state["timeline"]]
         self.failure = state["failure"]
@@ -408,31 +400,14 @@ class InstanceManager:
         match record["op"]:
             case "instance":
                 self._add(Instance.from_json(record["instance"]))
-            case "slot":
-                key = record["key"]
-                for field, values in (
-                    ("error_restarts", self.error_restarts),
-                    ("failures_in_a_row", self.failures_in_a_row),
-                ):
-                    if record[field] is None:
-                        values.pop(key, None)
-                    else:
-                        values[key] = record[field]
-                if record["retired"]:
-                    self.retired.add(key)
-                else:
-                    self.retired.discard(key)
-            case "restarts":
-                self.restarts = dict(record["restarts"])
-                self.restarts_by_reason = dict(record["restarts_by_reason"])
+            case "slot" | "restarts" | "restart":
+                self.relaunch.apply(record)
             case "slots":
                 self.worker_slots = set(record["worker_slots"])
             case "failure":
                 self.failure = record["failure"]
             case "timeline":
                 self._add_point(record["point"])
-            case "restart":
-                self._add_restart_event(record["event"])
             case op:
                 raise ValueError(f"unknown instance record kind {op!r}")
 
@@ -445,35 +420,20 @@ class InstanceManager:
             self._journal({"op": "instance", "instance": instance.to_json()})
         for group in sorted(self._changed):
             if group.startswith("slot:"):
-                key = group[len("slot:") :]
-                self._journal(
-                    {
-                        "op": "slot",
-                        "key": key,
-                        "error_restarts": self.error_restarts.get(key),
-                        "failures_in_a_row": self.failures_in_a_row.get(key),
-                        "retired": key in self.retired,
-                    }
-                )
+                self._journal(self.relaunch.slot_record(group[len("slot:") :]))
             elif group == "restarts":
-                self._journal(
-                    {
-                        "op": "restarts",
-                        "restarts": dict(self.restarts),
-                        "restarts_by_reason": dict(self.restarts_by_reason),
-                    }
-                )
+                self._journal(self.relaunch.counts_record())
             elif group == "slots":
                 self._journal({"op": "slots", "worker_slots": sorted(self.worker_slots)})
             elif group == "failure":
                 self._journal({"op": "failure", "failure": self.failure})
         for point in self._new_points:
             self._journal({"op": "timeline", "point": point})
-        for event in self._new_restart_events:
+        for event in self.relaunch.new_events:
             self._journal({"op": "restart", "event": event})
         self._changed.clear()
         self._new_points.clear()
-        self._new_restart_events.clear()
+        self.relaunch.new_events.clear()
 
     def _add(self, instance: Instance) -> None:
         """Puts ``instance`` on record, notes its name, and forgets the oldest ended ones."""
@@ -495,11 +455,6 @@ class InstanceManager:
         self.timeline.append(list(point))
         if len(self.timeline) > MAX_TIMELINE:
             del self.timeline[1]
-
-    def _add_restart_event(self, event: dict) -> None:
-        self.restart_events.append(dict(event))
-        if len(self.restart_events) > MAX_RESTART_EVENTS:
-            del self.restart_events[0]
 
     def elapsed_s(self) -> float:
         """Seconds since the job first started, on the timeline's clock."""
@@ -530,37 +485,15 @@ class InstanceManager:
         return f"ps-{slot}" if generation == 0 else f"ps-{slot}-{generation}"
 
     def _apply_relaunch_policy(self, instance: Instance) -> None:
-        role, key = instance.role, self._slot_key(instance.role, instance.slot)
-        what = instance.describe_end()
-        self._changed.add(f"slot:{key}")
-        if instance.state is ProcessState.SUCCEEDED:
-            self.retired.add(key)
-            log.info("%s", what)
+        """Asks the relaunch policy about the slot of ``instance``, which ended; fails the job
+        when the policy gives up a PS shard, or more worker slots than ``min_workers`` allows.
+        """
+        key = self._slot_key(instance.role, instance.slot)
+        if self.relaunch.judge(instance, key, stopping=self.stopping) is not Verdict.GIVEN_UP:
             return
-        if self.stopping:
-            log.info("%s", what)
-            return
-        if instance.state is ProcessState.KILLED:
-            self._count_restart(instance)
-            log.warning("%s; replacing it (not its fault: does not count)", what)
-            return
-        used = self.error_restarts.get(key, 0)
-        if used < self.settings.max_restarts:
-            self.error_restarts[key] = used + 1
-            self._count_restart(instance)
-            delay = self._back_off(key)
-            log.warning(
-                "%s; replacing it%s (restart %d of --max-restarts=%d for %s slot %d)",
-                what,
-                f" in {delay:.0f} s, as it finished no task" if delay else "",
-                used + 1,
-                self.settings.max_restarts,
-                role.value,
-                instance.slot,
-            )
-            return
+        what, used = instance.describe_end(), self.relaunch.error_restarts.get(key, 0)
         self._changed.add("failure")
-        if role is Role.PS:
+        if instance.role is Role.PS:
             self.failure = (
                 f"parameter server shard {instance.slot} failed more than "
                 f"--max-restarts={self.settings.max_restarts} times; last: {what}"
@@ -574,35 +507,6 @@ class InstanceManager:
                     f"only {len(self.worker_slots)} worker slots are left, fewer than "
                     f"--min-workers={self.settings.min_workers}; last: {what}"
                 )
-
-    def _count_restart(self, instance: Instance) -> None:
-        self._changed.add("restarts")
-        self.restarts[instance.role.value] += 1
-        self.restarts_by_reason[instance.reason] = (
-            self.restarts_by_reason.get(instance.reason, 0) + 1
-        )
-        event = {
-            "at_s": self.elapsed_s(),
-            "instance": instance.name,
-            "role": instance.role.value,
-            "reason": instance.reason,
-        }
-        self._add_restart_event(event)
-        self._new_restart_events.append(event)
-
-    def _back_off(self, key: str) -> float:
-        """The delay before relaunching a slot after a failure; 0 after its first one.
-
-        A worker that finished a task resets its slot's count (:meth:`note_task_done`); a PS
-        never does, so a PS that keeps failing also backs off.
-        """
-        failures = self.failures_in_a_row.get(key, 0) + 1
-        self.failures_in_a_row[key] = failures
-        if failures < 2:
-            return 0.0
-        delay = min(self.settings.backoff_s * 2 ** (failures - 2), self.settings.backoff_max_s)
-        self._relaunch_at[key] = self._clock() + delay
-        return delay
 
     def _maybe_grow(self) -> None:
         if len(self.worker_slots) >= self.settings.max_workers:

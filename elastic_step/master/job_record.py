@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from elastic_step.errors import InputError
 from elastic_step.master.phase import Phase
+
+if TYPE_CHECKING:
+    from elastic_step.master.persistence import SavedJob
 
 
 def command_of(settings: dict) -> str:
@@ -250,3 +254,25 @@ class JobRecord:
         """The names of the settings whose values differ from ``settings``."""
         keys = sorted(set(self.settings) | set(settings))
         return [k for k in keys if self.settings.get(k) != settings.get(k)]
+
+
+def resumable_record(saved: SavedJob, output: str, settings: dict) -> JobRecord | None:
+    """The saved job's record, after checking that a job with ``settings`` may go on with
+    it; None for a new job. InputError when it is another command's, has other fixed
+    settings, or failed."""
+    if saved.snapshot is None:
+        return None
+    record = JobRecord.restore(saved.part("job"), saved.records["job"])
+    check_same_command(output, command_of(record.settings), command_of(settings))
+    differ = record.differing_settings(settings)
+    if differ:
+        state = "finished" if record.phase is Phase.SUCCEEDED else "saved"
+        raise InputError(
+            f"{output} holds a {state} job with other settings ({', '.join(differ)} "
+            "differ); use a new --output to start a new job"
+        )
+    if record.phase is Phase.FAILED:
+        raise InputError(
+            f"{output} holds a job that failed ({record.error}); use a new --output to run it again"
+        )
+    return record

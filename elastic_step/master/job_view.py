@@ -2,6 +2,7 @@
 
 status.json, the TensorBoard events and the Prometheus endpoint all read one, so they
 agree and none of them holds the lock while it writes or serves.
+Tests: tests/unit/test_watching_master.py.
 """
 
 from __future__ import annotations

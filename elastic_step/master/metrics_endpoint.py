@@ -19,6 +19,8 @@ Kubernetes). Metric names:
   highest model version it holds;
 - ``elastic_step_model_version``, ``elastic_step_epoch``, ``elastic_step_elapsed_seconds``,
   ``elastic_step_eta_seconds``.
+
+Tests: tests/unit/test_watching_master.py, tests/e2e/test_watching.py.
 """
 
 from __future__ import annotations

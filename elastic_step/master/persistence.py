@@ -4,14 +4,20 @@ Three components change the state: the task manager (``tasks``), the instance ma
 (``instances``) and the job record (``job``). Each emits small records for its changes;
 this module tags them with the component and appends them to the store; a snapshot of all
 three, when the store says one is due, keeps the journal that a restart replays short.
+Tests: tests/unit/test_coordinator.py (test_a_restarted_master_resumes_from_the_journal).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from elastic_step.master.state_store import SavedState, StateStore
+from elastic_step.master.state_store import SavedState, StateStore, create_state_store
+
+if TYPE_CHECKING:
+    from elastic_step.backends.api import Backend
+    from elastic_step.master.config import EngineConfig
 
 COMPONENTS = ("job", "tasks", "instances")
 
@@ -56,3 +62,19 @@ class SavedJob:
 
     def part(self, component: str) -> dict | None:
         return None if self.snapshot is None else self.snapshot[component]
+
+
+def default_store(config: EngineConfig, backend: Backend, backend_options: object) -> StateStore:
+    """Where a job keeps its state: on Kubernetes on the cluster (a Lease and ConfigMaps owned
+    by the run's object), so a master pod on another node finds it; elsewhere in the local
+    directory of ``config.local_dir`` (--output itself when it is local)."""
+    if config.backend != "kubernetes":
+        return create_state_store("file", config.local_dir)
+    return create_state_store(
+        "kubernetes",
+        config.output,
+        job_name=config.resolved_job_name,
+        namespace=getattr(backend_options, "namespace", None),
+        owner=backend.owner(),
+        kubeconfig=getattr(backend_options, "kubeconfig", None),
+    )

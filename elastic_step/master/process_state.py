@@ -1,4 +1,5 @@
-"""The life of one worker or PS instance, as an explicit transition table."""
+"""The life of one worker or PS instance, as an explicit transition table.
+Tests: tests/unit/test_instance_manager.py (test_transition_table, test_transition_of_events)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What the master tells its user: status.json (live), summary.json (at the end), progress lines."""
+"""What the master tells its user: status.json (live), summary.json (at the end), progress lines.
+Tests: tests/unit/test_watching_master.py, tests/e2e/test_watching.py."""
 
 from __future__ import annotations
 
@@ -25,9 +26,35 @@ def _members(instances: InstanceManager, role: Role) -> list[dict]:
 
 
 def status(
-    coordinator: Coordinator, master_address: str, metrics_address: str | None = None
+    coordinator: Coordinator,
+    master_address: str,
+    metrics_address: str | None,
+    *,
+    kind: str,
+    progress: dict,
 ) -> dict:
-    """The live status document; call under the coordinator's lock."""
+    """The live status document of a job of ``kind`` ("train" or "predict"), with its kind's
+    ``progress`` fields (:func:`training_progress`, :func:`prediction_progress`); call under
+    the coordinator's lock."""
+    instances, record = coordinator.instances, coordinator.record
+    return {
+        "kind": kind,
+        "phase": record.phase.value,
+        "master": master_address,
+        **progress,
+        "workers": _members(instances, Role.WORKER),
+        "restarts": instances.restarts,
+        "restarts_by_reason": instances.restarts_by_reason,
+        "error": record.error,
+        "elapsed_s": instances.elapsed_s(),
+        "eta_s": _rounded(coordinator.eta_s()),
+        "metrics_endpoint": metrics_address,
+        "updated_at": time.time(),
+    }
+
+
+def training_progress(coordinator: Coordinator) -> dict:
+    """A training job's place: its epoch, model version, PS, evaluations and losses."""
     tasks, instances, record = coordinator.tasks, coordinator.instances, coordinator.record
     epoch = tasks.current_epoch
     done, total = tasks.records_trained(epoch), tasks.records_per_epoch
@@ -37,8 +64,6 @@ def status(
         live = not instance.state.ended
         member["address"] = record.ps_addresses[instance.slot] if live else ""
     return {
-        "phase": record.phase.value,
-        "master": master_address,
         "epoch": epoch,
         "epochs": tasks.settings.epochs,
         "progress": {
@@ -47,19 +72,24 @@ def status(
             "fraction": round(done / total, 4) if total else 1.0,
         },
         "model_version": tasks.model_version,
-        "workers": _members(instances, Role.WORKER),
         "ps": ps,
-        "restarts": instances.restarts,
-        "restarts_by_reason": instances.restarts_by_reason,
-        "error": record.error,
-        "elapsed_s": instances.elapsed_s(),
-        "eta_s": _rounded(coordinator.eta_s()),
         "latest_evaluation": max(record.evaluations, key=lambda e: e["round"], default=None),
         "train_loss": record.train_loss_windows(),
         "early_stop": record.early_stop,
         "kept_model": kept_model(record),
-        "metrics_endpoint": metrics_address,
-        "updated_at": time.time(),
+    }
+
+
+def prediction_progress(coordinator: Coordinator) -> dict:
+    """A prediction job's place: the records predicted of the input's."""
+    tasks = coordinator.tasks
+    done, total = tasks.records_trained(1), tasks.records_per_epoch
+    return {
+        "progress": {
+            "records_predicted": done,
+            "records": total,
+            "fraction": round(done / total, 4) if total else 1.0,
+        }
     }
 
 
@@ -114,12 +144,39 @@ def progress_line(tasks: TaskManager, instances: InstanceManager, rate: float | 
     )
 
 
+def resume_line(coordinator: Coordinator, output: str) -> str:
+    """What a master that resumes a job logs: where the job stands and whom it adopted."""
+    names = sorted(i.name for i in coordinator.instances.instances.values() if not i.state.ended)
+    return (
+        f"resuming the job in {output} (master restart {coordinator.record.master_restarts}): "
+        f"epoch {coordinator.tasks.current_epoch}, model v{coordinator.tasks.model_version}; "
+        f"adopted {', '.join(names) or 'no instances'}"
+    )
+
+
+def run_facts(coordinator: Coordinator) -> dict:
+    """What every job's summary.json says of its run: restarts, live workers over time,
+    elapsed time and speed. Called under the coordinator's lock."""
+    record, instances = coordinator.record, coordinator.instances
+    rate = coordinator.examples_per_second()
+    return {
+        "restarts": {**instances.restarts, "master": record.master_restarts},
+        "restarts_by_reason": instances.restarts_by_reason,
+        "restart_events": instances.restart_events,
+        "workers_timeline": instances.timeline,
+        "elapsed_s": instances.elapsed_s(),
+        "examples_per_second": round(rate, 2) if rate else None,
+    }
+
+
 def write_json(path: str, document: dict) -> None:
     storage.write_text_atomic(path, json.dumps(document, indent=2) + "\n")
 
 
 def format_status(document: dict) -> str:
     """The human-readable form that ``elastic-step status`` prints."""
+    if document.get("kind") == "predict":
+        return _format_prediction(document)
     progress = document.get("progress", {})
     lines = [
         f"phase:   {document['phase']}",
@@ -140,11 +197,30 @@ def format_status(document: dict) -> str:
         lines.append(f"stopped: {document['early_stop']['reason']}")
     if document.get("error"):
         lines.append(f"error:   {document['error']}")
-    for role in ("ps", "workers"):
+    return "\n".join(lines + _member_lines(document, ("ps", "workers")))
+
+
+def _format_prediction(document: dict) -> str:
+    progress = document.get("progress", {})
+    lines = [
+        f"phase:   {document['phase']} (prediction)",
+        f"records: {progress.get('records_predicted', 0)}/{progress.get('records', 0)} predicted",
+        f"elapsed: {_duration(document.get('elapsed_s'))}",
+    ]
+    if document["phase"] in ("starting", "running"):
+        lines.append(f"eta:     {_duration(document.get('eta_s'))}")
+    if document.get("error"):
+        lines.append(f"error:   {document['error']}")
+    return "\n".join(lines + _member_lines(document, ("workers",)))
+
+
+def _member_lines(document: dict, roles: tuple[str, ...]) -> list[str]:
+    lines = []
+    for role in roles:
         lines.append(f"{role}:")
         for member in document.get(role, []):
             lines.append(f"  {member['id']:<12} pid {member['pid']!s:<8} {member['state']}")
-    return "\n".join(lines)
+    return lines
 
 
 def print_status(output_dir: str, as_json: bool = False) -> int:
@@ -153,7 +229,7 @@ def print_status(output_dir: str, as_json: bool = False) -> int:
 
     path = OutputLayout(output_dir).status
     if not storage.exists(path):
-        raise InputError(f"{path}: no status file; is {output_dir} the --output of a training job?")
+        raise InputError(f"{path}: no status file; is {output_dir} the --output of a job?")
     document = json.loads(storage.read_text(path))
     print(json.dumps(document, indent=2) if as_json else format_status(document))
     return 0

@@ -3,20 +3,23 @@
 Every call is authenticated before it gets here (:mod:`elastic_step.rpc.auth`); the caller's
 proven name goes to the coordinator. Errors become status codes that tell the caller what
 to do: a client's mistake ends it, a master's trouble is retried.
+Tests: tests/unit/test_coordinator.py (the coordinator behind this service, over gRPC).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from concurrent import futures
 
 import grpc
 
+from elastic_step.errors import InputError
 from elastic_step.master.coordinator import CallerError, Coordinator
 from elastic_step.master.state_store import StateStoreError
 from elastic_step.master.task_manager import InvalidReportError
 from elastic_step.rpc import master_pb2, master_pb2_grpc
-from elastic_step.rpc.auth import caller_name
+from elastic_step.rpc.auth import AuthInterceptor, caller_name
 
 log = logging.getLogger("elastic_step.master")
 
@@ -77,3 +80,23 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def Heartbeat(self, request, context):
         finished = self._coordinator.heartbeat(caller_name(context), request)
         return master_pb2.HeartbeatResponse(finished=finished)
+
+
+def start_master_server(
+    coordinator: Coordinator, secret: str, host: str, port: int
+) -> tuple[grpc.Server, int]:
+    """The master's gRPC server, started on ``host:port`` (port 0: a free one), with every
+    call authenticated by the job's secret; and the port it took, recorded in the job's
+    record for the next master."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=16), interceptors=[AuthInterceptor(secret)]
+    )
+    master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(coordinator), server)
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as e:
+        raise InputError(f"cannot listen on port {port}: {e}") from e
+    server.start()
+    with coordinator.lock:
+        coordinator.record.set_port(bound)
+    return server, bound

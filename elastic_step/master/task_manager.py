@@ -43,22 +43,36 @@ done and the leased tasks.
 
 The manager is not thread-safe: the master serializes calls to it. ``clock`` must be
 monotonic (lease deadlines are kept in the order they were set).
+
+Parts. The manager keeps the epochs, the failures and the journal itself; the evaluation
+rounds are in :mod:`~elastic_step.master.evaluation_rounds` (``EvaluationResult`` and
+``EvaluationRound`` may still be imported from here), the leases in
+:mod:`~elastic_step.master.task_leases`, and what epochs and rounds are made of (splits,
+done bits, queues) in :mod:`~elastic_step.master.task_groups`. Tests:
+tests/unit/test_task_manager.py.
 """
 
 from __future__ import annotations
 
-import base64
-import bisect
 import enum
 import math
 import random
 import time
 from array import array
-from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from elastic_step.master.evaluation_rounds import (
+    EvaluationResult,
+    EvaluationRound,
+    EvaluationRounds,
+    ResultError,
+    encode_states,
+)
+from elastic_step.master.task_groups import Group, Queue, Split, pack, unpack
+from elastic_step.master.task_leases import Leases
 
 #: Snapshot layout version; restore refuses others.
 SNAPSHOT_FORMAT = 1
@@ -102,77 +116,6 @@ class Task:
 
     def describe(self) -> str:
         return f"{self.kind.value} task {self.id} ({self.shard} records {self.start}-{self.end})"
-
-
-@dataclass
-class EvaluationResult:
-    """What a worker reports for one evaluation task: summed loss and metric states."""
-
-    loss_sum: float
-    example_count: int
-    #: Each metric's state variables, in the order the metrics define them.
-    metric_states: list[np.ndarray]
-
-
-@dataclass
-class EvaluationRound:
-    """One evaluation over the whole validation split, summed over its tasks."""
-
-    id: int
-    #: Why it ran: "epoch-end" or "steps".
-    trigger: str
-    epoch: int
-    #: The highest and lowest model version its tasks reported; None before the first report.
-    model_version: int | None = None
-    min_model_version: int | None = None
-    loss_sum: float = 0.0
-    example_count: int = 0
-    metric_states: list[np.ndarray] | None = None
-
-    def add(
-        self, loss_sum: float, example_count: int, states: list[np.ndarray], version: int
-    ) -> None:
-        """Adds one task's result, reported at model ``version``."""
-        self.loss_sum += loss_sum
-        self.example_count += example_count
-        if self.metric_states is None:
-            self.metric_states = [np.array(s, dtype=np.float64) for s in states]
-        else:
-            for total, state in zip(self.metric_states, states, strict=True):
-                total += state
-        self.model_version = (
-            version if self.model_version is None else max(self.model_version, version)
-        )
-        self.min_model_version = (
-            version if self.min_model_version is None else min(self.min_model_version, version)
-        )
-
-    def to_json(self) -> dict:
-        states = self.metric_states
-        return {
-            "id": self.id,
-            "trigger": self.trigger,
-            "epoch": self.epoch,
-            "model_version": self.model_version,
-            "min_model_version": self.min_model_version,
-            "loss_sum": self.loss_sum,
-            "example_count": self.example_count,
-            "metric_states": None if states is None else _encode_states(states),
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> EvaluationRound:
-        states = d["metric_states"]
-        return cls(
-            id=d["id"],
-            trigger=d["trigger"],
-            epoch=d["epoch"],
-            model_version=d["model_version"],
-            min_model_version=d["min_model_version"],
-            loss_sum=d["loss_sum"],
-            example_count=d["example_count"],
-            metric_states=None if states is None else _decode_states(states),
-        )
 
 
 @dataclass(frozen=True)
@@ -259,32 +202,25 @@ class TaskManager:
         if lease_base < 0:
             raise ValueError(f"lease_base is {lease_base}; it must be at least 0")
         self.settings = settings
-        self._clock = clock
         self._journal = journal
-        self._train = _Split(settings.train_shards, settings.records_per_task)
-        self._validation = _Split(settings.validation_shards, settings.records_per_task)
+        self._train = Split(settings.train_shards, settings.records_per_task)
         #: Evaluation task ids start here.
         self._eval_base = settings.epochs * self._train.count
+        self._evaluation = EvaluationRounds(
+            settings.validation_shards,
+            settings.records_per_task,
+            base=self._eval_base,
+            evaluation_steps=settings.evaluation_steps,
+            metric_shapes=settings.metric_shapes,
+        )
         #: The last epoch whose tasks were created (1-based; 0 before the first).
         self.epochs_created = 0
         #: Created epochs with tasks not done, by epoch.
         self._epochs: dict[int, _Epoch] = {}
-        #: Started evaluation rounds with tasks not done, by round id.
-        self._rounds: dict[int, _Round] = {}
-        self._train_todo = _Queue()
-        self._eval_todo = _Queue()
-        #: Leases by task id, oldest deadline first.
-        self._leases: OrderedDict[int, _Lease] = OrderedDict()
-        self._lease_tasks: dict[int, int] = {}
-        #: Task ids each worker holds, in hand-out order.
-        self._held: dict[str, dict[int, None]] = {}
+        self._train_todo = Queue()
+        self._leases = Leases(next_id=lease_base, timeout_s=settings.task_timeout_s, clock=clock)
         #: Failure causes of tasks not done, by task id.
         self._failures: dict[int, list[str]] = {}
-        self._next_lease = lease_base
-        self._next_round = 0
-        self._next_eval_version = settings.evaluation_steps
-        #: Finished evaluation rounds, oldest first; see take_completed_rounds.
-        self.completed_rounds: list[EvaluationRound] = []
         #: Set when a task failed past its retry limit: the job fails with this message.
         self.failure: str | None = None
         self.model_version = 0
@@ -292,6 +228,11 @@ class TaskManager:
         self.last_epoch = settings.epochs
         #: Keeps training tasks back while set; not durable (see the module's Order).
         self.hold_training = False
+
+    @property
+    def completed_rounds(self) -> list[EvaluationRound]:
+        """Finished evaluation rounds, oldest first; see take_completed_rounds."""
+        return self._evaluation.completed
 
     # -- handing out --
 
@@ -304,17 +245,19 @@ class TaskManager:
         alone = self.settings.pause_training_while_evaluating
         task_id = None
         if not (alone and self._training_out()):
-            task_id = self._eval_todo.pop(self._is_todo)
-        if task_id is None and not self.hold_training and not (alone and self._rounds):
+            task_id = self._evaluation.todo.pop(self._is_todo)
+        if task_id is None and not self.hold_training and not (alone and self._evaluation.open):
             task_id = self._train_todo.pop(self._is_todo)
         if task_id is None:
             return None
-        self._commit({"op": "lease", "task": task_id, "worker": worker, "lease": self._next_lease})
+        self._commit(
+            {"op": "lease", "task": task_id, "worker": worker, "lease": self._leases.next_id}
+        )
         return self._build(task_id)
 
     def note_progress(self, worker: str, lease_id: int, batches_done: int) -> bool:
         """Renews a lease (now + task_timeout_s) when its batch count went up; says whether."""
-        task_id = self._lease_tasks.get(lease_id)
+        task_id = self._leases.task_of(lease_id)
         if task_id is None:
             return False
         lease = self._leases[task_id]
@@ -326,13 +269,9 @@ class TaskManager:
     def expire_leases(self) -> list[tuple[Task, str]]:
         """Takes back the tasks whose lease ran out (not a failure); returns them with their
         worker."""
-        now = self._clock()
         expired = []
-        while self._leases:
-            task_id, lease = next(iter(self._leases.items()))
-            if lease.deadline >= now:
-                break
-            expired.append((self._build(task_id), lease.worker))
+        for task_id, worker in self._leases.expired():
+            expired.append((self._build(task_id), worker))
             self._commit({"op": "release", "task": task_id})
         return expired
 
@@ -351,7 +290,7 @@ class TaskManager:
         hold ``lease_id`` for it (stale). Raises InvalidReportError for a malformed report,
         after counting it as a failure of the task: a worker that keeps sending broken
         reports cannot loop the job past ``max_task_retries``."""
-        if not self._holds(task_id, worker, lease_id):
+        if not self._leases.holds(task_id, worker, lease_id):
             return None
         task = self._build(task_id)
         try:
@@ -365,7 +304,7 @@ class TaskManager:
             record["eval"] = {
                 "loss_sum": float(evaluation.loss_sum),
                 "example_count": int(evaluation.example_count),
-                "metric_states": _encode_states(states),
+                "metric_states": encode_states(states),
             }
         self._commit(record)
         return task
@@ -375,7 +314,7 @@ class TaskManager:
     ) -> InvalidReportError:
         """Counts a malformed report as a failure of its task (if ``worker`` still holds it)
         and returns the error for the caller to raise."""
-        if self._holds(task_id, worker, lease_id):
+        if self._leases.holds(task_id, worker, lease_id):
             self._commit({"op": "fail", "task": task_id, "cause": _cause(f"{worker}: {problem}")})
         return InvalidReportError(problem)
 
@@ -384,7 +323,7 @@ class TaskManager:
     ) -> Task | None:
         """Records an error in user code: the task is retried, or the job fails past the
         limit. Returns the task with its failures; None, changing nothing, when stale."""
-        if not self._holds(task_id, worker, lease_id):
+        if not self._leases.holds(task_id, worker, lease_id):
             return None
         self._commit({"op": "fail", "task": task_id, "cause": _cause(f"{worker}: {error}")})
         return self._build(task_id, lease_id)
@@ -393,7 +332,7 @@ class TaskManager:
         """Takes back the tasks ``worker`` holds, to the front of their queues. With ``death``
         (how the worker died) that is a failure of each task; without, it is not."""
         lost = []
-        for task_id in list(self._held.get(worker, ())):
+        for task_id in self._leases.held_by(worker):
             lease_id = self._leases[task_id].lease_id
             if death is None:
                 self._commit({"op": "release", "task": task_id})
@@ -438,12 +377,8 @@ class TaskManager:
     def task(self, task_id: int) -> Task | None:
         """The task with this id, with its lease and failures; None for an id that names no
         task, or a task of a finished evaluation round."""
-        if 0 <= task_id < self._eval_base:
+        if 0 <= task_id < self._eval_base or self._evaluation.is_open(task_id):
             return self._build(task_id)
-        if task_id >= self._eval_base and self._validation.count:
-            round_id = (task_id - self._eval_base) // self._validation.count
-            if round_id in self._rounds:
-                return self._build(task_id)
         return None
 
     @property
@@ -471,7 +406,7 @@ class TaskManager:
     @property
     def finished(self) -> bool:
         """All epochs trained and every evaluation round finished."""
-        return self.training_done and not self._rounds
+        return self.training_done and not self._evaluation.open
 
     def doing_count(self) -> int:
         return len(self._leases)
@@ -479,30 +414,23 @@ class TaskManager:
     def task_counts(self) -> dict[str, dict[str, int]]:
         """Tasks to do, under way and done, by kind: training tasks of the epochs the job
         runs, and evaluation tasks of the rounds started so far."""
-        per_epoch, per_round = self._train.count, self._validation.count
+        per_epoch = self._train.count
         train_doing = sum(1 for t in self._leases if t < self._eval_base)
         train_done = sum(
             self._epochs[e].done_count if e in self._epochs else per_epoch
             for e in range(1, min(self.epochs_created, self.last_epoch) + 1)
         )
-        open_done = sum(r.done_count for r in self._rounds.values())
-        eval_done = (self._next_round - len(self._rounds)) * per_round + open_done
-        eval_doing = len(self._leases) - train_doing
         return {
             "train": {
                 "todo": self.last_epoch * per_epoch - train_done - train_doing,
                 "doing": train_doing,
                 "done": train_done,
             },
-            "evaluate": {
-                "todo": len(self._rounds) * per_round - open_done - eval_doing,
-                "doing": eval_doing,
-                "done": eval_done,
-            },
+            "evaluate": self._evaluation.counts(len(self._leases) - train_doing),
         }
 
     def tasks_of(self, worker: str) -> list[Task]:
-        return [self._build(task_id) for task_id in self._held.get(worker, ())]
+        return [self._build(task_id) for task_id in self._leases.held_by(worker)]
 
     def epoch_accounting(self) -> list[dict]:
         return [
@@ -521,25 +449,19 @@ class TaskManager:
         others a bit per task; per task only failures and leases."""
         return {
             "format": SNAPSHOT_FORMAT,
-            "split": [self._train.count, self._validation.count],
+            "split": [self._train.count, self._evaluation.split.count],
             "epochs_created": self.epochs_created,
             "epochs": [
-                {"epoch": e, "records_trained": s.records_trained, "done": _pack(s.done)}
+                {"epoch": e, "records_trained": s.records_trained, "done": pack(s.done)}
                 for e, s in sorted(self._epochs.items())
             ],
-            "rounds": [
-                {**r.round.to_json(), "done": _pack(r.done)}
-                for _, r in sorted(self._rounds.items())
-            ],
+            "rounds": self._evaluation.open_json(),
             "failures": [[t, list(causes)] for t, causes in sorted(self._failures.items())],
-            "leases": [
-                [t, lease.worker, lease.lease_id, lease.batches]
-                for t, lease in sorted(self._leases.items())
-            ],
-            "next_lease_id": self._next_lease,
-            "next_round": self._next_round,
-            "next_evaluation_version": self._next_eval_version,
-            "completed_rounds": [r.to_json() for r in self.completed_rounds],
+            "leases": self._leases.to_json(),
+            "next_lease_id": self._leases.next_id,
+            "next_round": self._evaluation.next_round,
+            "next_evaluation_version": self._evaluation.next_version,
+            "completed_rounds": [r.to_json() for r in self._evaluation.completed],
             "model_version": self.model_version,
             "failure": self.failure,
             "last_epoch": self.last_epoch,
@@ -565,10 +487,8 @@ class TaskManager:
             manager._load(snapshot)
         for record in records:
             manager._apply(record)
-        manager._next_lease = max(manager._next_lease, lease_base)
-        deadline = clock() + settings.task_timeout_s
-        for lease in manager._leases.values():
-            lease.deadline = deadline
+        manager._leases.next_id = max(manager._leases.next_id, lease_base)
+        manager._leases.refresh()
         manager._journal = journal
         return manager
 
@@ -578,7 +498,7 @@ class TaskManager:
                 f"task snapshot format is {snapshot.get('format')!r}; this version reads "
                 f"{SNAPSHOT_FORMAT}"
             )
-        split = [self._train.count, self._validation.count]
+        split = [self._train.count, self._evaluation.split.count]
         if snapshot["split"] != split:
             raise ValueError(
                 f"the task snapshot has {snapshot['split'][0]} training and "
@@ -588,18 +508,12 @@ class TaskManager:
         self.epochs_created = snapshot["epochs_created"]
         for entry in snapshot["epochs"]:
             state = self._new_epoch(entry["epoch"])
-            state.load_done(_unpack(entry["done"]))
+            state.load_done(unpack(entry["done"]))
             state.records_trained = entry["records_trained"]
-        for entry in snapshot["rounds"]:
-            state = self._new_round(EvaluationRound.from_json(entry))
-            state.load_done(_unpack(entry["done"]))
         self._failures = {t: list(causes) for t, causes in snapshot["failures"]}
-        for task_id, worker, lease_id, batches in snapshot["leases"]:
-            self._add_lease(task_id, worker, lease_id, batches)
-        self._next_lease = max(self._next_lease, snapshot["next_lease_id"])
-        self._next_round = snapshot["next_round"]
-        self._next_eval_version = snapshot["next_evaluation_version"]
-        self.completed_rounds = [EvaluationRound.from_json(r) for r in snapshot["completed_rounds"]]
+        self._leases.load(snapshot["leases"])
+        self._leases.next_id = max(self._leases.next_id, snapshot["next_lease_id"])
+        self._evaluation.load(snapshot)
         self.model_version = snapshot["model_version"]
         self.failure = snapshot["failure"]
         # Absent from snapshots taken before early stopping existed.
@@ -618,14 +532,11 @@ class TaskManager:
             case "epoch":
                 self._create_epoch(record["epoch"])
             case "lease":
-                self._add_lease(task_id, record["worker"], record["lease"], 0)
+                self._leases.add(task_id, record["worker"], record["lease"], 0)
             case "progress":
-                lease = self._leases[task_id]
-                lease.batches = record["batches"]
-                lease.deadline = self._clock() + self.settings.task_timeout_s
-                self._leases.move_to_end(task_id)
+                self._leases.renew(task_id, record["batches"])
             case "release":
-                self._drop_lease(task_id)
+                self._leases.drop(task_id)
                 self._queue_of(task_id).requeued.appendleft(task_id)
             case "fail":
                 self._fail(task_id, record["cause"], record.get("front", False))
@@ -634,7 +545,7 @@ class TaskManager:
             case "version":
                 self._observe(record["version"])
             case "taken":
-                del self.completed_rounds[: record["count"]]
+                del self._evaluation.completed[: record["count"]]
             case "stop":
                 self._stop_after(record["epoch"])
             case op:
@@ -664,24 +575,8 @@ class TaskManager:
         self._train_todo.groups.append(state)
         return state
 
-    def _add_lease(self, task_id: int, worker: str, lease_id: int, batches: int) -> None:
-        deadline = self._clock() + self.settings.task_timeout_s
-        self._leases[task_id] = _Lease(worker, lease_id, batches, deadline)
-        self._lease_tasks[lease_id] = task_id
-        self._held.setdefault(worker, {})[task_id] = None
-        self._next_lease = max(self._next_lease, lease_id + 1)
-
-    def _drop_lease(self, task_id: int) -> _Lease:
-        lease = self._leases.pop(task_id)
-        del self._lease_tasks[lease.lease_id]
-        held = self._held[lease.worker]
-        del held[task_id]
-        if not held:
-            del self._held[lease.worker]
-        return lease
-
     def _fail(self, task_id: int, cause: str, front: bool) -> None:
-        self._drop_lease(task_id)
+        self._leases.drop(task_id)
         causes = self._failures.setdefault(task_id, [])
         causes.append(cause)
         limit = self.settings.max_task_retries
@@ -697,7 +592,7 @@ class TaskManager:
             self._queue_of(task_id).requeued.append(task_id)
 
     def _done(self, task_id: int, version: int, evaluation: dict | None) -> None:
-        self._drop_lease(task_id)
+        self._leases.drop(task_id)
         self._failures.pop(task_id, None)
         self.model_version = max(self.model_version, version)
         if task_id < self._eval_base:
@@ -708,50 +603,20 @@ class TaskManager:
             state.records_trained += self._train.records_of(position)
             if state.all_done:
                 del self._epochs[epoch]
-                self._start_round("epoch-end", epoch)
+                self._evaluation.start("epoch-end", epoch)
         else:
-            round_id, position = divmod(task_id - self._eval_base, self._validation.count)
-            state = self._rounds[round_id]
-            state.mark_done(position)
-            state.round.add(
-                evaluation["loss_sum"],
-                evaluation["example_count"],
-                _decode_states(evaluation["metric_states"]),
-                version,
-            )
-            if state.all_done:
-                del self._rounds[round_id]
-                self.completed_rounds.append(state.round)
+            self._evaluation.mark_done(task_id, version, evaluation)
         # After the epoch-end round, so a version crossing a step boundary adds no second round.
         self._observe(version)
 
     def _observe(self, version: int) -> None:
         self.model_version = max(self.model_version, version)
-        steps = self.settings.evaluation_steps
-        if steps <= 0 or self.model_version < self._next_eval_version:
+        if not self._evaluation.step_passed(self.model_version):
             return
-        self._next_eval_version = (self.model_version // steps + 1) * steps
-        if not self.training_done and not self._rounds:
-            self._start_round("steps", min(self.epochs_created, self.last_epoch))
-
-    def _start_round(self, trigger: str, epoch: int) -> None:
-        if not self._validation.count:  # nothing to evaluate: no round to wait for
-            return
-        self._new_round(EvaluationRound(self._next_round, trigger, epoch))
-        self._next_round += 1
-
-    def _new_round(self, round_: EvaluationRound) -> _Round:
-        count = self._validation.count
-        state = _Round(self._eval_base + round_.id * count, count, round_)
-        self._rounds[round_.id] = state
-        self._eval_todo.groups.append(state)
-        return state
+        if not self.training_done and not self._evaluation.open:
+            self._evaluation.start("steps", min(self.epochs_created, self.last_epoch))
 
     # -- internals --
-
-    def _holds(self, task_id: int, worker: str, lease_id: int) -> bool:
-        lease = self._leases.get(task_id)
-        return lease is not None and lease.worker == worker and lease.lease_id == lease_id
 
     def _epoch_of(self, task_id: int) -> int:
         return task_id // self._train.count + 1
@@ -763,16 +628,14 @@ class TaskManager:
         """Neither held nor done: a queue entry failing this is stale and skipped."""
         if task_id in self._leases:
             return False
-        if task_id < self._eval_base:
-            epoch, position = divmod(task_id, self._train.count)
-            state: _Group | None = self._epochs.get(epoch + 1)
-        else:
-            round_id, position = divmod(task_id - self._eval_base, self._validation.count)
-            state = self._rounds.get(round_id)
+        if task_id >= self._eval_base:
+            return self._evaluation.not_done(task_id)
+        epoch, position = divmod(task_id, self._train.count)
+        state = self._epochs.get(epoch + 1)
         return state is not None and not state.is_done(position)
 
-    def _queue_of(self, task_id: int) -> _Queue:
-        return self._train_todo if task_id < self._eval_base else self._eval_todo
+    def _queue_of(self, task_id: int) -> Queue:
+        return self._train_todo if task_id < self._eval_base else self._evaluation.todo
 
     def _build(self, task_id: int, lease_id: int | None = None) -> Task:
         if lease_id is None and task_id in self._leases:
@@ -780,28 +643,14 @@ class TaskManager:
         failures = tuple(self._failures.get(task_id, ()))
         if task_id < self._eval_base:
             epoch, position = divmod(task_id, self._train.count)
-            shard, start, end = self._train.range_of(position)
-            kind = self.settings.task_kind
-            first = self._train.first_index(position)
-            return Task(
-                task_id, kind, shard, start, end, epoch + 1, None, lease_id, failures, first
-            )
-        round_id, position = divmod(task_id - self._eval_base, self._validation.count)
-        shard, start, end = self._validation.range_of(position)
-        epoch = self._rounds[round_id].round.epoch
-        first = self._validation.first_index(position)
-        return Task(
-            task_id,
-            TaskKind.EVALUATE,
-            shard,
-            start,
-            end,
-            epoch,
-            round_id,
-            lease_id,
-            failures,
-            first,
-        )
+            split, kind, epoch, round_id = self._train, self.settings.task_kind, epoch + 1, None
+        else:
+            round_id, position = self._evaluation.locate(task_id)
+            split, kind = self._evaluation.split, TaskKind.EVALUATE
+            epoch = self._evaluation.open[round_id].round.epoch
+        shard, start, end = split.range_of(position)
+        first = split.first_index(position)
+        return Task(task_id, kind, shard, start, end, epoch, round_id, lease_id, failures, first)
 
     def _check_report(self, task: Task, evaluation: EvaluationResult | None) -> list[np.ndarray]:
         """The report's metric states as float64 arrays; raises InvalidReportError."""
@@ -816,170 +665,19 @@ class TaskManager:
             return []
         if evaluation is None:
             raise invalid("an evaluation task was reported without an evaluation result")
-        if evaluation.example_count < 0:
-            raise invalid(f"example_count is {evaluation.example_count}; it must be at least 0")
-        # A NaN or infinite loss is a diverged model's true measurement, not a broken report.
         try:
-            states = [np.array(s, dtype=np.float64) for s in evaluation.metric_states]
-        except (TypeError, ValueError) as e:
-            raise invalid(f"metric states are not numeric arrays ({e})") from None
-        expected = self.settings.metric_shapes
-        held = self._rounds[task.round].round.metric_states
-        if expected is None and held is not None:
-            expected = tuple(s.shape for s in held)
-        if expected is not None:
-            got = tuple(s.shape for s in states)
-            if len(got) != len(expected):
-                raise invalid(f"{len(got)} metric states; the round has {len(expected)}")
-            for i, (shape, want) in enumerate(zip(got, expected, strict=True)):
-                if shape != want:
-                    raise invalid(f"metric state {i} has shape {shape}; the round has {want}")
-        return states
+            return self._evaluation.check(task.round, evaluation)
+        except ResultError as e:
+            raise invalid(str(e)) from None
 
 
-# -- helpers --
+class _Epoch(Group):
+    """The training tasks of one epoch, in their shuffled order, and the records trained."""
 
-
-class _Split:
-    """Shards cut into ranges of ``per_task`` records; the range of a task by its position."""
-
-    def __init__(self, shards: Sequence[tuple[str, int]], per_task: int):
-        self._per_task = per_task
-        self._shards = [(uri, records) for uri, records in shards if records > 0]
-        #: The position of each shard's first task, and of its first record in the split.
-        self._first: list[int] = []
-        self._first_record: list[int] = []
-        count = records_before = 0
-        for _, records in self._shards:
-            self._first.append(count)
-            self._first_record.append(records_before)
-            count += -(-records // per_task)
-            records_before += records
-        self.count = count
-        self.records = records_before
-
-    def range_of(self, position: int) -> tuple[str, int, int]:
-        index = bisect.bisect_right(self._first, position) - 1
-        uri, records = self._shards[index]
-        start = (position - self._first[index]) * self._per_task
-        return uri, start, min(start + self._per_task, records)
-
-    def first_index(self, position: int) -> int:
-        """The position in the split of the first record of the task at ``position``."""
-        index = bisect.bisect_right(self._first, position) - 1
-        return self._first_record[index] + (position - self._first[index]) * self._per_task
-
-    def records_of(self, position: int) -> int:
-        _, start, end = self.range_of(position)
-        return end - start
-
-
-class _Group:
-    """The tasks of one epoch or one evaluation round: done bits and a hand-out pointer."""
-
-    def __init__(self, base: int, size: int, order: array | None):
-        #: The id of the task at position 0.
-        self.base = base
-        self.size = size
-        #: Hand-out order of positions; None for position order.
-        self.order = order
-        #: Positions before this one were handed out (or skipped as done or held).
-        self.pointer = 0
-        self.done = bytearray((size + 7) // 8)
-        self.done_count = 0
-
-    def id_at(self, index: int) -> int:
-        return self.base + (index if self.order is None else self.order[index])
-
-    def is_done(self, position: int) -> bool:
-        return bool(self.done[position >> 3] >> (position & 7) & 1)
-
-    def mark_done(self, position: int) -> None:
-        self.done[position >> 3] |= 1 << (position & 7)
-        self.done_count += 1
-
-    def load_done(self, done: bytes) -> None:
-        self.done[:] = done
-        self.done_count = int.from_bytes(done, "little").bit_count()
-
-    @property
-    def all_done(self) -> bool:
-        return self.done_count == self.size
-
-
-class _Epoch(_Group):
     def __init__(self, base: int, size: int, order: array):
         super().__init__(base, size, order)
         self.records_trained = 0
 
 
-class _Round(_Group):
-    def __init__(self, base: int, size: int, round_: EvaluationRound):
-        super().__init__(base, size, None)
-        self.round = round_
-
-
-class _Queue:
-    """Task ids to hand out: those taken back first, then each group from its pointer on.
-
-    Entries are not removed when a task is done or held elsewhere; ``todo`` skips them, and
-    each entry is skipped once, so handing out is O(1) amortized."""
-
-    def __init__(self) -> None:
-        self.requeued: deque[int] = deque()
-        #: Groups whose pointer may not be at the end, oldest first.
-        self.groups: deque[_Group] = deque()
-
-    def peek(self, todo: Callable[[int], bool]) -> int | None:
-        while self.requeued:
-            if todo(self.requeued[0]):
-                return self.requeued[0]
-            self.requeued.popleft()
-        while self.groups:
-            group = self.groups[0]
-            while group.pointer < group.size:
-                task_id = group.id_at(group.pointer)
-                if todo(task_id):
-                    return task_id
-                group.pointer += 1
-            self.groups.popleft()
-        return None
-
-    def pop(self, todo: Callable[[int], bool]) -> int | None:
-        task_id = self.peek(todo)
-        if task_id is not None:
-            if self.requeued:
-                self.requeued.popleft()
-            else:
-                self.groups[0].pointer += 1
-        return task_id
-
-
-@dataclass
-class _Lease:
-    worker: str
-    lease_id: int
-    #: The highest batch count the worker reported under this lease.
-    batches: int
-    deadline: float
-
-
 def _cause(text: str) -> str:
     return text if len(text) <= MAX_CAUSE_CHARS else "..." + text[-(MAX_CAUSE_CHARS - 3) :]
-
-
-def _pack(bits: bytearray) -> str:
-    return base64.b64encode(bits).decode("ascii")
-
-
-def _unpack(text: str) -> bytes:
-    return base64.b64decode(text)
-
-
-def _encode_states(states: Sequence[np.ndarray]) -> list[dict]:
-    # Shape kept apart from the values: tolist() loses it for shapes with a 0 in them.
-    return [{"shape": list(s.shape), "values": s.ravel().tolist()} for s in states]
-
-
-def _decode_states(encoded: list[dict]) -> list[np.ndarray]:
-    return [np.array(s["values"], dtype=np.float64).reshape(s["shape"]) for s in encoded]

@@ -1,5 +1,6 @@
 """Checkpoints of one PS shard: ``version-V.npz`` files in the shard's directory (see
-:meth:`elastic_step.output_layout.OutputLayout.checkpoint_dir`)."""
+:meth:`elastic_step.output_layout.OutputLayout.checkpoint_dir`).
+Tests: tests/unit/test_ps.py."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 Where a (re)started shard gets its parameters is :class:`RestorePolicy`. SIGTERM or SIGINT
 stops serving, writes a final checkpoint of the shard, and exits with 128 + the signal.
 Every call must carry the job's credentials (see :mod:`elastic_step.rpc.auth`).
+Tests: tests/unit/test_ps.py, tests/unit/test_rpc_errors.py, tests/unit/test_auth.py.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from concurrent import futures
 import grpc
 import numpy as np
 
+from elastic_step.model.outer_optimizer import build_outer_optimizer
+from elastic_step.model.parameters import embedding_layers
+from elastic_step.model.tf_runtime import configure_threads
 from elastic_step.output_layout import OutputLayout
 from elastic_step.ps import checkpoint
-from elastic_step.ps.outer_optimizer import build_outer_optimizer
 from elastic_step.ps.shard import (
     BadRowsError,
     ParameterShard,
@@ -36,8 +39,6 @@ from elastic_step.rpc.master_client import (
 )
 from elastic_step.rpc.ps_client import CHANNEL_OPTIONS
 from elastic_step.rpc.tensors import fill, from_proto, rows_from_proto
-from elastic_step.tf_runtime import configure_threads
-from elastic_step.worker.parameters import embedding_layers
 
 log = logging.getLogger("elastic_step.ps")
 
@@ -253,7 +254,7 @@ def serve(master_address: str, shard_index: int, name: str, host: str, secret: s
     """Runs the PS until the job is finished (0), the master is gone or rejects it (1), or a
     stop signal (128 + signal)."""
     from elastic_step.data.schema import Schema
-    from elastic_step.model_def import load_model_definition
+    from elastic_step.model.definition import load_model_definition
 
     servicer = ParameterServerServicer()
     server = grpc.server(

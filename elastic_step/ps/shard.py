@@ -6,9 +6,10 @@ the learning rate divided by ``s``.
 
 Dense variables are Keras variables updated by the Keras optimizer in one compiled call. The
 rows of embedding tables this shard owns are numpy arrays updated row by row
-(:class:`~elastic_step.ps.row_optimizer.RowOptimizer`): a push costs the rows it carries, not
+(:class:`~elastic_step.model.row_optimizer.RowOptimizer`): a push costs the rows it carries, not
 the table. Rows a worker never pulled start from the model's own initializers (see
 ``initial_table``); a worker never sends a whole table.
+Tests: tests/unit/test_ps.py, tests/unit/test_row_optimizer.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from elastic_step.ps.row_optimizer import RowOptimizer
+from elastic_step.model.row_optimizer import RowOptimizer
 from elastic_step.rpc import placement
 
 

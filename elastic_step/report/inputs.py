@@ -2,6 +2,7 @@
 
 Both may come from files a user handed over; a value of the wrong shape is an
 :class:`InputError` that names the field, the rule and the value.
+Tests: tests/unit/test_report.py (malformed input, load_summary).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 It opens anywhere, an air-gapped cluster included: it loads nothing. Each plot carries a
 stable ``data-plot`` attribute, each section a stable ``id``.
+Tests: tests/unit/test_report.py; in a browser, tests/e2e/test_report_browser.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Line charts as inline SVG: axes with round ticks, series, event markers. No scripts.
 
 Every text that reaches the SVG is escaped here; callers pass plain text.
+Tests: tests/unit/test_report.py (the ticks, escaping, a report's charts).
 """
 
 from __future__ import annotations

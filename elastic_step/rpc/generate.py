@@ -1,4 +1,5 @@
-"""Regenerates the gRPC code next to the .proto files: ``make proto``."""
+"""Regenerates the gRPC code next to the .proto files: ``make proto``.
+Tests: none in tests/ (a developer's tool)."""
 
 import pathlib
 import sys

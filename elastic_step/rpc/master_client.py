@@ -5,6 +5,7 @@ while it is away (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``) a call is retried with
 exponential backoff until ``timeout_s`` has passed without an answer
 (:class:`MasterUnreachableError`). Any other status is the master's answer, and retrying
 would not change it: :class:`MasterRejectedError` carries its message, and the caller exits.
+Tests: tests/unit/test_rpc_errors.py, tests/unit/test_auth.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Which PS shard holds what: dense variables by a stable hash of their name, embedding rows
-by id. Workers, PS and master all place with these functions, so they agree."""
+by id. Workers, PS and master all place with these functions, so they agree.
+Tests: tests/unit/test_ps.py (placement)."""
 
 from __future__ import annotations
 

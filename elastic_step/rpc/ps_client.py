@@ -8,6 +8,8 @@ and joins the answers. Errors come in two kinds:
   master for the shards' new addresses and reconnects.
 - :class:`PSError`: a shard answered with any other status (a bad request, refused
   credentials, a bug in the PS). Reconnecting would get the same answer: the caller stops.
+
+Tests: tests/unit/test_ps.py, tests/unit/test_auth.py.
 """
 
 from __future__ import annotations

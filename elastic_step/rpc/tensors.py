@@ -2,6 +2,7 @@
 
 Row ids travel as packed int64 bytes, not as a repeated field, which costs a Python object
 per id to build and to read.
+Tests: tests/unit/test_ps.py (every pull and push over gRPC goes through it).
 """
 
 from __future__ import annotations

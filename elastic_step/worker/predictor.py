@@ -3,6 +3,7 @@ records, and the task's part of the predictions written atomically once.
 
 The weights come from the trained model's ``model.keras``, loaded once per worker: nothing
 changes them during a prediction job, so there is no PS to ask.
+Tests: tests/e2e/test_predict.py (test_predictions_are_the_trained_models_outputs).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from elastic_step.data import storage
+from elastic_step.data.predict_output import format_part, part_path
 from elastic_step.data.schema import Schema
-from elastic_step.predict_output import format_part, part_path
 from elastic_step.worker.windows import UserCodeError
 
 

@@ -4,7 +4,7 @@
   optimizer.
 - :meth:`Steps.local` (``--local-steps K > 1``): one step of the worker's own optimizer on its
   copy, as ``model.fit`` does: gradients and the dense update in one compiled call; table rows
-  are updated row by row with per-row state (see ``ps/row_optimizer.py``). It returns the
+  are updated row by row with per-row state (see ``model/row_optimizer.py``). It returns the
   step's loss.
 - :meth:`Steps.evaluate`: the batch's loss.
 
@@ -14,6 +14,7 @@ reports them), in the same compiled call and on the outputs the step computed, a
 them before a task and reads them after it (:meth:`reset_metrics`, :meth:`metric_results`).
 
 A table's gradient leaves the graph as (unique row ids, summed rows): what a push carries.
+Tests: tests/unit/test_model_parameters.py.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from elastic_step.ps.row_optimizer import RowOptimizer
+from elastic_step.model.parameters import ModelParameters
+from elastic_step.model.row_optimizer import RowOptimizer
 from elastic_step.rpc.ps_client import Rows
-from elastic_step.worker.parameters import ModelParameters
 
 if TYPE_CHECKING:
     import keras

@@ -5,6 +5,7 @@ Starting a ``tf.data`` iterator instantiates the feed's graph: about 250 ms for 
 per task would cost that on every task, so a worker builds one pipeline per mode, feeds it
 each task's records through a queue, and counts examples to know where a task ends. That is
 why a feed must map every record to exactly one example (as ``dataset.map`` does).
+Tests: none direct; exercised by every end-to-end run (tests/e2e/).
 """
 
 from __future__ import annotations
@@ -13,17 +14,11 @@ import queue
 from collections.abc import Callable, Iterator
 
 from elastic_step.data.feed import apply_feed
+from elastic_step.model.definition import batch_size_of
 
 
 class FeedContractError(Exception):
     """The feed produced more examples than records, or failed; the message says which."""
-
-
-def batch_size_of(labels, features) -> int:
-    import tensorflow as tf
-
-    first = tf.nest.flatten(labels if labels is not None else features)[0]
-    return int(first.shape[0])
 
 
 class BatchStream:

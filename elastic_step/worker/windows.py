@@ -11,6 +11,7 @@ dense values came with the last push. A window never spans tasks,
 so a task is reported only after its last push: a worker that dies loses at most one
 window, and its task is re-queued. ``train`` returns the task's mean training loss and the
 model's metrics on the same batches, which the worker reports with the task.
+Tests: tests/unit/test_model_parameters.py.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from typing import Protocol
 
 import numpy as np
 
+from elastic_step.model.definition import batch_size_of
+from elastic_step.model.parameters import ModelParameters
 from elastic_step.rpc.ps_client import PSClient, PSUnavailableError, Rows
-from elastic_step.worker.parameters import ModelParameters
 from elastic_step.worker.steps import Steps
-from elastic_step.worker.stream import batch_size_of
 
 log = logging.getLogger("elastic_step.worker")
 

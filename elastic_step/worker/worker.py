@@ -10,6 +10,7 @@ An error in the user's code fails the task (the master retries it elsewhere, up 
 limit); a PS that goes away is waited for and reconnected, and the window's update is pushed
 again.
 A master or PS that answers with an error that retrying cannot cure ends the worker (exit 1).
+Tests: tests/unit/test_rpc_errors.py; killed mid-epoch in tests/e2e/test_fault_tolerance.py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 
 import numpy as np
 
+from elastic_step.model.tf_runtime import configure_threads
 from elastic_step.rpc import master_pb2
 from elastic_step.rpc.auth import Credentials, MissingSecretError
 from elastic_step.rpc.master_client import (
@@ -32,7 +34,6 @@ from elastic_step.rpc.master_client import (
 )
 from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, Traffic
 from elastic_step.rpc.tensors import to_proto
-from elastic_step.tf_runtime import configure_threads
 from elastic_step.worker.windows import UserCodeError, WindowTrainer
 
 log = logging.getLogger("elastic_step.worker")
@@ -62,8 +63,8 @@ class Worker:
         import keras
 
         from elastic_step.data.schema import Schema
-        from elastic_step.model_def import load_model_definition
-        from elastic_step.worker.parameters import ModelParameters
+        from elastic_step.model.definition import load_model_definition
+        from elastic_step.model.parameters import ModelParameters
         from elastic_step.worker.steps import Steps
 
         reply = self.master.call(
@@ -78,7 +79,7 @@ class Worker:
         # The same seed in every worker, as the final model is built on the master.
         keras.utils.set_random_seed(self.settings.seed)
         if self.settings.predict_model_dir:
-            from elastic_step.evaluate import trained_model_of
+            from elastic_step.model.serving import trained_model_of
             from elastic_step.worker.predictor import Predictor
 
             model = trained_model_of(self.settings.predict_model_dir, self.definition)

@@ -4,6 +4,7 @@ runs it, with ``kfp.Client(host=...)``, and a run's state read back from KFP's A
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -32,6 +33,7 @@ SMALL = {
     "max_workers": 2,
 }
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED")
+TASKS_SETTLE = 30.0
 TRAIN_TASK = "elastic-train"
 
 
@@ -63,14 +65,22 @@ def run_example(user: kfp.Client, **params: object) -> str:
 
 
 def wait_for_run(user: kfp.Client, run_id: str, timeout: float, leaving: str | None = None):
-    """The run once KFP shows it in a final state (after it has left state ``leaving``)."""
+    """The run once KFP shows it in a final state (after it has left state ``leaving``) and
+    its tasks too. KFP's API server stores a finished run's state before its tasks', so for a
+    moment a SUCCEEDED run lists RUNNING tasks; a task still unfinished TASKS_SETTLE seconds
+    after its run is left for the caller's assertions to show."""
     left = leaving is None
+    final_since: float | None = None
 
     def ended():
-        nonlocal left
+        nonlocal left, final_since
         run = user.get_run(run_id)
         left = left or str(run.state) != leaving
-        return run if left and str(run.state) in FINAL_STATES else None
+        if not (left and str(run.state) in FINAL_STATES):
+            return None
+        final_since = final_since or time.monotonic()
+        settled = set(task_states(run).values()) <= set(FINAL_STATES)
+        return run if settled or time.monotonic() - final_since > TASKS_SETTLE else None
 
     return wait_for(f"run {run_id} to end", ended, timeout=timeout, interval=2.0)
 

@@ -16,7 +16,7 @@ import pytest
 
 from elastic_step.demo import write_digits_csv
 from elastic_step.examples import path_of
-from elastic_step.master.job import STATUS_EVERY_S as STATUS_PERIOD_S
+from elastic_step.master.job_reporter import STATUS_EVERY_S as STATUS_PERIOD_S
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from elastic_step.data.feed import make_dataset, records_dataset
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
 from elastic_step.evaluate import evaluate
-from elastic_step.serving import raw_examples  # also registers RawFeatures for load_model
+from elastic_step.model.serving import raw_examples  # also registers RawFeatures for load_model
 
 pytestmark = pytest.mark.e2e
 

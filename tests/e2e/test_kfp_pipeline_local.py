@@ -123,7 +123,7 @@ def test_evaluation_feeds_the_kfp_ui(pipeline_run: Path) -> None:
 def test_batch_predict_gives_the_models_output_for_every_csv_row(work, pipeline_run) -> None:
     import keras
 
-    import elastic_step.serving  # noqa: F401 - registers the raw-input layer for load_model
+    import elastic_step.model.serving  # noqa: F401 - registers the raw-input layer for load_model
 
     predict = executor_output(pipeline_run, "batch-predict")
     predictions = artifact(predict, "predictions")

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 from conftest import TrainRun, pid_alive
 
+from elastic_step.cli import main
+
 pytestmark = pytest.mark.e2e
 
 #: The digits repeated this many times: enough tasks that the job is still running when a
@@ -65,7 +67,7 @@ def killed(tmp_path_factory, trained, rows):
         status = run.wait_for(
             "predictions under way with 2 workers",
             lambda s: (
-                s.get("progress", {}).get("records_trained", 0) > 0
+                s.get("progress", {}).get("records_predicted", 0) > 0
                 and sum(w["state"] == "running" for w in s.get("workers", [])) == 2
             ),
         )
@@ -88,12 +90,14 @@ def test_one_prediction_per_input_row_in_input_order(killed, rows) -> None:
     run = killed["run"]
     progress = killed["progress_at_kill"]
     # The worker died mid-run: tasks were done, and tasks were left.
-    assert 0 < progress["records_trained"] < progress["records_per_epoch"]
+    assert 0 < progress["records_predicted"] < progress["records"]
     assert f"{killed['victim']['id']} crashed (killed by SIGKILL)" in run.log()
     summary = run.summary()
     assert summary["restarts"]["worker"] >= 1
     header, table = _predictions(run.output / "predictions.csv")
-    assert header == ["index", "class"] + [f"output_{j}" for j in range(10)]
+    # The digits' classes, in the label vocabulary's order.
+    assert header[:2] == ["index", "class"] and len(header) == 12, header
+    assert sorted(header[2:]) == [f"output_{j}" for j in range(10)], header
     expected = len(rows.read_text().splitlines()) - 1
     assert [int(r[0]) for r in table] == list(range(expected))
     assert summary["records"] == summary["records_predicted"] == expected
@@ -101,10 +105,28 @@ def test_one_prediction_per_input_row_in_input_order(killed, rows) -> None:
     assert not (run.output / "prediction-parts").exists()
 
 
+def test_the_status_of_a_prediction_is_a_prediction_s(killed, rows, capsys) -> None:
+    run = killed["run"]
+    status = json.loads((run.output / "status.json").read_text())
+    expected = len(rows.read_text().splitlines()) - 1
+    assert status["kind"] == "predict" and status["phase"] == "succeeded"
+    assert status["progress"] == {
+        "records_predicted": expected,
+        "records": expected,
+        "fraction": 1.0,
+    }
+    assert not {"epoch", "epochs", "model_version", "ps", "train_loss"} & set(status)
+    assert main(["status", str(run.output)]) == 0
+    shown = capsys.readouterr().out
+    assert f"records: {expected}/{expected} predicted" in shown
+    assert "epoch" not in shown and "ps:" not in shown and "training" not in shown, shown
+    assert "starting 2 workers (master on port" in run.log()
+
+
 def test_predictions_are_the_trained_models_outputs(killed, trained, rows) -> None:
     import keras
 
-    import elastic_step.serving  # noqa: F401 - registers the raw-input layer for load_model
+    import elastic_step.model.serving  # noqa: F401 - registers the raw-input layer for load_model
 
     schema = json.loads((trained / "schema.json").read_text())
     with open(rows, newline="") as f:
@@ -168,15 +190,15 @@ def test_master_killed_mid_run_and_run_again_resumes_with_its_workers(
         status = run.wait_for(
             "predictions under way with 2 workers",
             lambda s: (
-                s.get("progress", {}).get("records_trained", 0) > 0
+                s.get("progress", {}).get("records_predicted", 0) > 0
                 and sum(w["state"] == "running" for w in s.get("workers", [])) == 2
             ),
         )
         workers = run.member_pids(status)
         run.proc.send_signal(signal.SIGKILL)
         run.proc.wait(timeout=10)
-        done_at_kill = status["progress"]["records_trained"]
-        assert 0 < done_at_kill < status["progress"]["records_per_epoch"]
+        done_at_kill = status["progress"]["records_predicted"]
+        assert 0 < done_at_kill < status["progress"]["records"]
 
         assert again.start().wait() == 0, again.log()[-3000:]
     finally:

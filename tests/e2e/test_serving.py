@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from conftest import TrainRun, records_exact
 
-import elastic_step.serving
+import elastic_step.model.serving
 from elastic_step.data.feed import default_feed_for_model, make_dataset
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
@@ -171,7 +171,7 @@ def test_classifier_serves_raw_examples_as_evaluation_does(classifier):
     assert np.mean(class_ids == labels) == pytest.approx(final["accuracy"], abs=1e-6)
 
     # predict_raw and model.keras on the same rows as raw tensors: NaN for an empty number.
-    raw = elastic_step.serving.raw_examples(tf.constant(records), schema)
+    raw = elastic_step.model.serving.raw_examples(tf.constant(records), schema)
     assert np.isnan(raw["size"].numpy()).any() and (raw["city"].numpy() == b"").any()
     by_raw = served.signatures["predict_raw"](**raw)
     np.testing.assert_allclose(by_raw["probabilities"].numpy(), expected, atol=1e-5)
@@ -232,7 +232,7 @@ def test_regressor_serves_raw_diabetes_rows_as_evaluation_does(regressor):
     assert squared == pytest.approx(final["loss"], rel=1e-5)
 
     # Raw rows straight from the CSV's values, not standardized by hand (the case).
-    raw = elastic_step.serving.raw_examples(tf.constant(records), schema)
+    raw = elastic_step.model.serving.raw_examples(tf.constant(records), schema)
     by_raw = served.signatures["predict_raw"](**raw)["predictions"].numpy()
     np.testing.assert_allclose(by_raw, predictions, rtol=1e-5, atol=1e-4)
     from_keras = raw_model.predict(raw, verbose=0)

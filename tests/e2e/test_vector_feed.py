@@ -76,7 +76,7 @@ def test_sequential_vector_model_with_missing_values(tmp_path):
     # What training and evaluate read for an empty acidity: the mean, standardized to 0.
     import tensorflow as tf
 
-    import elastic_step.serving  # noqa: F401 - registers the raw-input model's layer
+    import elastic_step.model.serving  # noqa: F401 - registers the raw-input model's layer
     from elastic_step.data.feed import default_feed_for_model, records_dataset
     from elastic_step.data.schema import Schema
     from elastic_step.data.tfrecord import read_records

@@ -481,12 +481,12 @@ def test_a_deleted_owner_is_a_stop_seen_with_no_signal(admin, restricted, new_ba
     ns = restricted.name
     master = start_master_pod(admin, ns, SLEEP_THROUGH_SIGTERM)
     backend = new_backend(master=master)
-    owner = backend.owner_reference()
-    assert owner["kind"] == "ConfigMap"
+    owner = backend.owner()
+    assert owner.kind == "ConfigMap" and owner.api_version == "v1"
     assert backend.stop_request() is None
-    admin.delete_namespaced_config_map(owner["name"], ns)
+    admin.delete_namespaced_config_map(owner.name, ns)
     request = poll("the stop seen", backend.stop_request, timeout=10)
-    assert request == StopRequest(StopKind.STOP, f"ConfigMap {owner['name']} was deleted")
+    assert request == StopRequest(StopKind.STOP, f"ConfigMap {owner.name} was deleted")
 
 
 def test_secret_values_are_in_one_secret_and_never_in_a_pod_spec(admin, restricted, new_backend):

@@ -48,3 +48,19 @@ def test_a_broken_pipe_that_is_not_stdouts_is_not_hidden(
     monkeypatch.setattr(cli, "_run", broken)
     with pytest.raises(BrokenPipeError):
         main(["status", str(tmp_path)])
+
+
+def test_predict_help_speaks_of_workers_only_and_train_help_of_ps_too(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    def help_of(command: str) -> str:
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        assert exit_.value.code == 0
+        return capsys.readouterr().out
+
+    predict = help_of("predict")
+    assert "PS" not in predict and "--ps-" not in predict, predict
+    assert "--worker-cpu" in predict and "--high-priority-class" in predict
+    train = help_of("train")
+    assert "--ps-cpu" in train and "PriorityClass of PS pods" in train

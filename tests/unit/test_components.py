@@ -9,23 +9,21 @@ import pytest
 import yaml
 from kfp import dsl
 
-from elastic_step.backends.kubernetes_options import (
-    RoleResources,
-    Volume,
-    options_from_args,
-)
+from elastic_step.backends.kubernetes_options import RoleResources, Volume
 from elastic_step.cli import build_parser
 from elastic_step.components import IMAGE, identity
 from elastic_step.components.argo_templates import workflow_template
 from elastic_step.components.locations import shared_location
+from elastic_step.components.parameters import arguments
 from elastic_step.components.steps import (
-    flags,
     model_def_file,
     predict_command,
+    preprocess_step,
     record_predictions,
     train_command,
 )
 from elastic_step.errors import InputError
+from elastic_step.kubernetes_flags import options_from_args
 from elastic_step.master.config import JOB_NAME
 
 # -- job names --
@@ -102,8 +100,33 @@ def test_an_artifact_no_pod_can_reach_is_refused() -> None:
 # -- the commands --
 
 
-def test_flags_leave_out_unset_values() -> None:
-    assert flags({"--a": 0, "--b": "", "--c": None, "--d": "x"}) == ["--a", "0", "--d", "x"]
+def test_parameters_become_flags_and_unset_ones_are_left_out() -> None:
+    parameters = {"seed": 0, "categorical": "", "fill_missing": None, "label": "y"}
+    assert arguments("preprocess", parameters) == ["--seed", "0", "--label", "y"]
+    assert arguments("preprocess", {"one_hot": True}) == ["--one-hot"]
+    assert arguments("preprocess", {"one_hot": False}) == []
+    volumes = {"volumes": ["claim=a,mount=/a", "claim=b,mount=/b"], "toleration": []}
+    assert arguments("train", volumes) == [
+        *["--volume", "claim=a,mount=/a", "--volume", "claim=b,mount=/b"]
+    ]
+
+
+def test_bad_input_ends_a_step_as_it_ends_the_command(tmp_path, capsys) -> None:
+    """One line on stderr and exit status 2, whether the step or the command finds it."""
+    csv_file = dsl.Dataset(name="csv", uri=str(tmp_path / "data.csv"))
+    data = dsl.Dataset(name="data", uri=str(tmp_path / "data"))
+    with pytest.raises(SystemExit) as exited:
+        preprocess_step(csv=csv_file, data=data, label="y", label_type="bogus")
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        "elastic-step: error: label_type must be one of auto, class, numeric, got 'bogus'\n"
+    )
+    (tmp_path / "data.csv").write_text("x,y\n1,a\n,b\n")
+    with pytest.raises(SystemExit) as exited:
+        preprocess_step(csv=csv_file, data=data, label="y", fill_missing="bogus")
+    assert exited.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("elastic-step: error: --fill-missing must be")
 
 
 def test_exactly_one_model_definition(tmp_path) -> None:
@@ -327,9 +350,15 @@ def test_the_argo_job_steps_are_retried_and_resume_their_job(name: str) -> None:
     assert env == {"ELASTIC_STEP_POD_NAME": "metadata.name", "ELASTIC_STEP_POD_IP": "status.podIP"}
 
 
-def test_the_argo_prediction_step_outputs_the_jobs_summary() -> None:
-    template = _templates()["batch-predict"]
+@pytest.mark.parametrize("name", ["elastic-train", "batch-predict"])
+def test_the_argo_job_steps_output_the_jobs_summary(name: str) -> None:
+    """elastic-train's summary.json holds what KFP's elastic-train gives as its metrics,
+    summary and job_name outputs."""
+    template = _templates()[name]
     args = template["container"]["args"]
     path = args[args.index("--summary-output") + 1]
     (summary,) = template["outputs"]["parameters"]
     assert summary["name"] == "summary" and summary["valueFrom"] == {"path": path}
+    if name == "elastic-train":
+        (artifact,) = template["outputs"]["artifacts"]
+        assert artifact == {"name": "summary", "path": path}

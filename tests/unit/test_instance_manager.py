@@ -121,7 +121,7 @@ def test_a_preempted_worker_is_always_replaced() -> None:
 
     assert manager.restarts == {"worker": 4, "ps": 0}
     assert manager.restarts_by_reason == {"preempted": 4}
-    assert manager.error_restarts == {}
+    assert manager.relaunch.error_restarts == {}
     assert manager.failure is None
     assert manager.worker_slots == {0, 1}
     assert manager.running_workers() == 2
@@ -480,7 +480,7 @@ def test_state_round_trip_keeps_membership_counters_and_names() -> None:
     }
     assert manager.worker_slots == {0, 1, 2}
     assert manager.restarts == {"worker": 3, "ps": 0}
-    assert manager.error_restarts == {"worker-0": 1, "worker-1": 1, "worker-2": 1}
+    assert manager.relaunch.error_restarts == {"worker-0": 1, "worker-1": 1, "worker-2": 1}
     assert manager.timeline == first.timeline
     assert manager.started_at == first.started_at
 
@@ -515,7 +515,7 @@ def test_stale_and_duplicate_events_are_ignored() -> None:
     assert manager.handle(again) is None
     assert manager.instances["worker-0"].state is ProcessState.FAILED
     assert manager.restarts["worker"] == 1
-    assert manager.error_restarts == {"worker-0": 1}
+    assert manager.relaunch.error_restarts == {"worker-0": 1}
     manager.reconcile()
     assert len(backend.launched) == launches
 
@@ -573,7 +573,7 @@ def test_an_exit_0_before_the_master_dismissed_the_worker_is_a_crash() -> None:
     [ended] = pump(manager)
     assert (ended.state, ended.reason) == (ProcessState.FAILED, "crashed")
     assert "before the master dismissed it" in ended.message
-    assert manager.retired == set()
+    assert manager.relaunch.retired == set()
     manager.reconcile()
     assert backend.names()[-1] == "worker-2"  # the slot is refilled, not retired
 
@@ -586,7 +586,7 @@ def test_an_exit_0_during_a_stop_is_not_taken_for_success() -> None:
     [ended] = pump(manager)
 
     assert ended.state is ProcessState.KILLED
-    assert manager.retired == set()  # a resumed job relaunches the slot
+    assert manager.relaunch.retired == set()  # a resumed job relaunches the slot
 
     resumed = restarted(FakeBackend(), manager.snapshot())
     resumed.adopt([])

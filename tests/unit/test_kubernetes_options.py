@@ -10,15 +10,14 @@ from elastic_step.backends.kubernetes_options import (
     RoleResources,
     Toleration,
     Volume,
-    kubernetes_flags_given,
     load_pod_template,
-    options_from_args,
     parse_toleration,
     parse_volume,
     quantity_value,
 )
 from elastic_step.cli import build_parser
 from elastic_step.errors import InputError
+from elastic_step.kubernetes_flags import kubernetes_flags_given, options_from_args
 
 BASE = ["train", "--model-def", "m.py", "--data", "d", "--output", "o"]
 

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from elastic_step.tf_runtime import CPU_LIMIT_ENV, inter_op_threads, thread_counts
+from elastic_step.model.tf_runtime import CPU_LIMIT_ENV, inter_op_threads, thread_counts
 
 REPO = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import json, logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from elastic_step import tf_runtime
+from elastic_step.model import tf_runtime
 tf_runtime.import_tensorflow_quietly()
 import tensorflow as tf
 again = tf_runtime.configure_threads()  # as the worker's main() does: a no-op by now
@@ -60,7 +60,7 @@ def test_too_late_to_size_the_pools_is_a_warning_not_a_crash() -> None:
     code = (
         "import os, tensorflow as tf; tf.constant(1)\n"
         f"os.environ['{CPU_LIMIT_ENV}'] = '2'\n"
-        "from elastic_step.tf_runtime import configure_threads\n"
+        "from elastic_step.model.tf_runtime import configure_threads\n"
         "print(configure_threads())\n"
     )
     env = {k: v for k, v in os.environ.items() if k != CPU_LIMIT_ENV}

@@ -39,7 +39,7 @@ def model_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (model / "model_def.py").write_text(MODEL_DEF)
     (model / "model.keras").write_bytes(b"weights")
     # Were the check after the model's, predict would go on as with a real model.
-    monkeypatch.setattr("elastic_step.evaluate.trained_model_of", lambda *args: None)
+    monkeypatch.setattr("elastic_step.model.serving.trained_model_of", lambda *args: None)
     return model
 
 

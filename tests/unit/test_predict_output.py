@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
+from elastic_step.data.predict_output import PredictionsError, format_part, merge_parts, part_path
 from elastic_step.data.schema import Column, Schema
-from elastic_step.predict_output import PredictionsError, format_part, merge_parts, part_path
 
 
 def schema(label_kind: str = "class", vocabulary=("cat", "dog, wild", "eel")) -> Schema:
@@ -24,7 +24,7 @@ def schema(label_kind: str = "class", vocabulary=("cat", "dog, wild", "eel")) ->
 def test_a_classifier_part_names_the_class_of_the_largest_output() -> None:
     text = format_part(5, np.array([[0.1, 2.0, -1.0], [3.0, 0.0, 0.5]], np.float32), schema())
     assert text.splitlines() == [
-        "index,class,output_0,output_1,output_2",
+        'index,class,output_cat,"output_dog, wild",output_eel',
         '5,"dog, wild",0.100000001,2,-1',
         "6,cat,3,0,0.5",
     ]

@@ -7,8 +7,9 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_step.ps.outer_optimizer import build_outer_optimizer
-from elastic_step.ps.row_optimizer import RowOptimizer, UnsupportedOptimizerError
+from elastic_step.model.api import UnsupportedOptimizerError
+from elastic_step.model.outer_optimizer import build_outer_optimizer
+from elastic_step.model.row_optimizer import RowOptimizer
 from elastic_step.ps.shard import ParameterShard, TableShape
 
 ROWS, DIM = 6, 3
@@ -112,7 +113,7 @@ def test_outer_average_adds_the_change() -> None:
 
 
 def test_the_model_check_names_an_optimizer_tables_cannot_use() -> None:
-    from elastic_step.worker.parameters import table_optimizer_problem
+    from elastic_step.model.parameters import table_optimizer_problem
 
     keras.backend.clear_session()
     ids = keras.Input(shape=(), dtype="int64")

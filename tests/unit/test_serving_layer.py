@@ -13,7 +13,7 @@ import tensorflow as tf
 from elastic_step.data.feed import DefaultFeed, InputForm, records_dataset
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
-from elastic_step.serving import RawFeatures, raw_examples
+from elastic_step.model.serving import RawFeatures, raw_examples
 
 
 @pytest.mark.parametrize("one_hot", [False, True], ids=["ids", "one-hot"])
@@ -54,3 +54,36 @@ def test_raw_features_encode_as_the_feed_does(tmp_path, one_hot):
         unknown = len(schema.feature("colour").vocabulary)
         want = np.eye(unknown + 1)[unknown] if one_hot else [unknown]
         assert list(np.atleast_1d(colour)[: len(want)]) == list(want)
+
+
+def test_a_load_without_the_layer_registered_says_what_to_import(tmp_path):
+    """keras.models.load_model of model.keras needs this module imported first; Keras's own
+    error prints the layer's config, whose first entry says so."""
+    import keras
+
+    (tmp_path / "rows.csv").write_text("x,colour,y\n" + "".join(
+        f"{i * 0.5},{['red', 'blue'][i % 2]},{i % 2}\n" for i in range(20)
+    ))  # fmt: skip
+    data = tmp_path / "data"
+    result = subprocess.run(
+        [sys.executable, "-m", "elastic_step", "preprocess", "--input", str(tmp_path / "rows.csv"),
+         "--label", "y", "--output", str(data)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    schema = Schema.load(str(data))
+    inputs = {
+        "x": keras.Input(shape=(), name="x"),
+        "colour": keras.Input(shape=(), dtype="string", name="colour"),
+    }
+    features = RawFeatures(schema_json=schema.to_json(), vector=True)(inputs)
+    keras.Model(inputs, keras.layers.Dense(1)(features)).save(tmp_path / "model.keras")
+    load = f"import keras; keras.models.load_model({str(tmp_path / 'model.keras')!r})"
+    bare = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=120)
+    assert bare.returncode != 0
+    assert RawFeatures.LOAD_WITH in bare.stderr
+    registered = subprocess.run(
+        [sys.executable, "-c", f"import elastic_step.model.serving; {load}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr[-2000:]

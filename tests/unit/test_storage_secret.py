@@ -6,14 +6,11 @@ from __future__ import annotations
 import pytest
 
 from elastic_step.backends.api import LaunchSpec, Role
-from elastic_step.backends.kubernetes_options import (
-    KubernetesOptions,
-    kubernetes_flags_given,
-    options_from_args,
-)
+from elastic_step.backends.kubernetes_options import KubernetesOptions
 from elastic_step.backends.kubernetes_pods import build_pod
 from elastic_step.cli import build_parser, main
 from elastic_step.errors import InputError
+from elastic_step.kubernetes_flags import kubernetes_flags_given, options_from_args
 
 BASE = ["train", "--model-def", "m.py", "--data", "s3://b/d", "--output", "s3://b/o"]
 

@@ -171,7 +171,7 @@ def test_train_loss_windows_reach_status_summary_and_tensorboard(tmp_path, clock
         },
     ]
     with coordinator.lock:
-        assert reports.status(coordinator, "x")["train_loss"] == expected
+        assert reports.training_progress(coordinator)["train_loss"] == expected
     with pytest.raises(ValueError, match="examples is 0"):
         coordinator.note_train_loss(16, 1.0, {}, examples=0)
     master.close()

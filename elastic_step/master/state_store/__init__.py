@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from elastic_step.backends.api import JobOwner
 from elastic_step.errors import InputError
 from elastic_step.master.state_store.api import (
     SavedState,
@@ -40,7 +41,7 @@ class StoreParams:
     job_name: str | None = None
     namespace: str | None = None
     #: The object that owns the job's objects, so that deleting it removes the state too.
-    owner_reference: dict | None = None
+    owner: JobOwner | None = None
     #: Where the cluster's credentials are, outside a pod (None: $KUBECONFIG, ~/.kube/config).
     kubeconfig: str | None = None
 
@@ -55,18 +56,28 @@ def _kubernetes_store(params: StoreParams) -> StateStore:
     # Imported here: the kubernetes client is needed only by this store.
     from elastic_step.master.state_store.kubernetes_store import KubernetesStateStore
 
-    api_client = None
+    api_client, namespace = None, params.namespace
     if params.kubeconfig:
-        from elastic_step.backends.kubernetes_client import load_api_client
+        from elastic_step.kube.client import load_api_client
 
-        api_client = load_api_client(params.kubeconfig)[0]
+        api_client, found, _ = load_api_client(params.kubeconfig)
+        namespace = namespace or found or "default"  # as the backend finds its namespace
     return KubernetesStateStore(
         params.job_name,
-        params.namespace,
+        namespace,
         params.settings,
         api_client=api_client,
-        owner_reference=params.owner_reference,
+        owner_reference=_reference_to(params.owner),
     )
+
+
+def _reference_to(owner: JobOwner | None) -> dict | None:
+    """The ownerReference to ``owner`` that the store's objects carry."""
+    if owner is None:
+        return None
+    from elastic_step.backends.kubernetes_pods import owner_reference
+
+    return owner_reference(owner.api_version, owner.kind, owner.name, owner.uid)
 
 
 _REGISTRY: dict[str, Callable[[StoreParams], StateStore]] = {
@@ -86,7 +97,7 @@ def create_state_store(
     *,
     job_name: str | None = None,
     namespace: str | None = None,
-    owner_reference: dict | None = None,
+    owner: JobOwner | None = None,
     kubeconfig: str | None = None,
 ) -> StateStore:
     """The store ``name`` for the job whose outputs go to ``output_dir``.
@@ -105,7 +116,7 @@ def create_state_store(
         settings or StateStoreSettings(),
         job_name,
         namespace,
-        owner_reference,
+        owner,
         kubeconfig,
     )
     return _REGISTRY[name](params)

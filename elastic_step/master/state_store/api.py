@@ -12,6 +12,8 @@ store drop the records it covers (compaction).
 
 A load after a crash returns a prefix of what was appended, never a mix: the newest durable
 snapshot and every durable record after it, in order, up to the first record torn by the crash.
+Tests: tests/contracts/state_store_contract.py, run for each store by
+tests/unit/test_state_store.py and tests/k8s/test_k8s_state_store.py.
 """
 
 from __future__ import annotations

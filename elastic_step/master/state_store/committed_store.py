@@ -1,5 +1,6 @@
 """The writing half that every store built on a :class:`GroupCommitter` shares: records and
-snapshots are queued to the committer, which the store creates when it acquires the lease."""
+snapshots are queued to the committer, which the store creates when it acquires the lease.
+Tests: tests/unit/test_state_store.py; against an API server, tests/k8s/test_k8s_state_store.py."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ over at once. The lock's file descriptor is not inherited by the processes the m
 The token file holds the last token given out. Each acquire increments it under the flock;
 an owner that finds a token other than its own there (on a shared file system whose locks were
 lost, a successor took over) is fenced.
+Tests: tests/unit/test_state_store.py (the lease: a second process, a superseded token).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ Writing a snapshot covering records up to S: the records up to S are made durabl
 segment ``journal-<S+1>.log`` takes the records after S, the snapshot replaces the old one
 (temp file, fsync, rename, fsync of the directory), then the older segments are deleted. A
 crash at any point loads correctly (see replay.py).
+Tests: tests/unit/test_state_store.py.
 """
 
 from __future__ import annotations

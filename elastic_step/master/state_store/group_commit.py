@@ -3,6 +3,8 @@
 Any store can use it: it calls the store's ``write(records, snapshot)`` with everything queued
 since the last call, so the cost of making a batch durable (an fsync, an API request) is paid
 once per batch, not per record. While one batch is written the next one gathers.
+Tests: tests/contracts/state_store_contract.py (group commit), run by
+tests/unit/test_state_store.py and tests/k8s/test_k8s_state_store.py.
 """
 
 from __future__ import annotations

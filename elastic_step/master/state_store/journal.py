@@ -7,6 +7,7 @@ first such frame; the next owner truncates the file there before appending.
 
 Segment ``journal-<first seq>.log`` holds records numbered below the next segment's first
 seq; zero-padded names sort in order.
+Tests: tests/unit/test_state_store.py (a crash at every byte, a damaged last record).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ The holder renews every duration/3 in a background thread. A renewal that finds 
 or another token fences the owner: :attr:`KubeLease.fenced` is set and ``on_fenced`` is called.
 The lease alone is not what keeps an old owner's writes out, though: see kubernetes_store.py,
 whose every write is conditional on objects a new owner changes when it takes over.
+Tests: against an API server, tests/k8s/test_k8s_state_store.py (the lease).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from elastic_step.kube.calls import KubeError
+from elastic_step.kube.objects import KubeObjects
 from elastic_step.master.state_store.api import (
     StateStoreError,
     StateStoreFencedError,
     StateStoreLockedError,
 )
-from elastic_step.master.state_store.kube_api import ApiError, KubeApi
 
 log = logging.getLogger("elastic_step.master.state_store")
 
@@ -55,7 +57,7 @@ def parse_time(value: object) -> datetime | None:
 class KubeLease:
     def __init__(
         self,
-        api: KubeApi,
+        api: KubeObjects,
         name: str,
         duration_s: int,
         labels: dict[str, str],
@@ -104,7 +106,7 @@ class KubeLease:
                     token = floor + 1
                     try:
                         created = self._api.create_lease(self._new_lease(owner, token))
-                    except ApiError as err:
+                    except KubeError as err:
                         if not err.already_exists:
                             raise
                         continue  # another contender created it first: read it
@@ -118,7 +120,7 @@ class KubeLease:
                     token = max(_int(spec.get("leaseTransitions")), floor) + 1
                     try:
                         taken = self._api.patch_lease(self.name, self._take_over(owner, token, rv))
-                    except ApiError as err:
+                    except KubeError as err:
                         if not err.conflict:
                             raise
                         continue  # another contender took it first: read it
@@ -222,7 +224,7 @@ class KubeLease:
                 }
                 try:
                     lease = self._api.patch_lease(self.name, body, retry_for_s=retry_for_s)
-                except ApiError as err:
+                except KubeError as err:
                     if not (err.conflict or err.not_found):
                         raise
                     lease = self._read_ours(retry_for_s)  # fences unless still ours
@@ -306,7 +308,7 @@ class KubeLease:
                     try:
                         self._api.patch_lease(self.name, body)
                         return
-                    except ApiError as err:
+                    except KubeError as err:
                         if not err.conflict:
                             raise
                         self._rv = self._read_ours(None)["metadata"]["resourceVersion"]

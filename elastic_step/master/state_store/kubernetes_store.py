@@ -10,7 +10,8 @@ when one is given (deleting the owner then garbage-collects them)::
     Lease      <job>-master                               the fencing lease (kube_lease.py)
     ConfigMap  <job>-state                                the head, data {"head": JSON}
     ConfigMap  <job>-state-snapshot-<gen>-t<token>-<k>    part k of snapshot generation gen
-    ConfigMap  <job>-state-journal-<first seq>-t<token>   a journal chunk
+                                                          (kube_snapshot.py)
+    ConfigMap  <job>-state-journal-<first seq>-t<token>   a journal chunk (kube_journal.py)
 
 The head names everything that counts::
 
@@ -19,13 +20,11 @@ The head names everything that counts::
      "journal": [{"name": chunk, "first": seq}, ...]}
 
 An object the head does not name is left over from a crash and ignored; the next owner deletes
-it when it takes over. The snapshot document ``{"format": 1, "seq": S, "token": T, "state":
-{...}}`` is compact ASCII JSON cut into parts of at most ``object_bytes`` (900 KiB by default:
-a ConfigMap holds at most 1 MiB of data); the head keeps its SHA-256. A journal chunk holds
-one data key per batch written to it: the key is the batch's first seq (20 digits, so keys
-sort), the value its records, one compact JSON object a line. A chunk takes batches until it
-holds ``journal_chunk_bytes``; then a new chunk starts. Names carry the creating owner's token,
-so no two owners ever create the same name.
+it when it takes over. A snapshot is a JSON document cut into parts of at most
+``object_bytes`` (900 KiB by default), whose SHA-256 the head keeps (kube_snapshot.py); a
+journal chunk holds one data key per batch, a record a line, until it holds
+``journal_chunk_bytes`` (kube_journal.py). Names carry the creating owner's token, so no two
+owners ever create the same name.
 
 Writing (one background writer, batches from the GroupCommitter):
 
@@ -55,25 +54,31 @@ older than two thirds of the duration.
 A reader needs no lease: it reads the head, then what the head names. If an object the head
 named is gone and the head has changed meanwhile (the owner compacted underneath it), it reads
 again.
+
+This module holds the head and the order of the writes; the labels and the create of every
+ConfigMap are kube_configmaps.py's.
+
+Tests: against an API server, tests/k8s/test_k8s_state_store.py; the settings and the store's
+errors, tests/unit/test_state_store.py and tests/unit/test_kube_calls.py.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
-import os
 import re
 import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client
 
 from elastic_step.errors import InputError
+from elastic_step.kube.calls import KubeError
+from elastic_step.kube.client import default_namespace, load_api_client
+from elastic_step.kube.objects import KubeObjects
 from elastic_step.master.state_store.api import (
     SavedState,
     StateStoreError,
@@ -83,24 +88,24 @@ from elastic_step.master.state_store.api import (
 from elastic_step.master.state_store.committed_store import CommittedStore
 from elastic_step.master.state_store.group_commit import GroupCommitter, PendingSnapshot
 from elastic_step.master.state_store.journal import encode_json
-from elastic_step.master.state_store.kube_api import ApiError, KubeApi
+from elastic_step.master.state_store.kube_configmaps import (
+    JOB_LABEL,
+    PART_LABEL,
+    StateConfigMaps,
+    data_of,
+    rv_of,
+)
+from elastic_step.master.state_store.kube_journal import Cut, KubeJournal
 from elastic_step.master.state_store.kube_lease import KubeLease
+from elastic_step.master.state_store.kube_snapshot import KubeSnapshots
 
 log = logging.getLogger("elastic_step.master.state_store")
 
 HEAD_FORMAT = 1
-SNAPSHOT_FORMAT = 1
 #: The API server refuses a ConfigMap whose data exceeds this.
 MAX_OBJECT_DATA = 1024 * 1024
-JOB_LABEL = "elastic-step/job"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-PART_LABEL = "elastic-step/state"  # head, snapshot or journal
-TOKEN_LABEL = "elastic-step/state-token"  # the token of the owner that created it
-WRITER_ANNOTATION = "elastic-step/state-writer"  # the token of the owner that appends to it
-_KEY_DIGITS = 20
 _ATTEMPTS = 20
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
 @dataclass(frozen=True)
@@ -168,32 +173,6 @@ class Head:
         return {*parts, *(entry["name"] for entry in self.journal)}
 
 
-@dataclass
-class Chunk:
-    """The journal chunk the owner appends to."""
-
-    name: str
-    first: int
-    rv: str
-    size: int
-
-    def entry(self) -> dict:
-        return {"name": self.name, "first": self.first}
-
-
-@dataclass(frozen=True)
-class Cut:
-    """Where the journal stops before the end of what the head names."""
-
-    #: The index in the head's journal of the chunk it stops in.
-    index: int
-    #: The batch's key in that chunk; None when the chunk is missing.
-    key: str | None
-    #: How many records of that batch are good.
-    good: int
-    problem: str
-
-
 @dataclass(frozen=True)
 class Replay:
     snapshot: dict | None
@@ -209,66 +188,26 @@ class _Changed(Exception):
     """The owner changed the head while it was read."""
 
 
-def _data(obj: dict | None) -> dict[str, str]:
-    return (obj or {}).get("data") or {}
+class KubeStoreError(KubeError, StateStoreError):
+    """A refused or failed API request of the store (see :class:`KubeError`): a
+    StateStoreError to the store's callers."""
 
 
-def _rv(obj: dict) -> str:
-    return obj["metadata"]["resourceVersion"]
+class StoreObjects(KubeObjects):
+    """The store's ConfigMaps, Secret and Lease, with errors raised as KubeStoreError."""
+
+    error = KubeStoreError
 
 
-def _size(data: dict[str, str]) -> int:
-    return sum(len(key) + len(value) for key, value in data.items())
-
-
-def _batch(lines: list[tuple[int, str]]) -> tuple[str, str]:
-    """A batch's data key (its first seq) and value (its records, a line each)."""
-    return f"{lines[0][0]:0{_KEY_DIGITS}d}", "\n".join(line for _, line in lines)
-
-
-def _fit(lines: list[tuple[int, str]], start: int, room: int) -> int:
-    """How many lines from ``start`` fit in ``room`` bytes."""
-    used = 0
-    count = 0
-    for _, line in lines[start:]:
-        used += len(line) + 1
-        if used > room:
-            break
-        count += 1
-    return count
-
-
-def default_api_client() -> client.ApiClient:
+def _default_api_client() -> tuple[client.ApiClient, str | None]:
     """In a pod, its ServiceAccount; elsewhere the kubeconfig ($KUBECONFIG or ~/.kube/config)."""
     try:
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            configuration = client.Configuration()
-            config.load_incluster_config(client_configuration=configuration)
-            return client.ApiClient(configuration)
-        # $KUBECONFIG read now: the client reads it once, when it is imported.
-        return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG") or None)
-    except (config.ConfigException, OSError) as e:
+        api_client, namespace, _ = load_api_client(None)
+    except InputError as e:
         raise StateStoreError(
             f"the Kubernetes state store found no credentials (in-cluster or kubeconfig): {e}"
         ) from None
-
-
-def default_namespace() -> str:
-    """The pod's own namespace; elsewhere the kubeconfig context's, else ``default``."""
-    try:
-        with open(_SERVICE_ACCOUNT_NAMESPACE) as f:
-            namespace = f.read().strip()
-        if namespace:
-            return namespace
-    except OSError:
-        pass
-    try:
-        _, context = config.list_kube_config_contexts(
-            config_file=os.environ.get("KUBECONFIG") or None
-        )
-        return (context or {}).get("context", {}).get("namespace") or "default"
-    except (config.ConfigException, OSError):
-        return "default"
+    return api_client, namespace
 
 
 class KubernetesStateStore(CommittedStore):
@@ -293,29 +232,40 @@ class KubernetesStateStore(CommittedStore):
         self._job = job_name
         self._settings = settings or StateStoreSettings()
         self._kube = kube_settings or KubernetesStoreSettings()
-        api_client = api_client or default_api_client()
-        self._namespace = namespace or default_namespace()
-        self._api = KubeApi(
-            api_client, self._namespace, self._kube.request_timeout_s, self._kube.retry_for_s
+        if api_client is None:
+            api_client, found = _default_api_client()
+            namespace = namespace or found
+        self._namespace = namespace or default_namespace() or "default"
+        timeout_s = self._kube.request_timeout_s
+        self._api = StoreObjects(
+            api_client,
+            self._namespace,
+            timeout=(min(5.0, timeout_s), timeout_s),
+            retry_for_s=self._kube.retry_for_s,
         )
-        self._owner_references = (
+        owner_references = (
             [api_client.sanitize_for_serialization(owner_reference)] if owner_reference else []
         )
-        self._labels = {JOB_LABEL: job_name, MANAGED_BY_LABEL: "elastic-step"}
+        self._objects = StateConfigMaps(
+            self._api, job_name, owner_references, lambda: self._lease.token
+        )
         self._head_name = f"{job_name}-state"
         self._lease = KubeLease(
             self._api,
             f"{job_name}-master",
             self._kube.lease_duration_s,
-            self._labels,
-            self._owner_references,
+            self._objects.labels,
+            owner_references,
         )
+        self._journal = KubeJournal(
+            self._objects, self._kube.journal_chunk_bytes, self._kube.object_bytes, self._conflict
+        )
+        self._snapshots = KubeSnapshots(self._objects, self._kube.object_bytes)
         self._mutex = threading.Lock()  # acquire and close against each other
         self._committer: GroupCommitter | None = None
         self._closed = False
         # The writer's view (the writer thread's alone once acquired).
         self._head: Head | None = None
-        self._current: Chunk | None = None
         #: Called with the name of each step of a write ("batch", "records", "journal",
         #: "snapshot-part", "head", "delete"): a seam for tests that simulate a crash there.
         self._on_step: Callable[[str], None] | None = None
@@ -329,9 +279,12 @@ class KubernetesStateStore(CommittedStore):
         return self._job
 
     def job_secret(self) -> str:
-        metadata: dict = {"name": f"{self._job}-state-secret", "labels": dict(self._labels)}
-        if self._owner_references:
-            metadata["ownerReferences"] = self._owner_references
+        metadata: dict = {
+            "name": f"{self._job}-state-secret",
+            "labels": dict(self._objects.labels),
+        }
+        if self._objects.owner_references:
+            metadata["ownerReferences"] = self._objects.owner_references
         body = {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -381,7 +334,7 @@ class KubernetesStateStore(CommittedStore):
         head = self._take_head(token)
         if head.journal:
             # Its rv changes: the previous owner's appends to it fail from now on.
-            self._touch(head.journal[-1]["name"], token)
+            self._journal.touch(head.journal[-1]["name"], token)
         try:
             replay = self._replay(head)
         except _Changed:
@@ -394,8 +347,7 @@ class KubernetesStateStore(CommittedStore):
         if replay.cut is not None:
             chunks = self._repair(replay)
         if self._head.journal:
-            last, entry = chunks[-1], self._head.journal[-1]
-            self._current = Chunk(entry["name"], entry["first"], _rv(last), _size(_data(last)))
+            self._journal.resume(self._head.journal[-1], chunks[-1])
         self._sweep()
         return replay.last_seq + 1
 
@@ -407,13 +359,13 @@ class KubernetesStateStore(CommittedStore):
                 fresh = Head(None, token)
                 try:
                     created = self._api.create_configmap(
-                        self._object(self._head_name, "head", {"head": fresh.text()})
+                        self._objects.body(self._head_name, "head", {"head": fresh.text()})
                     )
-                except ApiError as err:
+                except KubeError as err:
                     if err.already_exists:
                         continue
                     raise
-                fresh.rv = _rv(created)
+                fresh.rv = rv_of(created)
                 return fresh
             if head.token > token:
                 raise StateStoreFencedError(
@@ -426,22 +378,13 @@ class KubernetesStateStore(CommittedStore):
                     self._head_name,
                     {"metadata": {"resourceVersion": head.rv}, "data": {"head": taken.text()}},
                 )
-            except ApiError as err:
+            except KubeError as err:
                 if err.conflict:
                     continue  # the previous owner committed something meanwhile
                 raise
-            taken.rv = _rv(patched)
+            taken.rv = rv_of(patched)
             return taken
         raise StateStoreError(f"{self.describe()}: the head kept changing during the takeover")
-
-    def _touch(self, name: str, token: int) -> None:
-        try:
-            self._api.patch_configmap(
-                name, {"metadata": {"annotations": {WRITER_ANNOTATION: str(token)}}}
-            )
-        except ApiError as err:
-            if not err.not_found:  # missing: the replay stops there and _repair drops it
-                raise
 
     def _repair(self, replay: Replay) -> list[dict]:
         """Ends the journal at the cut; returns the chunks that remain, read."""
@@ -451,15 +394,8 @@ class KubernetesStateStore(CommittedStore):
         keep = cut.index
         if cut.key is not None:
             keep += 1
-            chunk = chunks[cut.index]
-            data = _data(chunk)
-            removed: dict[str, str | None] = {key: None for key in data if key > cut.key}
-            good = data[cut.key].split("\n")[: cut.good]
-            removed[cut.key] = "\n".join(good) if good else None
             name = head.journal[cut.index]["name"]
-            chunks[cut.index] = self._api.patch_configmap(
-                name, {"metadata": {"resourceVersion": _rv(chunk)}, "data": removed}
-            )
+            chunks[cut.index] = self._journal.cut_chunk(name, chunks[cut.index], cut)
         dropped = [entry["name"] for entry in head.journal[keep:]]
         if dropped:
             self._commit_head(replace(head, rv=None, journal=head.journal[:keep]))
@@ -509,7 +445,7 @@ class KubernetesStateStore(CommittedStore):
             return None
         where = f"the state head {self._namespace}/{self._head_name}"
         try:
-            document = json.loads(_data(obj).get("head", ""))
+            document = json.loads(data_of(obj).get("head", ""))
         except ValueError as e:
             raise StateStoreError(f"{where} is not valid JSON: {e}") from None
         if not isinstance(document, dict) or document.get("format") != HEAD_FORMAT:
@@ -541,88 +477,23 @@ class KubernetesStateStore(CommittedStore):
             )
         )
         if not valid:
-            raise StateStoreError(f"{where} is malformed: {_data(obj).get('head', '')[:200]}")
-        return Head(_rv(obj), token, generation, snapshot, journal)
+            raise StateStoreError(f"{where} is malformed: {data_of(obj).get('head', '')[:200]}")
+        return Head(rv_of(obj), token, generation, snapshot, journal)
 
     def _unless_changed(self, head: Head) -> None:
         current = self._api.get_configmap(self._head_name)
-        if current is None or _rv(current) != head.rv:
+        if current is None or rv_of(current) != head.rv:
             raise _Changed()
 
     def _replay(self, head: Head) -> Replay:
-        snapshot, last = self._read_snapshot(head) if head.snapshot else (None, 0)
-        snapshot_seq = last
-        records: list[dict] = []
-        chunks: list[dict] = []
+        def check_head() -> None:
+            self._unless_changed(head)
 
-        def cut(index: int, key: str | None, good: int, problem: str) -> Replay:
-            return Replay(
-                snapshot, snapshot_seq, records, last, chunks, Cut(index, key, good, problem)
-            )
-
-        for index, entry in enumerate(head.journal):
-            name = entry["name"]
-            chunk = self._api.get_configmap(name)
-            if chunk is None:
-                self._unless_changed(head)
-                return cut(index, None, 0, f"a missing chunk, {name}")
-            chunks.append(chunk)
-            data = _data(chunk)
-            for key in sorted(data):
-                if not (len(key) == _KEY_DIGITS and key.isdigit()):
-                    return cut(index, key, 0, f"a key that is not a seq, {key!r} in {name}")
-                first = int(key)
-                for i, line in enumerate(data[key].split("\n")):
-                    seq = first + i
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        record = None
-                    if not isinstance(record, dict):
-                        return cut(
-                            index, key, i, f"record {seq} that is not a JSON object in {name}"
-                        )
-                    if seq <= snapshot_seq and last == snapshot_seq:
-                        continue  # covered by the snapshot
-                    if seq != last + 1:
-                        return cut(
-                            index, key, i, f"record {seq} where {last + 1} was expected in {name}"
-                        )
-                    records.append(record)
-                    last = seq
-        return Replay(snapshot, snapshot_seq, records, last, chunks)
-
-    def _read_snapshot(self, head: Head) -> tuple[dict, int]:
-        entry = head.snapshot
-        parts = []
-        for name in entry["parts"]:
-            part = self._api.get_configmap(name)
-            if part is None:
-                self._unless_changed(head)
-                raise StateStoreError(
-                    f"snapshot part {self._namespace}/{name}, named by the head, is missing"
-                )
-            parts.append(_data(part).get("part", ""))
-        text = "".join(parts)
-        where = f"snapshot generation {entry.get('generation')} ({len(parts)} part(s))"
-        if hashlib.sha256(text.encode()).hexdigest() != entry["sha256"]:
-            raise StateStoreError(f"{where} fails its SHA-256 check: its parts were changed")
-        try:
-            document = json.loads(text)
-        except ValueError as e:
-            raise StateStoreError(f"{where} is not valid JSON: {e}") from None
-        if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
-            found = document.get("format") if isinstance(document, dict) else None
-            raise StateStoreError(
-                f"{where} has format {found!r}, this version reads format {SNAPSHOT_FORMAT}"
-            )
-        seq, state = document.get("seq"), document.get("state")
-        if seq != entry["seq"] or not isinstance(state, dict):
-            raise StateStoreError(
-                f"{where} needs seq {entry['seq']} and a state object, got seq {seq!r} "
-                f"and a state of type {type(state).__name__}"
-            )
-        return state, seq
+        snapshot, last = None, 0
+        if head.snapshot:
+            snapshot, last = self._snapshots.read(head.snapshot, check_head)
+        read = self._journal.read(head.journal, last, check_head)
+        return Replay(snapshot, last, read.records, read.last_seq, read.chunks, read.cut)
 
     # -- writing --
 
@@ -645,7 +516,7 @@ class KubernetesStateStore(CommittedStore):
         try:
             self._step("batch")
             self._lease.ensure_valid()
-            lines, error = self._encode(records)
+            lines, error = self._journal.encode(records)
             if error is not None or snapshot is None:
                 self._append(lines)
             else:
@@ -660,146 +531,37 @@ class KubernetesStateStore(CommittedStore):
             self._lease.fence(e)  # no more renewals
             raise
 
-    def _encode(self, records: list[tuple[int, dict]]) -> tuple[list[tuple[int, str]], Any]:
-        """The records as JSON lines, up to the first that cannot be written, and the error
-        that one gives (None when all can)."""
-        limit = self._kube.object_bytes - _KEY_DIGITS - 1
-        lines = []
-        for seq, record in records:
-            try:
-                line = encode_json(record).decode()  # ASCII: one byte a character
-            except (TypeError, ValueError) as e:
-                return lines, StateStoreError(f"record {seq} is not JSON-ready: {e}")
-            if len(line) > limit:
-                return lines, StateStoreError(
-                    f"record {seq} is {len(line)} bytes as JSON; a record can be at most "
-                    f"{limit} (what one ConfigMap holds)"
-                )
-            lines.append((seq, line))
-        return lines, None
-
     def _append(self, lines: list[tuple[int, str]]) -> None:
         if not lines:
             return
-        taken = 0
-        current = self._current
-        if current is not None:
-            room = self._kube.journal_chunk_bytes - current.size - _KEY_DIGITS
-            taken = _fit(lines, 0, room)
-            if taken:
-                self._patch_chunk(current, lines[:taken])
+        taken = self._journal.fill(lines)
         if taken < len(lines):
-            chunks = self._create_chunks(lines[taken:])
+            chunks = self._journal.create(lines[taken:])
             self._step("journal")
             head = self._head
             self._commit_head(
                 replace(head, rv=None, journal=[*head.journal, *(c.entry() for c in chunks)])
             )
-            self._current = chunks[-1]
-
-    def _patch_chunk(self, chunk: Chunk, lines: list[tuple[int, str]]) -> None:
-        key, value = _batch(lines)
-        try:
-            patched = self._api.patch_configmap(
-                chunk.name, {"metadata": {"resourceVersion": chunk.rv}, "data": {key: value}}
-            )
-        except ApiError as err:
-            if not (err.conflict or err.not_found):
-                raise
-            patched = self._api.get_configmap(chunk.name)
-            if _data(patched).get(key) != value:  # else: a retry whose first try had landed
-                self._conflict(f"journal chunk {self._namespace}/{chunk.name}", err)
-        chunk.rv = _rv(patched)
-        chunk.size += len(key) + len(value)
-
-    def _create_chunks(self, lines: list[tuple[int, str]]) -> list[Chunk]:
-        """New journal chunks holding ``lines``, not yet named by the head."""
-        chunks = []
-        start = 0
-        while start < len(lines):
-            count = max(1, _fit(lines, start, self._kube.journal_chunk_bytes - _KEY_DIGITS))
-            group = lines[start : start + count]
-            key, value = _batch(group)
-            first = group[0][0]
-            name = f"{self._job}-state-journal-{first}-t{self._lease.token}"
-            created = self._create(name, "journal", {key: value})
-            chunks.append(Chunk(name, first, _rv(created), len(key) + len(value)))
-            start += count
-        return chunks
+            self._journal.current = chunks[-1]
 
     def _write_snapshot(self, snapshot: PendingSnapshot, after: list[tuple[int, str]]) -> None:
         token = self._lease.token
-        document = {
-            "format": SNAPSHOT_FORMAT,
-            "seq": snapshot.seq,
-            "token": token,
-            "state": snapshot.state,
-        }
-        try:
-            text = encode_json(document).decode()  # ASCII: cutting it anywhere is safe
-        except (TypeError, ValueError) as e:
-            raise StateStoreError(
-                f"the snapshot after record {snapshot.seq} is not JSON-ready: {e}"
-            ) from e
+        text = self._snapshots.encode(snapshot, token)
         old = self._head
         generation = old.generation + 1
-        chunks = self._create_chunks(after)
+        chunks = self._journal.create(after)
         self._step("journal")
-        size = self._kube.object_bytes
-        parts = []
-        for k in range((len(text) + size - 1) // size):
-            name = f"{self._job}-state-snapshot-{generation}-t{token}-{k}"
-            piece = {"part": text[k * size : (k + 1) * size]}
-            self._create(name, "snapshot", piece, immutable=True)
-            parts.append(name)
-            self._step("snapshot-part")
-        new = Head(
-            None,
-            token,
-            generation,
-            {
-                "seq": snapshot.seq,
-                "generation": generation,
-                "parts": parts,
-                "bytes": len(text),
-                "sha256": hashlib.sha256(text.encode()).hexdigest(),
-            },
-            [chunk.entry() for chunk in chunks],
+        entry = self._snapshots.write(
+            text, snapshot.seq, generation, lambda: self._step("snapshot-part")
         )
+        new = Head(None, token, generation, entry, [chunk.entry() for chunk in chunks])
         self._lease.ensure_valid()  # again: the head is what a successor builds on
         self._commit_head(new)
-        self._current = chunks[-1] if chunks else None
+        self._journal.current = chunks[-1] if chunks else None
         self._step("head")
         for name in sorted(old.names() - new.names()):
             self._api.delete_configmap(name)
             self._step("delete")
-
-    def _create(self, name: str, part: str, data: dict[str, str], immutable: bool = False) -> dict:
-        body = self._object(name, part, data)
-        if immutable:
-            body["immutable"] = True
-        try:
-            return self._api.create_configmap(body)
-        except ApiError as err:
-            if not err.already_exists:
-                raise
-            # The name carries this owner's token: only a retried create of ours made it.
-            existing = self._api.get_configmap(name)
-            if existing is not None and _data(existing) == data:
-                return existing
-            raise StateStoreError(
-                f"configmap {self._namespace}/{name} exists with other content than this "
-                "owner wrote there"
-            ) from None
-
-    def _object(self, name: str, part: str, data: dict[str, str]) -> dict:
-        metadata: dict = {
-            "name": name,
-            "labels": {**self._labels, PART_LABEL: part, TOKEN_LABEL: str(self._lease.token)},
-        }
-        if self._owner_references:
-            metadata["ownerReferences"] = self._owner_references
-        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
 
     def _commit_head(self, new: Head) -> None:
         """Replaces the head with ``new``, conditional on the head this owner last wrote."""
@@ -809,16 +571,16 @@ class KubernetesStateStore(CommittedStore):
                 self._head_name,
                 {"metadata": {"resourceVersion": self._head.rv}, "data": {"head": text}},
             )
-        except ApiError as err:
+        except KubeError as err:
             if not (err.conflict or err.not_found):
                 raise
             patched = self._api.get_configmap(self._head_name)
-            if _data(patched).get("head") != text:  # else: a retry whose first try had landed
+            if data_of(patched).get("head") != text:  # else: a retry whose first try had landed
                 self._conflict(f"the state head {self._namespace}/{self._head_name}", err)
-        new.rv = _rv(patched)
+        new.rv = rv_of(patched)
         self._head = new
 
-    def _conflict(self, what: str, err: ApiError) -> None:
+    def _conflict(self, what: str, err: KubeError) -> None:
         """A conditional write failed: raises StateStoreFencedError if another owner took over
         (the usual reason), else a StateStoreError."""
         head = self._read_head()

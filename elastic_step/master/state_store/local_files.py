@@ -1,6 +1,7 @@
 """Durable writes on a local file system: what the file store's lease, journal and snapshot share.
 
 Every fsync goes through ``os.fsync`` (tests count them by wrapping it).
+Tests: tests/unit/test_state_store.py.
 """
 
 from __future__ import annotations

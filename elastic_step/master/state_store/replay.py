@@ -11,6 +11,7 @@ The rules, which the writer's order of operations relies on:
 
 A reader needs no lease: if the snapshot was replaced while it read (the owner compacted
 underneath it), it reads again.
+Tests: tests/unit/test_state_store.py.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """A compiled Sequential model of the digits, with a loss name and metric names. It has no
-Input layer: it is built on the first batch, as fit() would build it."""
+Input layer: it is built on the first batch, as fit() would build it, and takes the default
+feed's vector."""
 
 import keras
-import tensorflow as tf
-
-from elastic_step.data.feed import default_feed
 
 
 def model():
@@ -20,11 +18,3 @@ def model():
         metrics=["accuracy", "sparse_top_k_categorical_accuracy"],
     )
     return digits
-
-
-def feed(dataset, mode, schema):
-    """The default feed's standardized columns, stacked into one vector per example."""
-    names = schema.feature_names
-    return default_feed(dataset, mode, schema).map(
-        lambda features, labels: (tf.stack([features[n] for n in names], axis=1), labels)
-    )

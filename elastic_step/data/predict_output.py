@@ -8,8 +8,9 @@ its input row (the CSV's data row, or the record's position in the split), then:
 - ``class``: for a class label and outputs of one column per class, the name of the class
   of the largest output (the same for probabilities and logits). One column for two classes
   says nothing about being a probability or a logit, so it gets no ``class``;
-- ``output`` (one column) or ``output_0`` ... ``output_{k-1}``: the model's outputs as they
-  are.
+- the model's outputs as they are: ``output`` (one column); for a classifier's one output
+  per class, ``output_CLASS`` for each class in the label's vocabulary order
+  (``output_benign``, ``output_malignant``); else ``output_0`` ... ``output_{k-1}``.
 
 At the end the master merges the parts in task order, which is input order, into
 ``predictions.csv``, checking that every index from 0 on appears exactly once.
@@ -46,7 +47,10 @@ def format_part(first_index: int, outputs: np.ndarray, schema: Schema) -> str:
     named = classes is not None and width == len(classes) and width > 1
     if named:
         header.append("class")
-    header += ["output"] if width == 1 else [f"output_{j}" for j in range(width)]
+    if width == 1:
+        header.append("output")
+    else:
+        header += [_csv_cell(f"output_{c}") for c in (classes if named else range(width))]
     out = io.StringIO()
     out.write(",".join(header) + "\n")
     names = np.asarray(classes, dtype=object)[outputs.argmax(axis=1)] if named else None

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from elastic_step.model.api import UnsupportedOptimizerError
+
 #: Options of keras.optimizers.Optimizer that a per-row step cannot honour, and their defaults.
 _UNSUPPORTED_OPTIONS = {
     "weight_decay": None,
@@ -25,10 +27,6 @@ _UNSUPPORTED_OPTIONS = {
     "gradient_accumulation_steps": None,
     "amsgrad": False,
 }
-
-
-class UnsupportedOptimizerError(ValueError):
-    """The model's optimizer has no per-row form here; the message says what to change."""
 
 
 def _rule_of(optimizer) -> tuple[str, dict]:

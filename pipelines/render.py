@@ -1,7 +1,8 @@
-"""Writes the committed YAML of the components and of the example pipelines.
+"""Writes the committed YAML of the components and of the example pipelines (a development
+tool: it lives beside the examples it compiles, outside the package).
 
-  python -m elastic_step.components.render          # (make components) from the repo root
-  python -m elastic_step.components.render --check  # exit 1 if a committed file is stale
+  python -m pipelines.render          # (make components) from the repo root
+  python -m pipelines.render --check  # exit 1 if a committed file is stale
 
 - components/kfp/{preprocess,elastic_train,evaluate,batch_predict}.yaml: kfp's compiler, per
   component;
@@ -63,7 +64,7 @@ def stale(root: Path, files: dict[str, str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m elastic_step.components.render")
+    parser = argparse.ArgumentParser(prog="python -m pipelines.render")
     parser.add_argument("--check", action="store_true", help="only check the committed files")
     args = parser.parse_args(argv)
     root = Path.cwd()

@@ -26,14 +26,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from elastic_step.data import storage
 from elastic_step.data.feed import DefaultFeed, InputForm, input_form
 from elastic_step.data.schema import Schema
-from elastic_step.model_def import ModelDefinition
+from elastic_step.model.api import ModelDefinition
 
 log = logging.getLogger("elastic_step")
 
@@ -54,7 +56,13 @@ class RawFeatures(keras.layers.Layer):
     strips them, and an unseen one gets the out-of-vocabulary id.
     """
 
-    def __init__(self, *, schema_json: str, vector: bool, **kwargs) -> None:
+    #: First in the layer's saved config, so that Keras's error on a load without this
+    #: module imported (it prints the config) says what to do.
+    LOAD_WITH = "import elastic_step.model.serving before keras.models.load_model"
+
+    def __init__(
+        self, *, schema_json: str, vector: bool, load_with: str | None = None, **kwargs
+    ) -> None:
         kwargs.setdefault("trainable", False)  # it has no weights; a loaded config sets it
         super().__init__(**kwargs)
         self.schema_json = schema_json
@@ -82,7 +90,12 @@ class RawFeatures(keras.layers.Layer):
         return self._feed.features(parsed)
 
     def get_config(self) -> dict:
-        return {**super().get_config(), "schema_json": self.schema_json, "vector": self.vector}
+        return {
+            "load_with": self.LOAD_WITH,
+            **super().get_config(),
+            "schema_json": self.schema_json,
+            "vector": self.vector,
+        }
 
 
 def serves_raw_inputs(definition: ModelDefinition) -> bool:
@@ -232,7 +245,7 @@ def export_saved_model(raw_model: keras.Model, schema: Schema, path: str) -> Non
 def load_trained_model(definition: ModelDefinition, model_file: str) -> keras.Model:
     """The trained model (taking the feed's features) of the local ``model_file`` that
     :func:`save_servable` wrote for ``definition``."""
-    from elastic_step.keras_parts import build_compiled_optimizer
+    from elastic_step.model.keras_parts import build_compiled_optimizer
 
     model = definition.build_model()
     build_compiled_optimizer(model)  # as saved
@@ -246,7 +259,7 @@ def save_servable(model: keras.Model, definition: ModelDefinition, directory: st
     """Writes ``model.keras`` and ``saved_model/`` for ``model`` into the local
     ``directory``: the raw-input model and its signatures, or, with a feed() of the
     definition's own, the trained model as Keras exports it."""
-    from elastic_step.keras_parts import build_compiled_optimizer
+    from elastic_step.model.keras_parts import build_compiled_optimizer
     from elastic_step.output_layout import MODEL_FILE, SAVED_MODEL_DIR
 
     servable = servable_model(model, definition)
@@ -261,3 +274,19 @@ def save_servable(model: keras.Model, definition: ModelDefinition, directory: st
         model.export(saved_model, format="tf_saved_model", verbose=False)
     else:
         export_saved_model(servable, definition.schema, saved_model)
+
+
+def trained_model_of(model_dir: str, definition: ModelDefinition) -> keras.Model:
+    """The model that training wrote to ``model_dir`` (taking the feed's features): built by
+    ``definition`` (its copy of the model definition), with the weights of its
+    ``model.keras``."""
+    from elastic_step.output_layout import MODEL_FILE, OutputLayout
+
+    scratch = storage.local_temp_dir()
+    try:
+        local_model = f"{scratch}/{MODEL_FILE}"
+        with open(local_model, "wb") as f:
+            f.write(storage.read_bytes(OutputLayout(model_dir).model_file))
+        return load_trained_model(definition, local_model)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

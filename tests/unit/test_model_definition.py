@@ -20,7 +20,7 @@ from elastic_step.data.feed import make_dataset
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
 from elastic_step.errors import ModelDefinitionError
-from elastic_step.model_def import (
+from elastic_step.model.definition import (
     ModelDefinition,
     check_model_definition,
     load_model_definition,
@@ -328,6 +328,31 @@ def test_a_model_that_rejects_the_feed_says_where_on_one_line(tmp_path, class3_d
     message = problem(tmp_path, class3_data, source + '\nloss = "mse"\noptimizer = "sgd"\n')
     assert message.startswith("the model failed on the first batch: ")
     assert "inside Keras" in message
+
+
+def test_an_error_in_a_traced_feed_gives_its_cause_and_the_users_line(tmp_path, class3_data):
+    """TensorFlow puts a traced function's frames before the cause in its message: the one
+    line keeps the cause (the newcomer's stack of float32 and int64 columns)."""
+    source = FUNCTIONAL + textwrap.dedent(
+        """
+        import tensorflow as tf
+
+        loss = "mse"
+        optimizer = "sgd"
+
+        def feed(dataset, mode, schema):
+            return dataset.map(
+                lambda records: (tf.stack([tf.zeros([1]), tf.zeros([1], tf.int64)]), records)
+            )
+        """
+    )
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "tf.stack(" in text)
+    message = problem(tmp_path, class3_data, source)
+    assert message.startswith(
+        f"the feed failed: TypeError inside TensorFlow (called from line {line}): "
+    )
+    assert message.endswith("have types [float32, int64] that don't all match."), message
+    assert "in user code" not in message
 
 
 def test_a_metric_whose_result_fails_is_named_before_launch(tmp_path, class3_data):

@@ -9,7 +9,7 @@ from the model's ``compile()``; what the file defines takes precedence over ``co
   it once on a batch of zeros shaped as the feed's features.
 - ``loss``: a function ``loss(labels, outputs)`` giving per-example values or a scalar, a
   ``keras.losses.Loss``, or a loss name (``"mse"``). It is called as ``compile()`` calls a
-  loss and reduced by its mean (:func:`elastic_step.keras_parts.loss_from`).
+  loss and reduced by its mean (:func:`elastic_step.model.keras_parts.loss_from`).
 - ``optimizer``: a ``keras.optimizers.Optimizer`` or an optimizer name, or a function
   ``optimizer()`` returning one.
 - ``metrics``: a list of metrics, metric names and metric functions as ``compile()`` takes
@@ -51,12 +51,13 @@ from typing import TYPE_CHECKING, Any
 from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.errors import ModelDefinitionError
+from elastic_step.model.api import ModelDefinition, PartError
 from elastic_step.user_errors import describe_error
 
 if TYPE_CHECKING:
     import keras
 
-    from elastic_step.keras_parts import CompiledParts
+    from elastic_step.model.keras_parts import CompiledParts
 
 #: The name the definition runs under; the latest one loaded in a process holds it.
 MODULE_NAME = "elastic_step_user_model"
@@ -69,8 +70,8 @@ COMPILE_ORIGINS = {
 
 
 @dataclass
-class ModelDefinition:
-    """A loaded model definition.
+class PythonModelDefinition(ModelDefinition):
+    """A model definition loaded from the user's Python file.
 
     ``schema``, the data's, lets it build models that have no variables yet and resolve the
     names whose meaning depends on shapes (``"accuracy"``). Without it (the PS, which takes
@@ -101,7 +102,7 @@ class ModelDefinition:
         import keras
 
         from elastic_step.data.feed import default_feed_for_model
-        from elastic_step.keras_parts import PartError, compiled_parts
+        from elastic_step.model.keras_parts import compiled_parts
 
         model = self._run_user("model()", self.module.model)
         if not isinstance(model, keras.Model):
@@ -213,8 +214,6 @@ class ModelDefinition:
         return value, COMPILE_ORIGINS[name]
 
     def _part(self, make: Callable, *args: Any) -> Any:
-        from elastic_step.keras_parts import PartError
-
         try:
             return make(*args)
         except PartError as e:
@@ -222,7 +221,7 @@ class ModelDefinition:
 
     def build_optimizer(self) -> keras.optimizers.Optimizer:
         """The optimizer: the file's, or else the one the model was compiled with."""
-        from elastic_step.keras_parts import optimizer_from
+        from elastic_step.model.keras_parts import optimizer_from
 
         value, origin = self._given_or_compiled("optimizer")
         if value is None:
@@ -235,7 +234,7 @@ class ModelDefinition:
 
     def build_metrics(self) -> dict[str, keras.metrics.Metric]:
         """The metrics by name: the file's, or else the model's compile() metrics, or none."""
-        from elastic_step.keras_parts import metrics_from
+        from elastic_step.model.keras_parts import metrics_from
 
         value, origin = self._given_or_compiled("metrics")
         if value is None:
@@ -246,7 +245,7 @@ class ModelDefinition:
     def loss(self) -> Callable:
         """The loss as ``loss(labels, outputs) -> scalar tensor``: the file's, or else the one
         the model was compiled with."""
-        from elastic_step.keras_parts import loss_from
+        from elastic_step.model.keras_parts import loss_from
 
         value, origin = self._given_or_compiled("loss")
         if value is None:
@@ -271,6 +270,15 @@ def _keep_tracebacks_whole() -> None:
 
     keras.config.disable_traceback_filtering()
     tf.debugging.disable_traceback_filtering()
+
+
+def batch_size_of(labels, features) -> int:
+    """The examples in one batch of the feed: the first dimension of its labels (or, when
+    predicting, of its first feature)."""
+    import tensorflow as tf
+
+    first = tf.nest.flatten(labels if labels is not None else features)[0]
+    return int(first.shape[0])
 
 
 def load_model_definition(path: str, schema: Schema | None = None) -> ModelDefinition:
@@ -315,7 +323,7 @@ def load_model_definition(path: str, schema: Schema | None = None) -> ModelDefin
     feed = getattr(module, "feed", None)
     if feed is not None and not callable(feed):
         raise ModelDefinitionError(path, "'feed' must be a function")
-    return ModelDefinition(path, source, module, schema)
+    return PythonModelDefinition(path, source, module, schema)
 
 
 def check_model_definition(definition: ModelDefinition, records: list[bytes]) -> None:
@@ -323,11 +331,10 @@ def check_model_definition(definition: ModelDefinition, records: list[bytes]) ->
 
     Catches, before any process starts, what would otherwise fail on every worker.
     """
-    from elastic_step.data.feed import make_dataset
-    from elastic_step.worker.stream import batch_size_of
+    from elastic_step.data.feed import FeedReturnError, make_dataset
 
     model = definition.build_model()
-    from elastic_step.worker.parameters import table_optimizer_problem
+    from elastic_step.model.parameters import table_optimizer_problem
 
     if problem := table_optimizer_problem(model, definition.build_optimizer()):
         raise ModelDefinitionError(definition.path, problem)
@@ -341,8 +348,12 @@ def check_model_definition(definition: ModelDefinition, records: list[bytes]) ->
             schema=definition.schema,
             feed=definition.feed,
         )
-    except TypeError as e:
+    except FeedReturnError as e:
         raise ModelDefinitionError(definition.path, str(e)) from e
+    except Exception as e:
+        raise ModelDefinitionError(
+            definition.path, f"the feed failed: {describe_error(e, definition.path)}"
+        ) from e
     try:
         features, labels = next(iter(dataset))
     except Exception as e:

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from elastic_step.ps.outer_optimizer import build_outer_optimizer
+from elastic_step.model.outer_optimizer import build_outer_optimizer
+from elastic_step.model.parameters import ModelParameters
 from elastic_step.ps.server import ParameterServerServicer
 from elastic_step.ps.shard import ParameterShard
 from elastic_step.rpc import master_pb2, ps_pb2_grpc
 from elastic_step.rpc.auth import Credentials
 from elastic_step.rpc.ps_client import PSClient, TableSpec
-from elastic_step.worker.parameters import ModelParameters
 from elastic_step.worker.steps import Steps, _row_gradient
 from elastic_step.worker.windows import UserCodeError, WindowTrainer
 
@@ -32,7 +32,7 @@ CREDENTIALS = Credentials.for_instance("test-secret", "worker-0")
 
 
 def build_model(seed: int = 7) -> keras.Model:
-    """As elastic_step.model_def builds models: Keras's name counters reset first."""
+    """As elastic_step.model.definition builds models: Keras's name counters reset first."""
     keras.backend.clear_session()
     keras.utils.set_random_seed(seed)
     ids = keras.Input(shape=(SEQ,), dtype="int32")

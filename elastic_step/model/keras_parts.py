@@ -4,7 +4,8 @@ A definition may give each part as ``model.compile()`` accepts it: a Keras objec
 for the loss a function. This module resolves them as ``compile()`` does, with Keras's own
 resolvers: names, ``"accuracy"`` and ``"crossentropy"`` mean here what they mean to
 ``compile()``. Each problem raises :class:`PartError` with a message naming the part, the value
-and the rule; :mod:`elastic_step.model_def` adds the file.
+and the rule; :mod:`elastic_step.model.definition` adds the file.
+Tests: tests/unit/test_model_definition.py (the parts it resolves, and bad parts).
 """
 
 from __future__ import annotations
@@ -19,16 +20,14 @@ import keras
 # Keras's compile() resolvers; Keras does not export them.
 from keras.src.trainers.compile_utils import get_loss, get_metric
 
+from elastic_step.model.api import PartError
+
 #: Names that compile() resolves by the shapes of the labels and the model's outputs.
 SHAPE_DEPENDENT_NAMES = frozenset({"accuracy", "acc", "crossentropy", "ce"})
 
 #: Gives ``(labels, outputs)``, two objects with a ``shape``: the feed's labels and the model's
 #: outputs. Called only for the names above.
 ShapesOf = Callable[[], tuple[Any, Any]]
-
-
-class PartError(ValueError):
-    """A loss, optimizer or metric that cannot be used; the message says which and why."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from elastic_step.model.api import UnsupportedOptimizerError
 from elastic_step.rpc.ps_client import PSClient, Rows, TableSpec
 
 
@@ -27,7 +28,7 @@ def embedding_layers(model) -> list:
 
 def table_optimizer_problem(model, optimizer) -> str | None:
     """Why ``optimizer`` cannot update ``model``'s embedding tables row by row, or None."""
-    from elastic_step.ps.row_optimizer import UnsupportedOptimizerError, check_optimizer
+    from elastic_step.model.row_optimizer import check_optimizer
 
     if not embedding_layers(model):
         return None

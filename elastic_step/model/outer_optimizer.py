@@ -10,6 +10,8 @@ DiLoCo), and the PS applies it as a gradient:
 - ``nesterov``: SGD with Nesterov momentum, DiLoCo's outer optimizer (learning rate 0.7,
   momentum 0.9). Its momentum is optimizer state: per row for embedding tables, and
   checkpointed like any other.
+
+Tests: tests/unit/test_row_optimizer.py, tests/unit/test_model_parameters.py.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ limit (downward API ``limits.cpu``, rounded up to a whole CPU) in ``ELASTIC_STEP
 :func:`configure_threads` then sets intra-op parallelism to that many threads and inter-op
 parallelism to :func:`inter_op_threads` of it. Without the variable TensorFlow's defaults
 stay.
+Tests: tests/unit/test_kubernetes_tf_threads.py (the thread pools).
 """
 
 from __future__ import annotations
@@ -107,3 +108,11 @@ def import_tensorflow_quietly() -> None:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+def set_random_seed(seed: int) -> None:
+    """Seeds Python's, NumPy's and the backend's generators, as the models that the master
+    builds (the final and the best model, the round metrics) must start alike."""
+    import keras
+
+    keras.utils.set_random_seed(seed)

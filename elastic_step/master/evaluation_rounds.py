@@ -1,0 +1,240 @@
+"""The evaluation rounds of a job's task manager: when they start, how their results add up.
+
+A round is one pass over the validation split. One starts at every epoch end and every
+``evaluation_steps`` model versions (the task manager decides when; no steps round starts
+while one is open). Round ``r``'s tasks have ids ``base + r * V + j``, with V the number of
+tasks of the validation split. Each task's result is checked against its round (numeric
+states, of the round's shapes) and summed into an :class:`EvaluationRound`; a round whose
+tasks are all done waits in ``completed`` until the master takes it.
+
+Its state goes in the task manager's snapshot and journal; tested through the task manager,
+in tests/unit/test_task_manager.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from elastic_step.master.task_groups import Group, Queue, Split, pack, unpack
+
+
+class ResultError(ValueError):
+    """An evaluation result that cannot be right for its round; the message says why."""
+
+
+@dataclass
+class EvaluationResult:
+    """What a worker reports for one evaluation task: summed loss and metric states."""
+
+    loss_sum: float
+    example_count: int
+    #: Each metric's state variables, in the order the metrics define them.
+    metric_states: list[np.ndarray]
+
+
+@dataclass
+class EvaluationRound:
+    """One evaluation over the whole validation split, summed over its tasks."""
+
+    id: int
+    #: Why it ran: "epoch-end" or "steps".
+    trigger: str
+    epoch: int
+    #: The highest and lowest model version its tasks reported; None before the first report.
+    model_version: int | None = None
+    min_model_version: int | None = None
+    loss_sum: float = 0.0
+    example_count: int = 0
+    metric_states: list[np.ndarray] | None = None
+
+    def add(
+        self, loss_sum: float, example_count: int, states: list[np.ndarray], version: int
+    ) -> None:
+        """Adds one task's result, reported at model ``version``."""
+        self.loss_sum += loss_sum
+        self.example_count += example_count
+        if self.metric_states is None:
+            self.metric_states = [np.array(s, dtype=np.float64) for s in states]
+        else:
+            for total, state in zip(self.metric_states, states, strict=True):
+                total += state
+        self.model_version = (
+            version if self.model_version is None else max(self.model_version, version)
+        )
+        self.min_model_version = (
+            version if self.min_model_version is None else min(self.min_model_version, version)
+        )
+
+    def to_json(self) -> dict:
+        states = self.metric_states
+        return {
+            "id": self.id,
+            "trigger": self.trigger,
+            "epoch": self.epoch,
+            "model_version": self.model_version,
+            "min_model_version": self.min_model_version,
+            "loss_sum": self.loss_sum,
+            "example_count": self.example_count,
+            "metric_states": None if states is None else encode_states(states),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> EvaluationRound:
+        states = d["metric_states"]
+        return cls(
+            id=d["id"],
+            trigger=d["trigger"],
+            epoch=d["epoch"],
+            model_version=d["model_version"],
+            min_model_version=d["min_model_version"],
+            loss_sum=d["loss_sum"],
+            example_count=d["example_count"],
+            metric_states=None if states is None else decode_states(states),
+        )
+
+
+class RoundGroup(Group):
+    """The tasks of one open round, and what they reported so far."""
+
+    def __init__(self, base: int, size: int, round_: EvaluationRound):
+        super().__init__(base, size, None)
+        self.round = round_
+
+
+class EvaluationRounds:
+    """The open rounds and their queue, the next steps boundary, and the finished rounds."""
+
+    def __init__(
+        self,
+        shards: Sequence[tuple[str, int]],
+        records_per_task: int,
+        *,
+        base: int,
+        evaluation_steps: int,
+        metric_shapes: tuple[tuple[int, ...], ...] | None,
+    ):
+        """``base``: the id of round 0's first task, above every training task id.
+        ``metric_shapes``: the shape each result's metric states must have; None: those of
+        the first result of a round."""
+        self.split = Split(shards, records_per_task)
+        self._base = base
+        self._steps = evaluation_steps
+        self._metric_shapes = metric_shapes
+        #: Started rounds with tasks not done, by round id.
+        self.open: dict[int, RoundGroup] = {}
+        self.todo = Queue()
+        self.next_round = 0
+        #: The model version at which the next steps round is due.
+        self.next_version = evaluation_steps
+        #: Finished rounds, oldest first, until the master takes them.
+        self.completed: list[EvaluationRound] = []
+
+    def locate(self, task_id: int) -> tuple[int, int]:
+        """The round of an evaluation task, and its position in the validation split."""
+        return divmod(task_id - self._base, self.split.count)
+
+    def is_open(self, task_id: int) -> bool:
+        """Whether ``task_id`` is a task of a round not finished yet."""
+        return (
+            task_id >= self._base
+            and bool(self.split.count)
+            and self.locate(task_id)[0] in self.open
+        )
+
+    def not_done(self, task_id: int) -> bool:
+        """Whether an evaluation task is of an open round and not done (held or not)."""
+        round_id, position = self.locate(task_id)
+        state = self.open.get(round_id)
+        return state is not None and not state.is_done(position)
+
+    def step_passed(self, version: int) -> bool:
+        """Whether ``version`` reached the next steps boundary; moves it past ``version``."""
+        if self._steps <= 0 or version < self.next_version:
+            return False
+        self.next_version = (version // self._steps + 1) * self._steps
+        return True
+
+    def start(self, trigger: str, epoch: int) -> None:
+        """Starts the next round, after ``epoch``; none without a validation split."""
+        if not self.split.count:  # nothing to evaluate: no round to wait for
+            return
+        self.add(EvaluationRound(self.next_round, trigger, epoch))
+        self.next_round += 1
+
+    def add(self, round_: EvaluationRound) -> RoundGroup:
+        count = self.split.count
+        state = RoundGroup(self._base + round_.id * count, count, round_)
+        self.open[round_.id] = state
+        self.todo.groups.append(state)
+        return state
+
+    def check(self, round_id: int, result: EvaluationResult) -> list[np.ndarray]:
+        """The result's metric states as float64 arrays; raises ResultError."""
+        if result.example_count < 0:
+            raise ResultError(f"example_count is {result.example_count}; it must be at least 0")
+        # A NaN or infinite loss is a diverged model's true measurement, not a broken report.
+        try:
+            states = [np.array(s, dtype=np.float64) for s in result.metric_states]
+        except (TypeError, ValueError) as e:
+            raise ResultError(f"metric states are not numeric arrays ({e})") from None
+        expected = self._metric_shapes
+        held = self.open[round_id].round.metric_states
+        if expected is None and held is not None:
+            expected = tuple(s.shape for s in held)
+        if expected is not None:
+            got = tuple(s.shape for s in states)
+            if len(got) != len(expected):
+                raise ResultError(f"{len(got)} metric states; the round has {len(expected)}")
+            for i, (shape, want) in enumerate(zip(got, expected, strict=True)):
+                if shape != want:
+                    raise ResultError(f"metric state {i} has shape {shape}; the round has {want}")
+        return states
+
+    def mark_done(self, task_id: int, version: int, result: dict) -> None:
+        """Adds a task's result (as journaled) to its round; finishes the round with it."""
+        round_id, position = self.locate(task_id)
+        state = self.open[round_id]
+        state.mark_done(position)
+        state.round.add(
+            result["loss_sum"],
+            result["example_count"],
+            decode_states(result["metric_states"]),
+            version,
+        )
+        if state.all_done:
+            del self.open[round_id]
+            self.completed.append(state.round)
+
+    def counts(self, doing: int) -> dict[str, int]:
+        """Evaluation tasks to do, under way (``doing``, from the leases) and done."""
+        per_round = self.split.count
+        open_done = sum(r.done_count for r in self.open.values())
+        return {
+            "todo": len(self.open) * per_round - open_done - doing,
+            "doing": doing,
+            "done": (self.next_round - len(self.open)) * per_round + open_done,
+        }
+
+    def open_json(self) -> list[dict]:
+        """The open rounds for a snapshot: each round's sums and its tasks' done bits."""
+        return [{**r.round.to_json(), "done": pack(r.done)} for _, r in sorted(self.open.items())]
+
+    def load(self, snapshot: dict) -> None:
+        """Loads the rounds' part of a task manager's snapshot."""
+        for entry in snapshot["rounds"]:
+            self.add(EvaluationRound.from_json(entry)).load_done(unpack(entry["done"]))
+        self.next_round = snapshot["next_round"]
+        self.next_version = snapshot["next_evaluation_version"]
+        self.completed = [EvaluationRound.from_json(r) for r in snapshot["completed_rounds"]]
+
+
+def encode_states(states: Sequence[np.ndarray]) -> list[dict]:
+    # Shape kept apart from the values: tolist() loses it for shapes with a 0 in them.
+    return [{"shape": list(s.shape), "values": s.ravel().tolist()} for s in states]
+
+
+def decode_states(encoded: list[dict]) -> list[np.ndarray]:
+    return [np.array(s["values"], dtype=np.float64).reshape(s["shape"]) for s in encoded]

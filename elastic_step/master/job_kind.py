@@ -1,0 +1,119 @@
+"""What a kind of job computes, apart from how the master runs it (:mod:`.job`).
+
+A :class:`JobKind` turns its settings into the coordinator's (tasks, members, what workers
+are told), says what a resumed job must share with the saved one, and does the work that
+ends the job: the training kind saves the model (:mod:`.training_job`), the prediction kind
+merges the predictions (:mod:`.prediction_job`). Tests: tests/unit/test_job_kinds.py, and
+every end-to-end run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from elastic_step.data import storage
+from elastic_step.master.config import EngineConfig
+from elastic_step.master.instance_manager import MembershipSettings
+from elastic_step.output_layout import OutputLayout
+
+if TYPE_CHECKING:
+    from elastic_step.data.schema import Schema
+    from elastic_step.master.coordinator import Coordinator, CoordinatorParams
+    from elastic_step.master.state_store import StateStore
+    from elastic_step.model.api import ModelDefinition
+    from elastic_step.rpc import auth
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """What a running job gives its kind's end-of-job work."""
+
+    coordinator: Coordinator
+    store: StateStore
+    #: The master's, for its calls to the PS.
+    credentials: auth.Credentials
+    paths: OutputLayout
+
+
+class JobKind(ABC):
+    """One kind of job: its settings, its tasks and the work that ends it."""
+
+    #: The command that runs it, as the job record keeps it.
+    command: ClassVar[str]
+    #: What the job leaves in --output, for its last log line.
+    results: ClassVar[str]
+
+    def __init__(self, config: EngineConfig, schema: Schema, definition: ModelDefinition) -> None:
+        self.config = config
+        self.schema = schema
+        self.definition = definition
+        self.paths = OutputLayout(config.output)
+
+    def definition_digest(self) -> str:
+        return hashlib.sha256(self.definition.source.encode()).hexdigest()
+
+    @abstractmethod
+    def fixed_settings(self) -> dict:
+        """What a resumed or re-run job must share with the saved one, by flag."""
+
+    def check(self) -> None:
+        """Refuses settings that cannot work, before anything is written or started."""
+        return None
+
+    @property
+    def num_ps(self) -> int:
+        return 0
+
+    def members_text(self) -> str:
+        """The instances it starts with, for the log: "1 PS and 2 workers", "2 workers"."""
+        workers = f"{self.config.workers} workers"
+        return f"{self.num_ps} PS and {workers}" if self.num_ps else workers
+
+    def membership(self) -> MembershipSettings:
+        c = self.config
+        return MembershipSettings(
+            workers=c.workers,
+            min_workers=c.min_workers,
+            max_workers=c.worker_limit,
+            num_ps=self.num_ps,
+            max_restarts=c.max_restarts,
+            grow_after_s=c.grow_after_s,
+            starve_timeout_s=c.master_timeout_s,
+        )
+
+    @abstractmethod
+    def coordinator_params(self) -> CoordinatorParams:
+        """The coordinator's settings; called once per master, before any task is given."""
+
+    def prepare_output(self, *, new: bool) -> None:
+        """Writes what --output holds before any task runs: for a new job, copies of the
+        model definition and of the data's schema (what `evaluate` and `predict` read)."""
+        if new:
+            storage.write_text_atomic(self.paths.model_def, self.definition.source)
+            storage.write_text_atomic(self.paths.schema, self.schema.to_json())
+
+    def work_due(self, run: RunContext) -> bool:
+        """Does work that the job waits for while it runs (none by default); True when it
+        did some this tick."""
+        return False
+
+    @abstractmethod
+    def complete(self, run: RunContext) -> bool:
+        """The work that ends the job once every task is done; False: not yet (the loop
+        calls it again)."""
+
+    @abstractmethod
+    def progress(self, coordinator: Coordinator) -> dict:
+        """status.json's fields that say where the job is; called under the coordinator's
+        lock."""
+
+    @abstractmethod
+    def summary(self, coordinator: Coordinator) -> dict:
+        """summary.json's document; called under the coordinator's lock."""
+
+    def after_finish(self) -> None:
+        """Cleans up once every worker and PS is gone."""
+        return None

@@ -1,0 +1,136 @@
+"""The training kind of job: epochs of training tasks and evaluation rounds over the PS's
+model, ended by saving the model (:mod:`.model_saving`). Tests: tests/unit/test_job_kinds.py,
+and every end-to-end training run."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from elastic_step.master import reports
+from elastic_step.master.config import TrainConfig
+from elastic_step.master.coordinator import CoordinatorParams
+from elastic_step.master.evaluation import metric_values
+from elastic_step.master.job_kind import JobKind, RunContext
+from elastic_step.master.model_saving import ModelSaver
+from elastic_step.master.task_manager import TaskSettings
+from elastic_step.model.tf_runtime import set_random_seed
+from elastic_step.rpc import master_pb2
+
+if TYPE_CHECKING:
+    from elastic_step.data.schema import Schema
+    from elastic_step.master.coordinator import Coordinator
+    from elastic_step.model.api import ModelDefinition
+
+#: Training-loss windows per epoch (each spans a fixed number of model versions).
+TRAIN_LOSS_WINDOWS_PER_EPOCH = 10
+
+
+class TrainingJob(JobKind):
+    command = "train"
+    results = "model.keras, saved_model/ and summary.json"
+
+    def __init__(self, config: TrainConfig, schema: Schema, definition: ModelDefinition) -> None:
+        super().__init__(config, schema, definition)
+        self.config: TrainConfig = config
+        self._saver = ModelSaver(definition, config)
+
+    def fixed_settings(self) -> dict:
+        return {**self.config.fixed_settings(), "the model definition": self.definition_digest()}
+
+    def check(self) -> None:
+        """--early-stopping and --keep-best name a metric the evaluation reports."""
+        names = {"loss", *self.definition.build_metrics()}
+        if self.config.stopping is not None:
+            self.config.stopping.goal.check_known("--early-stopping", names)
+        if self.config.best_goal is not None:
+            self.config.best_goal.check_known("--keep-best", names)
+
+    @property
+    def num_ps(self) -> int:
+        return self.config.ps
+
+    def coordinator_params(self) -> CoordinatorParams:
+        set_random_seed(self.config.seed)
+        metrics = self.definition.build_metrics()
+        return CoordinatorParams(
+            tasks=self._task_settings(metrics),
+            membership=self.membership(),
+            job_settings=self.job_settings(),
+            fixed_settings=self.fixed_settings(),
+            evaluate_round=lambda round_: metric_values(metrics, round_),
+            early_stopping=self.config.stopping,
+            keep_best=self.config.best_goal,
+            train_loss_window=self._train_loss_window(),
+        )
+
+    def _task_settings(self, metrics: dict) -> TaskSettings:
+        c = self.config
+        return TaskSettings(
+            train_shards=self.schema.shard_paths(c.data, "train"),
+            validation_shards=self.schema.shard_paths(c.data, "validation"),
+            records_per_task=c.records_per_task,
+            epochs=c.epochs,
+            evaluation_steps=c.evaluation_steps,
+            max_task_retries=c.max_task_retries,
+            task_timeout_s=c.task_timeout_s,
+            seed=c.seed,
+            metric_shapes=tuple(
+                tuple(v.shape) for metric in metrics.values() for v in metric.variables
+            ),
+            # --keep-best saves the model a round measured: the round must measure one.
+            pause_training_while_evaluating=c.keep_best is not None,
+        )
+
+    def _train_loss_window(self) -> int:
+        """Model versions per training-loss window: about a tenth of an epoch's steps."""
+        records = sum(n for _, n in self.schema.shard_paths(self.config.data, "train"))
+        steps = math.ceil(records / self.config.batch_size)
+        return max(1, math.ceil(steps / TRAIN_LOSS_WINDOWS_PER_EPOCH))
+
+    def job_settings(self) -> master_pb2.JobSettings:
+        """What every worker and PS is told at Register."""
+        c = self.config
+        return master_pb2.JobSettings(
+            model_def=self.paths.model_def,
+            data_dir=c.data,
+            output_dir=c.output,
+            batch_size=c.batch_size,
+            num_ps=c.ps,
+            seed=c.seed,
+            checkpoint_steps=c.checkpoint_steps,
+            keep_checkpoints=c.keep_checkpoints,
+            staleness_modulation=c.staleness_modulation,
+            master_timeout_s=c.master_timeout_s,
+            local_steps=c.local_steps,
+            outer_optimizer=c.outer_optimizer,
+        )
+
+    def work_due(self, run: RunContext) -> bool:
+        best = run.coordinator.best_model_due()
+        if best is None:
+            return False
+        self._saver.save_best(run, best)  # training waits for it
+        return True
+
+    def complete(self, run: RunContext) -> bool:
+        return self._saver.save_final(run)
+
+    def progress(self, coordinator: Coordinator) -> dict:
+        return reports.training_progress(coordinator)
+
+    def summary(self, coordinator: Coordinator) -> dict:
+        record, tasks = coordinator.record, coordinator.tasks
+        return {
+            "phase": record.phase.value,
+            "error": record.error,
+            "epochs": tasks.epoch_accounting(),
+            "metrics": record.final_metrics(),
+            "evaluations": record.evaluations,
+            **reports.run_facts(coordinator),
+            "ps_restores": record.ps_restores,
+            "model_version": tasks.model_version,
+            "train_loss": record.train_loss_windows(),
+            "early_stop": record.early_stop,
+            "kept_model": reports.kept_model(record),
+        }

@@ -1,0 +1,143 @@
+"""The floors of elastic_step/ (README, "Design"): the imports between its packages form no
+cycle, the master reaches TensorFlow only through model/, and worker/ and ps/ are siblings.
+
+Every import statement counts, the lazy ones inside functions and those under
+``TYPE_CHECKING`` too: a cycle that only closes at run time is still a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections import defaultdict
+from pathlib import Path
+
+import elastic_step
+
+PACKAGE = Path(elastic_step.__file__).parent
+TENSORFLOW = ("tensorflow", "keras", "tf_keras", "tensorboard")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> list[tuple[str, int]]:
+    """Every module ``path`` imports (``from a import b`` gives ``a`` and ``a.b``), with the
+    line of the statement."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            found.append((base, node.lineno))
+            found += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def floor_of(module: str) -> str:
+    """The package-level node: ``elastic_step.master`` for anything under master/, and a
+    top-level module (``elastic_step.cli``) for itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph() -> dict[str, dict[str, str]]:
+    """node -> {node it imports: one import site, for the message}."""
+    graph: dict[str, dict[str, str]] = defaultdict(dict)
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = floor_of(module_name(path))
+        for target, line in imports_of(path):
+            if not target.startswith("elastic_step."):
+                continue
+            node = floor_of(target)
+            if node != source and node != "elastic_step.__version__":
+                where = f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
+                graph[source].setdefault(node, where)
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, str]]) -> list[str] | None:
+    """One cycle as its import sites, or None."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            cycle = [*path[path.index(node) :], node]
+            return [graph[a][b] for a, b in itertools.pairwise(cycle)]
+        if node in done:
+            return None
+        for target in sorted(graph.get(node, {})):
+            found = visit(target, [*path, node])
+            if found:
+                return found
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        found = visit(node, [])
+        if found:
+            return found
+    return None
+
+
+def test_the_packages_of_elastic_step_import_each_other_in_no_cycle() -> None:
+    cycle = find_cycle(package_graph())
+    assert cycle is None, "an import cycle:\n" + "\n".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b": "a imports b"}, "b": {"c": "b imports c"}, "c": {"a": "c imports a"}}
+    assert find_cycle(graph) == ["a imports b", "b imports c", "c imports a"]
+    assert find_cycle({"a": {"b": "a imports b"}, "b": {}}) is None
+
+
+def test_the_master_imports_tensorflow_only_through_the_model_layer() -> None:
+    direct = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
+        for path in sorted((PACKAGE / "master").rglob("*.py"))
+        for target, line in imports_of(path)
+        if target.split(".")[0] in TENSORFLOW
+    ]
+    assert direct == []
+
+
+def test_worker_and_ps_are_siblings_that_share_only_rpc_and_model() -> None:
+    graph = package_graph()
+    for process in ("elastic_step.worker", "elastic_step.ps"):
+        below = set(graph[process]) - {"elastic_step.errors", "elastic_step.output_layout"}
+        assert below <= {"elastic_step.rpc", "elastic_step.model", "elastic_step.data"}, graph[
+            process
+        ]
+
+
+def test_the_model_layer_stands_on_the_ground_floor_only() -> None:
+    ground = {
+        "elastic_step.data",
+        "elastic_step.rpc",
+        "elastic_step.errors",
+        "elastic_step.user_errors",
+        "elastic_step.output_layout",
+    }
+    assert set(package_graph()["elastic_step.model"]) <= ground
+
+
+def test_backends_take_typed_options_and_leave_argparse_to_the_cli() -> None:
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted((PACKAGE / "backends").rglob("*.py"))
+        for target, line in imports_of(path)
+        if target == "argparse"
+    ]
+    assert found == []
+
+
+def test_the_master_stands_above_the_processes_without_importing_them() -> None:
+    below = set(package_graph()["elastic_step.master"])
+    assert not below & {"elastic_step.worker", "elastic_step.ps"}, below
