@@ -13,6 +13,7 @@ Tests: against an API server, tests/k8s/test_k8s_state_store.py.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from elastic_step.kube.calls import KubeError
@@ -23,6 +24,19 @@ JOB_LABEL = "elastic-step/job"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 PART_LABEL = "elastic-step/state"  # head, snapshot or journal
 TOKEN_LABEL = "elastic-step/state-token"  # the token of the owner that created it
+
+
+def versioned_document(text: str, where: str, version: int) -> dict:
+    """The JSON object ``text`` read from ``where``, refused in one line unless its
+    ``format`` is ``version``, the one this version of elastic-step reads."""
+    try:
+        document = json.loads(text)
+    except ValueError as e:
+        raise StateStoreError(f"{where} is not valid JSON: {e}") from None
+    if not isinstance(document, dict) or document.get("format") != version:
+        found = document.get("format") if isinstance(document, dict) else None
+        raise StateStoreError(f"{where} has format {found!r}, this version reads format {version}")
+    return document
 
 
 def data_of(obj: dict | None) -> dict[str, str]:

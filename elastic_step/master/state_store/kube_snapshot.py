@@ -14,13 +14,16 @@ object, a crash at each step of a snapshot).
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable
 
 from elastic_step.master.state_store.api import StateStoreError
 from elastic_step.master.state_store.group_commit import PendingSnapshot
 from elastic_step.master.state_store.journal import encode_json
-from elastic_step.master.state_store.kube_configmaps import StateConfigMaps, data_of
+from elastic_step.master.state_store.kube_configmaps import (
+    StateConfigMaps,
+    data_of,
+    versioned_document,
+)
 
 SNAPSHOT_FORMAT = 1
 
@@ -84,15 +87,7 @@ class KubeSnapshots:
         where = f"snapshot generation {entry.get('generation')} ({len(parts)} part(s))"
         if hashlib.sha256(text.encode()).hexdigest() != entry["sha256"]:
             raise StateStoreError(f"{where} fails its SHA-256 check: its parts were changed")
-        try:
-            document = json.loads(text)
-        except ValueError as e:
-            raise StateStoreError(f"{where} is not valid JSON: {e}") from None
-        if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
-            found = document.get("format") if isinstance(document, dict) else None
-            raise StateStoreError(
-                f"{where} has format {found!r}, this version reads format {SNAPSHOT_FORMAT}"
-            )
+        document = versioned_document(text, where, SNAPSHOT_FORMAT)
         seq, state = document.get("seq"), document.get("state")
         if seq != entry["seq"] or not isinstance(state, dict):
             raise StateStoreError(

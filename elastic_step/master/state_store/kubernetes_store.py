@@ -65,7 +65,6 @@ errors, tests/unit/test_state_store.py and tests/unit/test_kube_calls.py.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import re
 import secrets
@@ -94,6 +93,7 @@ from elastic_step.master.state_store.kube_configmaps import (
     StateConfigMaps,
     data_of,
     rv_of,
+    versioned_document,
 )
 from elastic_step.master.state_store.kube_journal import Cut, KubeJournal
 from elastic_step.master.state_store.kube_lease import KubeLease
@@ -444,15 +444,7 @@ class KubernetesStateStore(CommittedStore):
         if obj is None:
             return None
         where = f"the state head {self._namespace}/{self._head_name}"
-        try:
-            document = json.loads(data_of(obj).get("head", ""))
-        except ValueError as e:
-            raise StateStoreError(f"{where} is not valid JSON: {e}") from None
-        if not isinstance(document, dict) or document.get("format") != HEAD_FORMAT:
-            found = document.get("format") if isinstance(document, dict) else None
-            raise StateStoreError(
-                f"{where} has format {found!r}, this version reads format {HEAD_FORMAT}"
-            )
+        document = versioned_document(data_of(obj).get("head", ""), where, HEAD_FORMAT)
         token, generation = document.get("token"), document.get("generation")
         snapshot, journal = document.get("snapshot"), document.get("journal")
         valid = (
