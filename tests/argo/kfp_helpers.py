@@ -35,6 +35,8 @@ SMALL = {
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED")
 TASKS_SETTLE = 30.0
 TRAIN_TASK = "elastic-train"
+#: The init container that puts KFP's launcher into an executor's pod (argocompiler).
+KFP_LAUNCHER = "kfp-launcher"
 
 
 def upload_example_inputs(s3_client_kwargs: dict[str, str], csv: Path) -> None:
@@ -124,12 +126,16 @@ def wait_for_training(s3_server, run_id: str, version: int, timeout: float) -> d
 
 def training_pods(core: client.CoreV1Api, ns: str, run_id: str) -> list[client.V1Pod]:
     """The pods of the run's training step, where its master runs (each attempt's): KFP's
-    executor pods whose command runs the elastic_train component."""
+    executor pods (the ones with its launcher as an init container) whose command runs the
+    elastic_train component. Not its driver's pods, whose ``--container`` argument holds the
+    same command as JSON."""
     found = []
     for pod in core.list_namespaced_pod(ns, label_selector=f"pipeline/runid={run_id}").items:
         main = next((c for c in pod.spec.containers if c.name == "main"), None)
-        program = " ".join([*(main.command or []), *(main.args or [])]) if main else ""
-        if "def elastic_train(" in program:
+        init = {c.name for c in pod.spec.init_containers or []}
+        if main is None or KFP_LAUNCHER not in init:
+            continue
+        if "def elastic_train(" in " ".join([*(main.command or []), *(main.args or [])]):
             found.append(pod)
     return found
 
