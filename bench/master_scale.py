@@ -147,11 +147,15 @@ def _master_main(config: dict) -> int:
         take_events,
     )
     from elastic_step.data import storage
-    from elastic_step.master import job as job_module
+    from elastic_step.master import servicer as servicer_module
     from elastic_step.master.config import TrainConfig
+    from elastic_step.master.coordinator import CoordinatorParams
+    from elastic_step.master.job import Job
+    from elastic_step.master.job_reporter import JobReporter
     from elastic_step.master.persistence import SavedJob
     from elastic_step.master.servicer import MasterServicer
     from elastic_step.master.state_store import create_state_store
+    from elastic_step.master.training_job import TrainingJob
 
     emit = Emitter()
     logging.basicConfig(
@@ -401,8 +405,8 @@ def _master_main(config: dict) -> int:
         ReportTask = timed_rpc("ReportTask", MasterServicer.ReportTask)
         Heartbeat = timed_rpc("Heartbeat", MasterServicer.Heartbeat)
 
-    # Job._start_server builds the servicer by this name: the real server, the timed servicer.
-    job_module.MasterServicer = TimedServicer
+    # start_master_server builds the servicer by this name: the real server, the timed one.
+    servicer_module.MasterServicer = TimedServicer
 
     class SimSchema:
         """Shards that need not exist: the master only needs their URIs and record counts."""
@@ -426,7 +430,27 @@ def _master_main(config: dict) -> int:
     class SimDefinition:
         source = "# simulated by bench/master_scale.py: no model\n"
 
-    class BenchJob(job_module.Job):
+    class SimTraining(TrainingJob):
+        """Training's settings and tasks, with no model: no metrics, no evaluation round, no
+        seeding of TensorFlow's generators, nothing to save at the end."""
+
+        def check(self) -> None:
+            pass
+
+        def coordinator_params(self) -> CoordinatorParams:
+            return CoordinatorParams(
+                tasks=self._task_settings({}),
+                membership=self.membership(),
+                job_settings=self.job_settings(),
+                fixed_settings=self.fixed_settings(),
+                evaluate_round=lambda round_: {},
+                train_loss_window=self._train_loss_window(),
+            )
+
+        def complete(self, run: object) -> bool:
+            return True  # the simulated PS holds no model
+
+    class BenchJob(Job):
         """The job's own loop (``Job._supervise``) over a simulated backend; no model to save."""
 
         def __init__(self) -> None:
@@ -442,21 +466,32 @@ def _master_main(config: dict) -> int:
                 records_per_task=config["records_per_task"],
                 max_restarts=config["max_restarts"],
             )
-            super().__init__(train, SimSchema(config["shards"]), SimDefinition())
-            self._metrics: dict = {}  # no validation split: no evaluation round
+            super().__init__(SimTraining(train, SimSchema(config["shards"]), SimDefinition()))
             self.stop_requested = threading.Event()
             self.bench_gone = threading.Event()
 
-        def _save_final_model(self) -> bool:
-            return True  # the simulated PS holds no model
+        def _start_reporter(self) -> None:
+            """The real reporter, with TensorBoard's events (which need TensorFlow) left out
+            and its status.json writes timed."""
+            self.reporter = JobReporter(
+                self.coordinator,
+                self.kind,
+                output=self.output,
+                local_dir=self.config.local_dir,
+                resumed=False,
+                events=NoEvents(),
+            )
+            write_status = self.reporter.write_status
 
-        def _write_status(self) -> None:
-            if probe.profile_wanted or getattr(probe._local, "profile", None) is not None:
-                probe.profile_main_thread()
-            start = time.perf_counter()
-            super()._write_status()
-            if probe.recording:
-                probe.held_s["status.json (loop)"].append(time.perf_counter() - start)
+            def timed_write_status() -> None:
+                if probe.profile_wanted or getattr(probe._local, "profile", None) is not None:
+                    probe.profile_main_thread()
+                start = time.perf_counter()
+                write_status()
+                if probe.recording:
+                    probe.held_s["status.json (loop)"].append(time.perf_counter() - start)
+
+            self.reporter.write_status = timed_write_status
 
         def report(self) -> dict:
             coordinator = self.coordinator
@@ -556,7 +591,8 @@ def _master_main(config: dict) -> int:
                 )
                 if config["profile"]:
                     probe.profile_threads()
-                server = self._start_server()
+                self._start_reporter()
+                server = self._serve()
                 emit(
                     {
                         "type": "ready",
@@ -566,8 +602,6 @@ def _master_main(config: dict) -> int:
                     }
                 )
                 threading.Thread(target=self.control, name="bench-control", daemon=True).start()
-                # TensorBoard's events need TensorFlow, which this master must not import.
-                self._events = NoEvents()
                 try:
                     code = self._supervise(resumed=False)
                 finally:

@@ -8,6 +8,8 @@ import logging
 import os
 import select
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from elastic_step.backends import backend_names
 from elastic_step.errors import ElasticStepError, InputError
@@ -19,6 +21,7 @@ from elastic_step.kubernetes_flags import (
 from elastic_step.model.tf_runtime import import_tensorflow_quietly
 
 log = logging.getLogger("elastic_step")
+T = TypeVar("T")
 
 #: The exit status of a command whose stdout's reader went away (``... | head``): a shell's
 #: for a process killed by SIGPIPE (128 + 13), which `cat` or `grep` give there, so that
@@ -57,11 +60,11 @@ def _bool(text: str) -> bool:
 _SWITCH = {"nargs": "?", "const": True, "default": False, "type": _bool, "metavar": "true|false"}
 
 
-def _unless_empty(convert):
+def _unless_empty(convert: Callable[[str], T]) -> Callable[[str], T | None]:
     """A flag's type under which an empty value means the flag left out (its default None):
     an Argo template passes every parameter, set or not."""
 
-    def read(text: str):
+    def read(text: str) -> T | None:
         return None if text == "" else convert(text)
 
     return read
@@ -312,7 +315,7 @@ def _add_job_flags(p: argparse.ArgumentParser, *, ps: bool) -> None:
 
 
 def _job_settings(args: argparse.Namespace) -> dict:
-    """The TrainConfig fields that :func:`_add_job_flags` sets."""
+    """The EngineConfig fields that :func:`_add_job_flags` sets (training and prediction)."""
     return {
         "workers": args.workers,
         "min_workers": args.min_workers,
@@ -428,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in _COMPONENT_COMMANDS.values():
         add(commands)
-    status = commands.add_parser("status", help="print the status of a training job")
+    status = commands.add_parser("status", help="print the status of a job (train or predict)")
     status.add_argument("output", metavar="DIR", help="the job's --output")
     status.add_argument("--json", action="store_true", help="print status.json as it is")
     demo = commands.add_parser(

@@ -1,4 +1,5 @@
-"""What a training job writes under its ``--output``: the one place that names those paths.
+"""What a job (training or prediction) writes under its ``--output``: the one place that
+names those paths.
 Tests: none direct; the files it names are checked by tests/e2e/test_fault_tolerance.py
 (test_undisturbed_run_outputs) and tests/unit/test_ps.py (checkpoints)."""
 

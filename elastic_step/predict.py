@@ -75,7 +75,7 @@ def predict(config: PredictConfig, backend_options: object = None) -> int:
 
 def _check_output(config: PredictConfig) -> None:
     """Refuses an --output that holds a training job before anything is written there: the
-    job's own check (``Job._check_saved``) comes after the CSV is encoded into
+    job's own check (``job_record.resumable_record``) comes after the CSV is encoded into
     --output/input/ and the job's lease is taken."""
     command = _saved_command(config)
     # A finished training's model, with its state where this job does not look (another

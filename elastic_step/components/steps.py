@@ -66,7 +66,7 @@ def run_cli(argv: list[str]) -> None:
 
 
 @as_the_cli
-def preprocess_step(*, csv: Dataset, data: Dataset, **parameters) -> None:
+def preprocess_step(*, csv: Dataset, data: Dataset, **parameters: object) -> None:
     """Preprocesses the CSV into ``data``; the record counts go into its metadata."""
     run_cli(
         [
@@ -181,7 +181,7 @@ def train_command(
     model: Model,
     model_def: Artifact | None = None,
     model_def_text: str = "",
-    **parameters,
+    **parameters: object,
 ) -> JobCommand:
     """The command that trains on ``dataset`` into ``model`` (``parameters``: the
     component's others; ``model_def_text`` is written to a file for it)."""
@@ -240,7 +240,7 @@ def evaluate_step(
     metrics: Metrics,
     classification: ClassificationMetrics,
     report: HTML,
-    **parameters,
+    **parameters: object,
 ) -> None:
     """Evaluates the model; the whole evaluation is the metrics artifact's file, and the
     report (with the training's summary.json from the model) is the HTML artifact."""
@@ -288,7 +288,7 @@ def predict_command(
     predictions: Dataset,
     summary: Artifact,
     split: str = "validation",
-    **parameters,
+    **parameters: object,
 ) -> JobCommand:
     """The command that runs ``model`` over ``data`` into ``predictions``, and copies the
     job's summary.json to ``summary`` (``parameters``: the component's others). ``data`` is

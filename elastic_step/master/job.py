@@ -3,13 +3,11 @@
 It takes the job's lease in the state store, creates the job or resumes it (checking that
 the settings are the same), starts the gRPC server, and runs the loop that feeds backend
 events and ticks to the :class:`Coordinator`. At the end its kind saves what the job made
-(the model, the predictions) and the job writes the summary.
-SIGTERM or SIGINT, or a stop of the run that the backend reads from the platform, stops
-every instance and exits non-zero, keeping the state: the same command resumes. When the
-platform moves the master instead (an eviction, a retried step), the instances stay for the
-next master to adopt.
-While it runs it writes status.json, TensorBoard events and, with ``--metrics-port``, serves
-Prometheus metrics. Tests: every end-to-end run (tests/e2e/, tests/k8s/).
+(the model, the predictions) and the job writes the summary. SIGTERM or SIGINT, or a stop
+of the run that the backend reads from the platform, stops every instance and exits
+non-zero, keeping the state: the same command resumes. When the platform moves the master
+instead (an eviction, a retried step), the instances stay for the next master to adopt.
+Tests: every end-to-end run (tests/e2e/, tests/k8s/).
 """
 
 from __future__ import annotations
@@ -31,7 +29,12 @@ from elastic_step.master.job_kind import JobKind, RunContext
 from elastic_step.master.job_record import JobRecord, resumable_record
 from elastic_step.master.job_reporter import JobReporter
 from elastic_step.master.launch import launch_spec
-from elastic_step.master.persistence import SavedJob, default_store
+from elastic_step.master.persistence import (
+    FLUSH_TIMEOUT_S,
+    SavedJob,
+    close_store,
+    default_store,
+)
 from elastic_step.master.phase import Phase
 from elastic_step.master.servicer import start_master_server
 from elastic_step.master.state_store import (
@@ -40,14 +43,11 @@ from elastic_step.master.state_store import (
     StateStoreFencedError,
     StateStoreLockedError,
 )
-from elastic_step.master.teardown import STOP_GRACE_S, stop_all, wait_until_gone
+from elastic_step.master.teardown import STOP_GRACE_S, TICK_S, stop_all, wait_until_gone
 from elastic_step.output_layout import OutputLayout
 from elastic_step.rpc import auth
 
 log = logging.getLogger("elastic_step.master")
-
-TICK_S = 0.2
-FLUSH_TIMEOUT_S = 30.0
 
 
 class Job:
@@ -116,23 +116,15 @@ class Job:
         try:
             status = self._run(token)
         except BaseException:
-            self._close_store(quietly=True)  # the first error is the one to report
+            close_store(self.store, quietly=True)  # the first error is the one to report
             raise
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         # A stopped run may have been deleted, and its state with it.
         stopped = self.coordinator is not None and self.coordinator.phase is Phase.INTERRUPTED
-        self._close_store(quietly=stopped)
+        close_store(self.store, quietly=stopped)
         return status
-
-    def _close_store(self, quietly: bool) -> None:
-        try:
-            self.store.close()
-        except StateStoreError as e:
-            if not quietly:
-                raise
-            log.warning("closing the state store failed: %s", e)
 
     def _run(self, token: int) -> int:
         self._secret = self.store.job_secret()
@@ -148,7 +140,8 @@ class Job:
             with self.coordinator.lock:
                 self.coordinator.record.count_master_restart()
                 self.coordinator.adopt(self.backend.list_instances())
-                log.info("%s", reports.resume_line(self.coordinator, self.output))
+                place = self.kind.place(self.coordinator)
+                log.info("%s", reports.resume_line(self.coordinator, self.output, place))
         self.reporter = JobReporter(
             self.coordinator,
             self.kind,
@@ -215,7 +208,9 @@ class Job:
             # Without its state the master cannot go on; a new master resumes from what was
             # saved and adopts the instances, so they are left running.
             log.error(
-                "cannot keep the job's state (%s); leaving workers and PS to the next master", e
+                "cannot keep the job's state (%s); leaving %s to the next master",
+                e,
+                self.kind.members,
             )
             return 1
 
@@ -250,14 +245,17 @@ class Job:
             )
         if request.kind is StopKind.HANDOVER:
             # The platform moves the master: the next master adopts the instances.
-            log.warning("%s: leaving workers and PS running for the next master", request.reason)
+            log.warning(
+                "%s: leaving %s running for the next master", request.reason, self.kind.members
+            )
             self.store.flush(FLUSH_TIMEOUT_S)
             self.reporter.write_status()
             return status
         log.warning(
-            "the run is stopped (%s): stopping all workers and PS; the job's state stays, "
+            "the run is stopped (%s): stopping all %s; the job's state stays, "
             "and the same command resumes it",
             request.reason,
+            self.kind.members,
         )
         self._end(Phase.INTERRUPTED)
         return status

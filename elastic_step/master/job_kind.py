@@ -72,6 +72,11 @@ class JobKind(ABC):
         workers = f"{self.config.workers} workers"
         return f"{self.num_ps} PS and {workers}" if self.num_ps else workers
 
+    @property
+    def members(self) -> str:
+        """What its instances are, for the log: "workers and PS", or "workers"."""
+        return "workers and PS" if self.num_ps else "workers"
+
     def membership(self) -> MembershipSettings:
         c = self.config
         return MembershipSettings(
@@ -104,6 +109,14 @@ class JobKind(ABC):
     def complete(self, run: RunContext) -> bool:
         """The work that ends the job once every task is done; False: not yet (the loop
         calls it again)."""
+
+    @abstractmethod
+    def place(self, coordinator: Coordinator) -> str:
+        """Where the job stands, in words for the log ("epoch 2, model v40")."""
+
+    @abstractmethod
+    def progress_line(self, coordinator: Coordinator) -> str:
+        """The log's progress line; called under the coordinator's lock."""
 
     @abstractmethod
     def progress(self, coordinator: Coordinator) -> dict:

@@ -31,7 +31,9 @@ class JobReporter:
         output: str,
         local_dir: str,
         resumed: bool,
+        events: TrainingEvents | None = None,
     ) -> None:
+        """``events``: where TensorBoard's series go (default: --output/tensorboard/)."""
         self.coordinator = coordinator
         self.kind = kind
         self.paths = OutputLayout(output)
@@ -40,7 +42,7 @@ class JobReporter:
         self._endpoint: MetricsEndpoint | None = None
         # A resumed master skips what the record already held: TensorBoard shows it once.
         already = self.view() if resumed else None
-        self._events = TrainingEvents(output, local_dir, already=already)
+        self._events = events or TrainingEvents(output, local_dir, already=already)
         self._next_status = self._next_progress = 0.0
 
     def serve_metrics(self, host: str, port: int) -> None:
@@ -60,9 +62,7 @@ class JobReporter:
         if now >= self._next_progress:
             coordinator = self.coordinator
             with coordinator.lock:
-                line = reports.progress_line(
-                    coordinator.tasks, coordinator.instances, coordinator.examples_per_second()
-                )
+                line = self.kind.progress_line(coordinator)
             log.info("%s", line)
             self._events.write(self.view())
             self._next_progress = now + PROGRESS_EVERY_S

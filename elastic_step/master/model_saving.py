@@ -21,6 +21,7 @@ from elastic_step.master.best_model import (
     save_round_model,
 )
 from elastic_step.master.final_model import save_final_model, save_model
+from elastic_step.master.persistence import FLUSH_TIMEOUT_S
 from elastic_step.rpc.ps_client import PSUnavailableError
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ log = logging.getLogger("elastic_step.master")
 
 #: Seconds between two "waiting for the PS" lines.
 WAIT_LOG_EVERY_S = 5.0
-FLUSH_TIMEOUT_S = 30.0
 
 
 class ModelSaver:

@@ -9,16 +9,26 @@ Tests: tests/unit/test_coordinator.py (test_a_restarted_master_resumes_from_the_
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from elastic_step.master.state_store import SavedState, StateStore, create_state_store
+from elastic_step.master.state_store import (
+    SavedState,
+    StateStore,
+    StateStoreError,
+    create_state_store,
+)
 
 if TYPE_CHECKING:
     from elastic_step.backends.api import Backend
     from elastic_step.master.config import EngineConfig
 
+log = logging.getLogger("elastic_step.master")
+
+#: Seconds to wait for what the store has been given to be durable.
+FLUSH_TIMEOUT_S = 30.0
 COMPONENTS = ("job", "tasks", "instances")
 
 
@@ -78,3 +88,14 @@ def default_store(config: EngineConfig, backend: Backend, backend_options: objec
         owner=backend.owner(),
         kubeconfig=getattr(backend_options, "kubeconfig", None),
     )
+
+
+def close_store(store: StateStore, *, quietly: bool) -> None:
+    """Closes ``store``; ``quietly``: a failure is logged, not raised (another error is the
+    one to report, or the run was deleted with its state)."""
+    try:
+        store.close()
+    except StateStoreError as e:
+        if not quietly:
+            raise
+        log.warning("closing the state store failed: %s", e)

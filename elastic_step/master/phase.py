@@ -1,4 +1,4 @@
-"""The phases of a training job, as the master records them.
+"""The phases of a job, as the master records them.
 Tests: tests/unit/test_coordinator.py, tests/unit/test_job_record.py, and
 tests/e2e/test_hardening.py (an interrupted job relaunches every slot)."""
 

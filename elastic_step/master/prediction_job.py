@@ -122,6 +122,15 @@ class PredictionJob(JobKind):
         # Once every worker is gone: none can write a part after this.
         storage.remove(self.paths.prediction_parts)
 
+    def place(self, coordinator: Coordinator) -> str:
+        tasks = coordinator.tasks
+        return f"{tasks.records_trained(1)}/{tasks.records_per_epoch} records predicted"
+
+    def progress_line(self, coordinator: Coordinator) -> str:
+        return reports.prediction_progress_line(
+            coordinator.tasks, coordinator.instances, coordinator.examples_per_second()
+        )
+
     def progress(self, coordinator: Coordinator) -> dict:
         return reports.prediction_progress(coordinator)
 

@@ -131,26 +131,44 @@ def _train_line(window: dict) -> str:
     return f"model {versions}, {window['examples']} examples: {shown}"
 
 
-def progress_line(tasks: TaskManager, instances: InstanceManager, rate: float | None) -> str:
-    epoch = tasks.current_epoch
-    done, total = tasks.records_trained(epoch), tasks.records_per_epoch
+def _bar(done: int, total: int) -> str:
     fraction = done / total if total else 1.0
-    bar = "#" * int(fraction * 20)
-    speed = f" | {rate:,.0f} examples/s" if rate else ""
+    return f"[{'#' * int(fraction * 20):<20}] {fraction:4.0%}"
+
+
+def _speed(rate: float | None) -> str:
+    return f" | {rate:,.0f} examples/s" if rate else ""
+
+
+def progress_line(tasks: TaskManager, instances: InstanceManager, rate: float | None) -> str:
+    """A training job's progress line, every few seconds in its log."""
+    epoch = tasks.current_epoch
     return (
-        f"epoch {epoch}/{tasks.settings.epochs} [{bar:<20}] {fraction:4.0%} "
+        f"epoch {epoch}/{tasks.settings.epochs} "
+        f"{_bar(tasks.records_trained(epoch), tasks.records_per_epoch)} "
         f"| {instances.running_workers()} workers, {len(instances.live(Role.PS))} PS "
-        f"| model v{tasks.model_version}{speed}"
+        f"| model v{tasks.model_version}{_speed(rate)}"
     )
 
 
-def resume_line(coordinator: Coordinator, output: str) -> str:
-    """What a master that resumes a job logs: where the job stands and whom it adopted."""
+def prediction_progress_line(
+    tasks: TaskManager, instances: InstanceManager, rate: float | None
+) -> str:
+    """A prediction job's progress line: records predicted, workers, speed."""
+    done, total = tasks.records_trained(1), tasks.records_per_epoch
+    return (
+        f"predicted {_bar(done, total)} ({done}/{total} records) "
+        f"| {instances.running_workers()} workers{_speed(rate)}"
+    )
+
+
+def resume_line(coordinator: Coordinator, output: str, place: str) -> str:
+    """What a master that resumes a job logs: where the job stands (``place``, its kind's
+    words) and whom it adopted."""
     names = sorted(i.name for i in coordinator.instances.instances.values() if not i.state.ended)
     return (
         f"resuming the job in {output} (master restart {coordinator.record.master_restarts}): "
-        f"epoch {coordinator.tasks.current_epoch}, model v{coordinator.tasks.model_version}; "
-        f"adopted {', '.join(names) or 'no instances'}"
+        f"{place}; adopted {', '.join(names) or 'no instances'}"
     )
 
 

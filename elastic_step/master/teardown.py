@@ -11,8 +11,8 @@ from elastic_step.master.coordinator import Coordinator
 
 #: Seconds a deleted instance has to exit before it is killed.
 STOP_GRACE_S = 3.0
-#: Seconds between two reads of the backend's events.
-EVENTS_WAIT_S = 0.2
+#: Seconds the master waits for the backend's events at a time (its loop's tick, too).
+TICK_S = 0.2
 
 
 def wait_until_gone(coordinator: Coordinator, backend: Backend, wait_s: float) -> None:
@@ -23,7 +23,7 @@ def wait_until_gone(coordinator: Coordinator, backend: Backend, wait_s: float) -
             instances = coordinator.instances
             if not instances.live(Role.WORKER) and not instances.live(Role.PS):
                 return
-        coordinator.apply_events(backend.next_events(EVENTS_WAIT_S))
+        coordinator.apply_events(backend.next_events(TICK_S))
 
 
 def stop_all(coordinator: Coordinator, backend: Backend, wait_s: float) -> None:

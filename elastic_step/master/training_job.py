@@ -116,6 +116,14 @@ class TrainingJob(JobKind):
     def complete(self, run: RunContext) -> bool:
         return self._saver.save_final(run)
 
+    def place(self, coordinator: Coordinator) -> str:
+        return f"epoch {coordinator.tasks.current_epoch}, model v{coordinator.tasks.model_version}"
+
+    def progress_line(self, coordinator: Coordinator) -> str:
+        return reports.progress_line(
+            coordinator.tasks, coordinator.instances, coordinator.examples_per_second()
+        )
+
     def progress(self, coordinator: Coordinator) -> dict:
         return reports.training_progress(coordinator)
 

@@ -14,8 +14,9 @@ The layer defines, builds, places, optimizes and serves a model. Its modules:
 - :mod:`~elastic_step.model.summaries`: TensorBoard's event files;
 - :mod:`~elastic_step.model.tf_runtime`: TensorFlow's start-up, threads and seed.
 
-Below it are only ``data/``, ``rpc/`` and ``errors.py``. The master imports TensorFlow
-through this layer alone, and only where it saves models or measures evaluation rounds
+Below it are only ``data/``, ``rpc/``, ``errors.py``, ``user_errors.py`` and
+``output_layout.py``. The master imports TensorFlow through this layer alone: where it saves
+models, measures evaluation rounds, seeds the generators and writes TensorBoard's events
 (tests/unit/test_import_graph.py checks both). Tests: tests/unit/test_model_*.py,
 test_row_optimizer.py, test_serving_layer.py.
 """

@@ -272,7 +272,7 @@ def _keep_tracebacks_whole() -> None:
     tf.debugging.disable_traceback_filtering()
 
 
-def batch_size_of(labels, features) -> int:
+def batch_size_of(labels: Any, features: Any) -> int:
     """The examples in one batch of the feed: the first dimension of its labels (or, when
     predicting, of its first feature)."""
     import tensorflow as tf

@@ -111,8 +111,9 @@ def import_tensorflow_quietly() -> None:
 
 
 def set_random_seed(seed: int) -> None:
-    """Seeds Python's, NumPy's and the backend's generators, as the models that the master
-    builds (the final and the best model, the round metrics) must start alike."""
+    """Seeds Python's, NumPy's and the backend's generators: every process that builds the
+    model (the workers, and the master for the final and best models and the round metrics)
+    must start alike."""
     import keras
 
     keras.utils.set_random_seed(seed)

@@ -60,11 +60,10 @@ class Worker:
     # -- setup --
 
     def setup(self) -> None:
-        import keras
-
         from elastic_step.data.schema import Schema
         from elastic_step.model.definition import load_model_definition
         from elastic_step.model.parameters import ModelParameters
+        from elastic_step.model.tf_runtime import set_random_seed
         from elastic_step.worker.steps import Steps
 
         reply = self.master.call(
@@ -77,7 +76,7 @@ class Worker:
         self.schema = Schema.load(self.settings.data_dir)
         self.definition = load_model_definition(self.settings.model_def, self.schema)
         # The same seed in every worker, as the final model is built on the master.
-        keras.utils.set_random_seed(self.settings.seed)
+        set_random_seed(self.settings.seed)
         if self.settings.predict_model_dir:
             from elastic_step.model.serving import trained_model_of
             from elastic_step.worker.predictor import Predictor

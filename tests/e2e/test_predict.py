@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,7 +121,12 @@ def test_the_status_of_a_prediction_is_a_prediction_s(killed, rows, capsys) -> N
     shown = capsys.readouterr().out
     assert f"records: {expected}/{expected} predicted" in shown
     assert "epoch" not in shown and "ps:" not in shown and "training" not in shown, shown
-    assert "starting 2 workers (master on port" in run.log()
+    log = run.log()
+    assert "starting 2 workers (master on port" in log
+    # Its progress lines count records predicted; nothing in its log speaks of epochs or PS.
+    line = rf"predicted \[[# ]{{20}}\] +\d+% \(\d+/{expected} records\) \| \d workers"
+    assert re.search(line, log), log[-3000:]
+    assert "epoch 1/1" not in log and " PS" not in log, log[-3000:]
 
 
 def test_predictions_are_the_trained_models_outputs(killed, trained, rows) -> None:
