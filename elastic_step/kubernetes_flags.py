@@ -101,7 +101,7 @@ def add_kubernetes_flags(parser: argparse.ArgumentParser, *, ps: bool = True) ->
 
 
 #: argparse destinations of the Kubernetes flags, with the value that means "not given".
-_FLAG_DEFAULTS: dict[str, Any] = {
+FLAG_DEFAULTS: dict[str, Any] = {
     "namespace": None,
     "image": None,
     "image_pull_policy": None,
@@ -129,7 +129,7 @@ def kubernetes_flags_given(args: argparse.Namespace) -> list[str]:
     """The Kubernetes flags set on the command line, as flags (``--image``)."""
     return [
         "--" + dest.replace("_", "-")
-        for dest, default in _FLAG_DEFAULTS.items()
+        for dest, default in FLAG_DEFAULTS.items()
         if getattr(args, dest, default) != default
     ]
 

@@ -44,6 +44,8 @@ from elastic_step.components.parameters import (
 WORKFLOW_TEMPLATE = "elastic-step"
 INPUTS = "/tmp/inputs"
 OUTPUTS = "/tmp/outputs"
+#: Where an elastic job step copies its summary.json, read back as its outputs.
+SUMMARY_FILE = f"{OUTPUTS}/summary.json"
 #: Retries of a step that runs a job (train, predict); a retry resumes the job. Bad input
 #: (exit 2) is not retried.
 JOB_RETRIES = 2
@@ -148,8 +150,15 @@ def _job_args(command: str, *args: str) -> list[str]:
         *("--backend", "kubernetes", "--job-name", ARGO_JOB_NAME),
         *("--pod-template", f"{INPUTS}/pod-template.yaml"),
         *args,
-        *("--summary-output", f"{OUTPUTS}/summary.json"),
+        *("--summary-output", SUMMARY_FILE),
     ]
+
+
+def _summary_parameter(description: str) -> Parameter:
+    """The output parameter of a job template: the job's summary.json (``_job_args``)."""
+    return Parameter(
+        name="summary", description=description, value_from=ValueFrom(path=SUMMARY_FILE)
+    )
 
 
 def _job_retries() -> RetryStrategy:
@@ -230,13 +239,11 @@ def _elastic_train() -> Container:
         # What KFP's elastic-train gives as its metrics, summary and job_name: summary.json
         # holds the final metrics, examples_per_second and the job's name.
         outputs=[
-            Parameter(
-                name="summary",
-                description="the job's summary.json: final metrics, per-epoch accounting, "
-                "restarts, examples_per_second, job_name",
-                value_from=ValueFrom(path=f"{OUTPUTS}/summary.json"),
+            _summary_parameter(
+                "the job's summary.json: final metrics, per-epoch accounting, restarts, "
+                "examples_per_second, job_name"
             ),
-            Artifact(name="summary", path=f"{OUTPUTS}/summary.json"),
+            Artifact(name="summary", path=SUMMARY_FILE),
         ],
     )
 
@@ -316,11 +323,9 @@ def _batch_predict() -> Container:
             ),
         ],
         outputs=[
-            Parameter(
-                name="summary",
-                description="the job's summary.json: records, records_predicted, where "
-                "predictions.csv is, restarts",
-                value_from=ValueFrom(path=f"{OUTPUTS}/summary.json"),
+            _summary_parameter(
+                "the job's summary.json: records, records_predicted, where predictions.csv "
+                "is, restarts"
             ),
         ],
     )

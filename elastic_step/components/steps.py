@@ -10,7 +10,6 @@ job uses. Bad input ends a step as it ends the command: one line on stderr, exit
 
 from __future__ import annotations
 
-import argparse
 import csv
 import functools
 import io
@@ -33,7 +32,7 @@ from elastic_step.components.parameters import KFP, arguments, command_flags, pa
 from elastic_step.data import storage
 from elastic_step.data.schema import Schema
 from elastic_step.errors import ElasticStepError, InputError
-from elastic_step.kubernetes_flags import kubernetes_flags_given
+from elastic_step.kubernetes_flags import FLAG_DEFAULTS
 from elastic_step.output_layout import OutputLayout
 
 BACKENDS = ("kubernetes", "local")
@@ -122,14 +121,11 @@ class JobCommand:
 
 @functools.cache
 def _kubernetes_parameters(command: str) -> frozenset[str]:
-    """The KFP parameters that are flags of the Kubernetes backend: every one of them, told
-    apart from the rest by the backend's own list (a placeholder differs from any default)."""
-    flags = command_flags(command)
-    given = set(kubernetes_flags_given(argparse.Namespace(**{d: object() for d in flags})))
+    """The KFP parameters that are flags of the Kubernetes backend, by the CLI's own list."""
     return frozenset(
         name
-        for flag in flags.values()
-        if flag.option in given and (name := parameter_name(command, flag, KFP))
+        for flag in command_flags(command).values()
+        if flag.dest in FLAG_DEFAULTS and (name := parameter_name(command, flag, KFP))
     )
 
 

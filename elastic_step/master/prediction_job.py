@@ -13,6 +13,7 @@ Tests: tests/e2e/test_predict.py, tests/unit/test_job_kinds.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 from typing import TYPE_CHECKING
@@ -61,14 +62,20 @@ class PredictionJob(JobKind):
         self.config: PredictConfig = config
         self.given = given
 
-    def fixed_settings(self) -> dict:
+    @functools.cached_property
+    def _model_digest(self) -> str:
+        # Read once: the settings are asked for twice a run (the resume check, the
+        # coordinator), and model.keras may be large and in an object store.
         model = OutputLayout(self.config.model_dir)
+        return hashlib.sha256(storage.read_bytes(model.model_file)).hexdigest()
+
+    def fixed_settings(self) -> dict:
         return {
             "the command": self.command,
             "--input": self.given.source,
             "--batch-size": self.config.batch_size,
             "--records-per-task": self.config.records_per_task,
-            "the model": hashlib.sha256(storage.read_bytes(model.model_file)).hexdigest(),
+            "the model": self._model_digest,
             "the model definition": self.definition_digest(),
         }
 

@@ -238,16 +238,12 @@ def assert_task_measured(measured, losses: list[float], metrics: dict) -> None:
     )
 
 
-def test_one_step_windows_train_exactly_as_sgd_does(start_ps: StartPS) -> None:
-    _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
-    model = build_model()
-    _, trainer = connect(ps, model, metrics=training_metrics())
+def sgd_reference(data: list) -> tuple[keras.Model, list[float], dict]:
+    """The model, per-step losses and metrics of plain SGD on ``data``, one step per batch,
+    each batch's metrics measured on its outputs before its update."""
     reference = build_model()
     optimizer = keras.optimizers.SGD(LR)
     reference_metrics = training_metrics()
-
-    data = batches(5)
-    measured = trainer.train(data)
     losses = []
     for ids, labels in data:
         with tf.GradientTape() as tape:
@@ -258,6 +254,16 @@ def test_one_step_windows_train_exactly_as_sgd_does(start_ps: StartPS) -> None:
             metric.update_state(labels, outputs)
         grads = tape.gradient(value, reference.trainable_variables)
         optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
+    return reference, losses, reference_metrics
+
+
+def test_one_step_windows_train_exactly_as_sgd_does(start_ps: StartPS) -> None:
+    _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
+    model = build_model()
+    _, trainer = connect(ps, model, metrics=training_metrics())
+    data = batches(5)
+    measured = trainer.train(data)
+    reference, losses, reference_metrics = sgd_reference(data)
     assert ps.versions == [5, 5]
     # The metrics are measured on each step's own outputs, before its update.
     assert_task_measured(measured, losses, reference_metrics)
@@ -320,21 +326,9 @@ def test_local_steps_with_one_worker_are_its_steps(start_ps: StartPS) -> None:
     _, ps = start_ps(lambda: build_outer_optimizer("average"))
     model = build_model()
     _, trainer = connect(ps, model, 3, keras.optimizers.SGD(LR), training_metrics())
-    reference = build_model()
-    optimizer = keras.optimizers.SGD(LR)
-    reference_metrics = training_metrics()
     data = batches(7)  # windows of 3, 3 and 1
     measured = trainer.train(data)
-    losses = []
-    for ids, labels in data:
-        with tf.GradientTape() as tape:
-            outputs = reference(ids)
-            value = loss(labels, outputs)
-        losses.append(float(value))
-        for metric in reference_metrics.values():
-            metric.update_state(labels, outputs)
-        grads = tape.gradient(value, reference.trainable_variables)
-        optimizer.apply_gradients(zip(grads, reference.trainable_variables, strict=True))
+    reference, losses, reference_metrics = sgd_reference(data)
     assert ps.versions == [3, 3]
     assert_task_measured(measured, losses, reference_metrics)
     pulled = ModelParameters(build_model(seed=99))
