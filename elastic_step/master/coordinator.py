@@ -27,6 +27,7 @@ from elastic_step.master.instance_manager import (
     SpecFactory,
 )
 from elastic_step.master.job_record import JobRecord
+from elastic_step.master.model_copies import ModelCopies
 from elastic_step.master.model_selection import EarlyStopping, MetricGoal
 from elastic_step.master.persistence import Recorder, SavedJob
 from elastic_step.master.phase import Phase
@@ -166,6 +167,7 @@ class Coordinator:
         #: The first state-store error a gRPC handler met; the run loop stops on it.
         self.store_failure: StateStoreError | None = None
         self._clock = clock
+        self.copies = ModelCopies(clock)
 
     @property
     def phase(self) -> Phase:
@@ -306,6 +308,8 @@ class Coordinator:
                 if request.lease_id:
                     self.tasks.note_progress(request.name, request.lease_id, request.batches_done)
                 self.tasks.observe_model_version(request.model_version)
+                if not instance.state.ended:
+                    self.copies.note_worker(request.name, request.model_version)
             else:
                 self._note_ps_version(instance, request.model_version)
             finished = self.phase.dismisses_instances or instance.state.ended
@@ -333,7 +337,7 @@ class Coordinator:
                     self.tasks.settings.task_timeout_s,
                 )
             self.instances.reconcile()
-            error = self.tasks.failure or self.instances.failure
+            error = self.tasks.failure or self.instances.failure or self._unrecoverable_ps()
             if error and not self.record.error and not self.phase.over:
                 self.record.set_phase(self.phase, error)
             if self.recorder.due():
@@ -445,8 +449,13 @@ class Coordinator:
             request.lease_id,
         )
 
+    def _unrecoverable_ps(self) -> str | None:
+        lost = {int(slot): version for slot, version in self.record.ps_lost_at.items()}
+        return self.copies.unrecoverable(lost) if lost else None
+
     def _on_ended(self, instance: Instance) -> None:
         if instance.role is Role.WORKER:
+            self.copies.worker_ended(instance.name)
             death = instance.describe_end() if instance.state is ProcessState.FAILED else None
             lost = self.tasks.recover_tasks(instance.name, death)
             if lost:
@@ -458,11 +467,14 @@ class Coordinator:
                 )
             return
         self.record.set_ps_address(instance.slot, "")
+        self.copies.ps_ended(instance.slot)
         if not self.phase.dismisses_instances:
             self.record.note_ps_lost(instance.slot, self.tasks.model_version)
 
     def _note_ps_version(self, instance: Instance, version: int) -> None:
         self.tasks.observe_model_version(version)
+        if not instance.state.ended:
+            self.copies.note_ps(instance.slot, version)
         lost_at = self.record.ps_lost_at.get(str(instance.slot))
         if lost_at is None or version <= 0:
             return

@@ -95,6 +95,29 @@ def test_only_ps_killed(train_run):
     assert "restored shard 0 from checkpoint version" in relaunched
 
 
+def test_ps_and_every_worker_lost_before_a_checkpoint_fail_the_job_at_once(train_run):
+    # Without this rule the fresh workers wait for a refill of the empty shard that cannot
+    # come, --master-timeout per attempt: the job would run past this test's wait.
+    run = train_run(*EPOCHS, "--checkpoint-steps", "100000", "--master-timeout", "200").start()
+    with run.held(mid_epoch) as status:
+        version = status["model_version"]
+        for pid in run.member_pids(status).values():
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+    assert run.wait(timeout=200) == 1, run.log()[-3000:]
+    took = time.monotonic() - killed
+    assert took < 200
+    lines = [line for line in run.log().splitlines() if "the job failed" in line]
+    assert len(lines) == 1, run.log()[-3000:]
+    assert "PS shard 0 was lost at model v" in lines[0]
+    assert "no live worker holds a copy of the model" in lines[0]
+    status = run.status()
+    assert (
+        status["phase"] == "failed" and int(lines[0].split(" at model v")[1].split()[0]) >= version
+    )
+    print(f"failed {took:.1f} s after the kill")
+
+
 def test_master_killed_and_rerun_adopts_workers(train_run):
     run = train_run(*EPOCHS).start()
     with run.held(mid_epoch) as before:

@@ -332,3 +332,81 @@ def test_a_restarted_master_resumes_from_the_journal(tmp_path, clock) -> None:
         assert get_task(second.stub("worker-0"), "worker-0").id == other.id
     finally:
         second.close()
+
+
+# -- a PS lost before its first checkpoint --
+
+
+def beat(master: Master, name: str, version: int) -> None:
+    request = master_pb2.HeartbeatRequest(name=name, model_version=version)
+    master.stub(name).Heartbeat(request, timeout=TIMEOUT_S)
+
+
+def lose(master: Master, name: str) -> None:
+    master.backend.end(name, ExitReason.CRASHED, -9, "killed by SIGKILL")
+    master.pump()
+    master.coordinator.tick()  # relaunches it
+    master.pump()
+
+
+def live_name(master: Master, role: Role) -> str:
+    [name] = [i.name for i in master.coordinator.instances.live(role)]
+    return name
+
+
+def test_a_ps_lost_before_a_checkpoint_fails_the_job_once_no_worker_holds_a_copy(
+    master, clock
+) -> None:
+    coordinator = master.coordinator
+    clock.now += 5  # the master has heard from everyone
+    for name in ("ps-0", "worker-0", "worker-1"):
+        beat(master, name, 7)
+    lose(master, "ps-0")
+    lose(master, "worker-0")
+    ps = live_name(master, Role.PS)
+    beat(master, ps, 0)  # it restored no checkpoint
+    coordinator.tick()
+    assert coordinator.record.error is None  # worker-1 holds a copy and will refill it
+
+    lose(master, "worker-1")
+    assert coordinator.record.error is None  # the PS's report may predate a refill
+    clock.now += 2
+    beat(master, ps, 0)
+    coordinator.tick()
+    error = coordinator.record.error
+    assert error is not None
+    assert "PS shard 0 was lost at model v7 before it wrote a checkpoint" in error
+    assert "no live worker holds a copy" in error
+
+
+def test_a_ps_refilled_by_a_worker_holding_a_copy_is_restored(master, clock) -> None:
+    coordinator = master.coordinator
+    clock.now += 5
+    for name in ("ps-0", "worker-0", "worker-1"):
+        beat(master, name, 7)
+    lose(master, "ps-0")
+    ps = live_name(master, Role.PS)
+    beat(master, ps, 0)
+    beat(master, ps, 7)  # worker-0 or worker-1 filled it
+    lose(master, "worker-0")
+    lose(master, "worker-1")
+    beat(master, ps, 7)
+    coordinator.tick()
+    assert coordinator.record.error is None
+    assert coordinator.record.ps_restores[0]["versions_lost"] == 0
+
+
+def test_a_restarted_master_waits_to_hear_from_the_workers_before_judging(master, clock) -> None:
+    coordinator = master.coordinator  # started at this clock: it has heard from no one
+    lose(master, "ps-0")
+    coordinator.tasks.observe_model_version(7)
+    coordinator.record.ps_lost_at["0"] = 7
+    ps = live_name(master, Role.PS)
+    beat(master, ps, 0)
+    coordinator.tick()
+    assert coordinator.record.error is None  # too soon: a worker may hold a copy
+    beat(master, "worker-1", 7)
+    clock.now += 5
+    beat(master, ps, 0)
+    coordinator.tick()
+    assert coordinator.record.error is None  # worker-1 holds one
