@@ -14,10 +14,11 @@ Two processes, no TensorFlow in either:
 - **the bench** (this file, run plainly): a ``grpc.aio`` client running one coroutine per
   simulated worker (plus one for its heartbeats, every ``HEARTBEAT_S`` as a real worker) and
   one for the simulated PS, each with its own channel and its own credentials
-  (``auth.Credentials.for_instance``, from the secret in its launch spec). A worker loops
-  Register, GetPSAddresses, then GetTask, "trains" for ``--task-seconds`` (+/-20 %),
-  ReportTask with the lease id. The bench starts a simulated instance whenever the master's
-  backend launches one, and tells the backend when one ends.
+  (``auth.Credentials.for_instance``, from the secret in its launch spec). A worker calls
+  Register, GetPSAddresses, then NextTask; it "trains" each task for ``--task-seconds``
+  (+/-20 %) while its next NextTask, reporting the task before (with its lease id), fetches
+  the next one, as a real worker does. The bench starts a simulated instance whenever the
+  master's backend launches one, and tells the backend when one ends.
 
 The two talk over the master's stdin/stdout (JSON lines): the master announces launches and
 deletions and answers measurement requests; the bench reports exits and kills.
@@ -386,10 +387,10 @@ def _master_main(config: dict) -> int:
     probe = Probe()
 
     def timed_rpc(name: str, method):
-        def wrapper(self, request, context):
+        async def wrapper(self, request, context):
             start = time.perf_counter()
             try:
-                return method(self, request, context)
+                return await method(self, request, context)
             finally:
                 if probe.recording:
                     probe.handler_s[name].append(time.perf_counter() - start)
@@ -401,8 +402,7 @@ def _master_main(config: dict) -> int:
 
         Register = timed_rpc("Register", MasterServicer.Register)
         GetPSAddresses = timed_rpc("GetPSAddresses", MasterServicer.GetPSAddresses)
-        GetTask = timed_rpc("GetTask", MasterServicer.GetTask)
-        ReportTask = timed_rpc("ReportTask", MasterServicer.ReportTask)
+        NextTask = timed_rpc("NextTask", MasterServicer.NextTask)
         Heartbeat = timed_rpc("Heartbeat", MasterServicer.Heartbeat)
 
     # start_master_server builds the servicer by this name: the real server, the timed one.
@@ -642,8 +642,7 @@ class Bucket:
     """What the simulated instances saw in one phase."""
 
     def __init__(self) -> None:
-        self.get_task: list[float] = []
-        self.report: list[float] = []
+        self.next_task: list[float] = []
         self.heartbeat: list[float] = []
         self.loop_lag: list[float] = []
         self.handouts = 0
@@ -707,7 +706,7 @@ class Bench:
         self.started = time.monotonic()
         self.deadline = self.started + args.timeout
         self.background: list[asyncio.Task] = []
-        #: GetTask latencies by second of the run (from the warm-up on).
+        #: NextTask latencies by second of the run (from the warm-up on).
         self.series: dict[int, list[float]] = {}
         self.marks: dict[str, float] = {}
 
@@ -877,24 +876,27 @@ class Bench:
             sim.registered = True
             self.registered += 1
             sim.beats = asyncio.create_task(self.worker_heartbeats(sim, stub))
-            request = master_pb2.GetTaskRequest(worker=sim.name)
+            # As the real worker: one NextTask per task, sent when a task starts; it reports
+            # the task before and prefetches the next while this one "trains".
+            report, task = None, await self.next_task(sim, stub, None, held=0)
             while True:
-                start = time.perf_counter()
-                task = await self.call(sim, stub.GetTask, request)
                 bucket = self.bucket
-                if bucket is not None:
-                    elapsed = time.perf_counter() - start
-                    bucket.get_task.append(elapsed)
-                    self.series.setdefault(int(time.monotonic() - self.started), []).append(elapsed)
                 if task.kind == master_pb2.Task.FINISHED:
+                    if report is not None:
+                        await self.next_task(sim, stub, report, held=0, report_only=True)
                     break
                 if task.kind == master_pb2.Task.WAIT:
                     if bucket is not None:
                         bucket.waits += 1
-                    await asyncio.sleep(0.3)  # as the real worker
+                    if report is None:
+                        await asyncio.sleep(0.3)  # as the real worker
+                    report, task = None, await self.next_task(sim, stub, report, held=0)
                     continue
                 if bucket is not None:
                     bucket.handouts += 1
+                upcoming = asyncio.create_task(
+                    self.next_task(sim, stub, report, held=task.lease_id)
+                )
                 records = task.end - task.start
                 sim.batches = -(-records // args.batch_size)
                 sim.task_seconds = args.task_seconds * self.rng.uniform(0.8, 1.2)
@@ -903,21 +905,37 @@ class Bench:
                 await asyncio.sleep(sim.task_seconds)  # "training"
                 self.version += sim.batches  # one model version per pushed batch
                 sim.lease = 0
-                report = master_pb2.ReportTaskRequest(
-                    worker=sim.name,
+                report = master_pb2.TaskReport(
                     task_id=task.id,
                     lease_id=task.lease_id,
                     ok=True,
                     model_version=self.version,
                 )
-                start = time.perf_counter()
-                await self.call(sim, stub.ReportTask, report)
-                bucket = self.bucket
-                if bucket is not None:
-                    bucket.report.append(time.perf_counter() - start)
-                    bucket.reports += 1
-                self.reported[task.id] = self.reported.get(task.id, 0) + 1
-                self.records_reported += records
+                report.train_loss, report.train_examples = 1.0, records  # as measured
+                task = await upcoming
+
+    async def next_task(
+        self, sim: Sim, stub, report, *, held: int, report_only: bool = False
+    ) -> master_pb2.Task:
+        """One NextTask call, timed; counts the report it carries once the master has it."""
+        request = master_pb2.NextTaskRequest(worker=sim.name, report_only=report_only)
+        if report is not None:
+            request.report.CopyFrom(report)
+        if held:
+            request.held_leases.append(held)
+        start = time.perf_counter()
+        task = await self.call(sim, stub.NextTask, request)
+        elapsed = time.perf_counter() - start
+        bucket = self.bucket
+        if bucket is not None:
+            bucket.next_task.append(elapsed)
+            self.series.setdefault(int(time.monotonic() - self.started), []).append(elapsed)
+        if report is not None:
+            if bucket is not None:
+                bucket.reports += 1
+            self.reported[report.task_id] = self.reported.get(report.task_id, 0) + 1
+            self.records_reported += report.train_examples
+        return task
 
     async def worker_heartbeats(self, sim: Sim, stub) -> None:
         await asyncio.sleep(self.rng.uniform(0, HEARTBEAT_S))
@@ -1071,8 +1089,7 @@ class Bench:
         phase = {
             "window_s": round(wall, 2),
             "ended_early": self.finished.done(),
-            "get_task": percentiles(bucket.get_task),
-            "report_task": percentiles(bucket.report),
+            "next_task": percentiles(bucket.next_task),
             "heartbeat": percentiles(bucket.heartbeat),
             "handouts_per_s": round(bucket.handouts / wall, 1),
             "reports_per_s": round(bucket.reports / wall, 1),
@@ -1155,8 +1172,7 @@ class Bench:
             "replacement_names": sorted(s.name for s in new)[:3]
             + (["..."] if len(new) > 3 else []),
             "all_replaced_registered_s": recovery,
-            "get_task": percentiles(bucket.get_task),
-            "report_task": percentiles(bucket.report),
+            "next_task": percentiles(bucket.next_task),
             "handouts": bucket.handouts,
             "reports": bucket.reports,
             "waits": bucket.waits,
@@ -1165,7 +1181,7 @@ class Bench:
         }
 
     def slots(self, width: int) -> list[dict]:
-        """GetTask latency in slots of ``width`` seconds of the run."""
+        """NextTask latency in slots of ``width`` seconds of the run."""
         slots: dict[int, list[float]] = {}
         for second, values in self.series.items():
             slots.setdefault(second // width * width, []).extend(values)
@@ -1203,7 +1219,7 @@ class Bench:
         result["master_exit_code"] = self.master.returncode
         result["files"] = dict(self.files)
         result["master_rss_max_sampled_kb"] = self.master_rss_max_kb
-        result["get_task_by_5s"] = self.slots(5)
+        result["next_task_by_5s"] = self.slots(5)
         result["marks_s"] = {k: round(v, 1) for k, v in self.marks.items()}
         result["bench"] = {
             "distinct_tasks_reported": len(self.reported),
@@ -1252,14 +1268,13 @@ def print_result(args, result: dict) -> dict:
             f"\nphase 1: {p1['window_s']} s measured window"
             + (" (the job ended inside it)" if p1["ended_early"] else "")
         )
-        print(f"  GetTask latency (client)      {lat(p1['get_task'])}")
-        print(f"  ReportTask latency (client)   {lat(p1['report_task'])}")
+        print(f"  NextTask latency (client)     {lat(p1['next_task'])}")
         print(f"  Heartbeat latency (client)    {lat(p1['heartbeat'])}")
-        for name in ("GetTask", "ReportTask", "Heartbeat"):
+        for name in ("NextTask", "Heartbeat"):
             if name in inside["handler"]:
                 print(f"  {name + ' in handler (master)':<30}{lat(inside['handler'][name])}")
-        verdicts["p99"] = p1["get_task"].get("p99_ms", math.inf) < TARGET_P99_MS
-        print(f"    GetTask p99 < {TARGET_P99_MS:.0f} ms: {verdict(verdicts['p99'])}")
+        verdicts["p99"] = p1["next_task"].get("p99_ms", math.inf) < TARGET_P99_MS
+        print(f"    NextTask p99 < {TARGET_P99_MS:.0f} ms: {verdict(verdicts['p99'])}")
         print(
             f"  hand-outs {p1['handouts_per_s']:.0f}/s + reports {p1['reports_per_s']:.0f}/s = "
             f"{p1['ops_per_s']:.0f}/s   (+ {p1['heartbeats_per_s']:.0f} heartbeats/s)"
@@ -1304,8 +1319,7 @@ def print_result(args, result: dict) -> dict:
             f"({', '.join(p2['replacement_names'])}), all registered "
             f"{p2['all_replaced_registered_s']} s after the kill"
         )
-        print(f"  GetTask latency (client)      {lat(p2['get_task'])}")
-        print(f"  ReportTask latency (client)   {lat(p2['report_task'])}")
+        print(f"  NextTask latency (client)     {lat(p2['next_task'])}")
         ended = "end of the job" if p2["job_ended"] else "TIMEOUT, the job still running,"
         print(
             f"  {ended} {p2['seconds_to_end']} s after the kill; {p2['waits']} WAIT "
@@ -1319,10 +1333,10 @@ def print_result(args, result: dict) -> dict:
         for name, p in inside["lock_holders"].items():
             print(f"    {name:<26}{lat(p)}")
     marks = result.get("marks_s", {})
-    slots = result.get("get_task_by_5s") or []
+    slots = result.get("next_task_by_5s") or []
     if slots:
         print(
-            "\nGetTask latency by 5 s of the run (window from "
+            "\nNextTask latency by 5 s of the run (window from "
             f"{marks.get('window', '?')} s, kill at {marks.get('kill', '-')} s):"
         )
         for slot in slots:
@@ -1389,9 +1403,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="One real master (coordinator, authenticated gRPC servicer, journaled file "
         "store, the job's own loop) in its own process, against simulated workers and PS: "
-        "GetTask latency, hand-outs + reports per second, the master's CPU and RSS, snapshot "
+        "NextTask latency, hand-outs + reports per second, the master's CPU and RSS, snapshot "
         "and journal sizes; then a kill of some workers and a check that the accounting of "
-        "every epoch is exact. No TensorFlow. Targets: GetTask p99 < 50 ms, >= 2000 "
+        "every epoch is exact. No TensorFlow. Targets: NextTask p99 < 50 ms, >= 2000 "
         "hand-outs + reports/s, master <= 1 core, exact accounting.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

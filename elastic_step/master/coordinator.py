@@ -2,7 +2,7 @@
 
 It owns the task manager, the instance manager and the job record, and journals their
 changes. The gRPC servicer calls it for workers and PS (:meth:`register`, :meth:`next_task`,
-:meth:`report_task`, :meth:`heartbeat`); the run loop calls it with backend events and
+which applies a report too, and :meth:`heartbeat`); the run loop calls it with backend events and
 ticks. It needs neither gRPC nor TensorFlow: an evaluation round's metrics are computed by
 the ``evaluate_round`` function it is given.
 
@@ -36,6 +36,7 @@ from elastic_step.master.state_store import StateStore, StateStoreError
 from elastic_step.master.task_manager import (
     EvaluationResult,
     EvaluationRound,
+    InvalidReportError,
     TaskKind,
     TaskManager,
     TaskSettings,
@@ -205,17 +206,30 @@ class Coordinator:
         with self.lock:
             return list(self.record.ps_addresses)
 
-    def next_task(self, caller: str, worker: str) -> master_pb2.Task:
+    def next_task(self, caller: str, request: master_pb2.NextTaskRequest) -> master_pb2.Task:
+        """Applies the report the request carries (see :meth:`report_task`), then hands the
+        worker its next task, or says WAIT or FINISHED.
+
+        A worker holds at most the task it trains while it asks for the next; any other
+        lease of its was never received, and goes back to the queue.
+        """
+        worker = request.worker
         with self.lock:
             instance = self._instance_of(caller, worker, ended_ok=True)
+            if len(request.held_leases) > 1:
+                raise InvalidReportError(
+                    f"{worker} says it holds {len(request.held_leases)} tasks; a worker "
+                    "trains one while it asks for the next"
+                )
+            if request.HasField("report"):
+                self.report_task(worker, request.report)
             if self.phase.dismisses_instances or instance.state.ended:
                 self.instances.dismiss(worker)
                 return master_pb2.Task(kind=master_pb2.Task.FINISHED)
             if self.phase.over:
                 return master_pb2.Task(kind=master_pb2.Task.WAIT)
-            # A worker runs one task at a time: what it still holds was never received.
-            self.tasks.recover_tasks(worker)
-            task = self.tasks.get_task(worker)
+            self.tasks.recover_tasks(worker, keep=request.held_leases)
+            task = None if request.report_only else self.tasks.get_task(worker)
             if task is None:
                 return master_pb2.Task(kind=master_pb2.Task.WAIT)
             return master_pb2.Task(
@@ -229,56 +243,52 @@ class Coordinator:
                 first_index=task.first_index,
             )
 
-    def report_task(self, caller: str, request: master_pb2.ReportTaskRequest) -> None:
+    def report_task(self, worker: str, report: master_pb2.TaskReport) -> None:
         """Applies a task's outcome. Raises InvalidReportError for a malformed one (its task
         is re-queued); a report for a task the worker no longer holds is ignored."""
         with self.lock:
-            self._instance_of(caller, request.worker, ended_ok=True)
             try:
-                evaluation = self._evaluation_of(request)
+                evaluation = self._evaluation_of(report)
             except (TypeError, ValueError) as e:
                 raise self.tasks.reject_report(
-                    request.task_id,
-                    worker=request.worker,
-                    lease_id=request.lease_id,
-                    problem=f"task {request.task_id}: unreadable metric states ({e})",
+                    report.task_id,
+                    worker=worker,
+                    lease_id=report.lease_id,
+                    problem=f"task {report.task_id}: unreadable metric states ({e})",
                 ) from e
-            if not request.ok:
+            if not report.ok:
                 task = self.tasks.report_failure(
-                    request.task_id,
-                    worker=request.worker,
-                    lease_id=request.lease_id,
-                    error=request.error,
+                    report.task_id, worker=worker, lease_id=report.lease_id, error=report.error
                 )
                 if task is None:
-                    self._log_stale(request)
+                    self._log_stale(worker, report)
                 else:
                     log.warning(
                         "%s failed on %s (failure %d): %s",
-                        request.worker,
+                        worker,
                         task.describe(),
                         len(task.failures),
-                        request.error,
+                        report.error,
                     )
                 return
             task = self.tasks.report_success(
-                request.task_id,
-                worker=request.worker,
-                lease_id=request.lease_id,
-                model_version=request.model_version,
+                report.task_id,
+                worker=worker,
+                lease_id=report.lease_id,
+                model_version=report.model_version,
                 evaluation=evaluation,
             )
             if task is None:
-                self._log_stale(request)
+                self._log_stale(worker, report)
                 return
-            self.instances.note_task_done(request.worker)
+            self.instances.note_task_done(worker)
             if task.kind is not TaskKind.EVALUATE:
                 self._note_trained(task.records)
-            if task.kind is TaskKind.TRAIN and request.train_examples > 0:  # measured
+            if task.kind is TaskKind.TRAIN and report.train_examples > 0:  # measured
                 self.note_train_loss(
-                    request.model_version,
-                    request.train_loss,
-                    dict(request.train_metrics),
+                    report.model_version,
+                    report.train_loss,
+                    dict(report.train_metrics),
                     examples=task.records,
                 )
             self._collect_evaluations()
@@ -423,7 +433,7 @@ class Coordinator:
 
     # -- internals --
 
-    def _evaluation_of(self, request: master_pb2.ReportTaskRequest) -> EvaluationResult | None:
+    def _evaluation_of(self, request: master_pb2.TaskReport) -> EvaluationResult | None:
         """The evaluation result of a report on an evaluation task (or one a training task
         should not carry); the task manager judges whether it is well formed."""
         task = self.tasks.task(request.task_id)
@@ -441,12 +451,12 @@ class Coordinator:
             raise CallerError(f"{name} is not a live instance of this job")
         return instance
 
-    def _log_stale(self, request: master_pb2.ReportTaskRequest) -> None:
+    def _log_stale(self, worker: str, report: master_pb2.TaskReport) -> None:
         log.info(
             "ignored %s's report on task %d (lease %d): it no longer holds that task",
-            request.worker,
-            request.task_id,
-            request.lease_id,
+            worker,
+            report.task_id,
+            report.lease_id,
         )
 
     def _unrecoverable_ps(self) -> str | None:
@@ -463,7 +473,7 @@ class Coordinator:
                     "re-queued %s of %s%s",
                     ", ".join(t.describe() for t in lost),
                     instance.name,
-                    " (counts as a failure of each: it died by itself)" if death else "",
+                    " (a failure of the task it ran: it died by itself)" if death else "",
                 )
             return
         self.record.set_ps_address(instance.slot, "")

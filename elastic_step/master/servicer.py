@@ -1,16 +1,23 @@
-"""The master's gRPC service: a thin layer over the :class:`Coordinator`.
+"""The master's gRPC service: a thin layer over the :class:`Coordinator`, on grpc's asyncio
+server in a thread of its own.
 
 Every call is authenticated before it gets here (:mod:`elastic_step.rpc.auth`); the caller's
 proven name goes to the coordinator. Errors become status codes that tell the caller what
 to do: a client's mistake ends it, a master's trouble is retried.
+
+Why asyncio: each call is a fraction of a millisecond under the coordinator's lock, and at
+1,000 workers the time goes to the server around it. grpc's threaded server hands every call
+to a pool thread through Python conditions; its asyncio server runs the handlers on its
+event loop (bench/README.md, "Master at scale", has the figures).
 Tests: tests/unit/test_coordinator.py (the coordinator behind this service, over gRPC).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from concurrent import futures
+import threading
 
 import grpc
 
@@ -19,7 +26,7 @@ from elastic_step.master.coordinator import CallerError, Coordinator
 from elastic_step.master.state_store import StateStoreError
 from elastic_step.master.task_manager import InvalidReportError
 from elastic_step.rpc import master_pb2, master_pb2_grpc
-from elastic_step.rpc.auth import AuthInterceptor, caller_name
+from elastic_step.rpc.auth import AsyncAuthInterceptor, caller_name
 
 log = logging.getLogger("elastic_step.master")
 
@@ -37,8 +44,11 @@ def _status_of(error: Exception) -> grpc.StatusCode:
 
 
 def _handler(method):
+    """An asyncio handler running ``method``, which runs on the event loop (the coordinator's
+    calls are short), and turning its errors into status codes."""
+
     @functools.wraps(method)
-    def wrapper(self, request, context):
+    async def wrapper(self, request, context):
         try:
             return method(self, request, context)
         except Exception as e:
@@ -49,7 +59,7 @@ def _handler(method):
                 log.exception("%s failed", method.__name__)
             else:
                 log.warning("%s rejected (%s): %s", method.__name__, code.name, e)
-            context.abort(code, str(e))
+            await context.abort(code, str(e))
 
     return wrapper
 
@@ -68,13 +78,8 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return master_pb2.GetPSAddressesResponse(ready=all(addresses), addresses=addresses)
 
     @_handler
-    def GetTask(self, request, context):
-        return self._coordinator.next_task(caller_name(context), request.worker)
-
-    @_handler
-    def ReportTask(self, request, context):
-        self._coordinator.report_task(caller_name(context), request)
-        return master_pb2.ReportTaskResponse()
+    def NextTask(self, request, context):
+        return self._coordinator.next_task(caller_name(context), request)
 
     @_handler
     def Heartbeat(self, request, context):
@@ -82,21 +87,64 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
         return master_pb2.HeartbeatResponse(finished=finished)
 
 
+class MasterServer:
+    """The master's gRPC server: grpc's asyncio server, its event loop on a daemon thread."""
+
+    #: How long starting may take before it is given up.
+    START_TIMEOUT_S = 30.0
+
+    def __init__(self, coordinator: Coordinator, secret: str) -> None:
+        self._coordinator = coordinator
+        self._secret = secret
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="master-grpc", daemon=True
+        )
+        self._server: grpc.aio.Server | None = None
+
+    def start(self, host: str, port: int) -> int:
+        """Serves on ``host:port`` (port 0: a free one); returns the port taken. InputError
+        when it cannot listen there."""
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start(host, port), self._loop)
+        try:
+            return future.result(self.START_TIMEOUT_S)
+        except RuntimeError as e:
+            self._close_loop()
+            raise InputError(f"cannot listen on port {port}: {e}") from e
+
+    async def _start(self, host: str, port: int) -> int:
+        server = grpc.aio.server(interceptors=[AsyncAuthInterceptor(self._secret)])
+        master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self._coordinator), server)
+        bound = server.add_insecure_port(f"{host}:{port}")
+        await server.start()
+        self._server = server
+        return bound
+
+    def stop(self, grace: float) -> None:
+        """Stops serving: calls in flight get ``grace`` seconds; returns when it is down."""
+        if self._server is not None:
+            stopping = asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop)
+            stopping.result(grace + 5)
+            self._server = None
+        self._close_loop()
+
+    def _close_loop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+        if not self._loop.is_running():
+            self._loop.close()
+
+
 def start_master_server(
     coordinator: Coordinator, secret: str, host: str, port: int
-) -> tuple[grpc.Server, int]:
+) -> tuple[MasterServer, int]:
     """The master's gRPC server, started on ``host:port`` (port 0: a free one), with every
     call authenticated by the job's secret; and the port it took, recorded in the job's
     record for the next master."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16), interceptors=[AuthInterceptor(secret)]
-    )
-    master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(coordinator), server)
-    try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as e:
-        raise InputError(f"cannot listen on port {port}: {e}") from e
-    server.start()
+    server = MasterServer(coordinator, secret)
+    bound = server.start(host, port)
     with coordinator.lock:
         coordinator.record.set_port(bound)
     return server, bound

@@ -1,11 +1,11 @@
 """The leases of the tasks a task manager handed out: who holds which task, under which id,
 and until when.
 
-A lease runs out ``timeout_s`` after it was handed out or last renewed (its batch count went
-up). Ids are unique for the life of the job: ``next_id`` only goes up. Leases are kept in
-the order their deadlines were set, so those that ran out are the oldest ones; the clock
-must be monotonic. Deadlines are not durable: :meth:`Leases.refresh` gives every lease a
-full ``timeout_s`` after a restore.
+A lease runs out ``timeout_s`` after it was handed out or last renewed (its batch count, or
+that of another lease of its worker, went up). Ids are unique for the life of the job:
+``next_id`` only goes up. Leases are kept in the order their deadlines were set, so those
+that ran out are the oldest ones; the clock must be monotonic. Deadlines are not durable:
+:meth:`Leases.refresh` gives every lease a full ``timeout_s`` after a restore.
 
 Tested through the task manager, in tests/unit/test_task_manager.py.
 """
@@ -55,8 +55,9 @@ class Leases:
         return self._tasks.get(lease_id)
 
     def held_by(self, worker: str) -> list[int]:
-        """The task ids ``worker`` holds, in hand-out order."""
-        return list(self._held.get(worker, ()))
+        """The task ids ``worker`` holds, in hand-out order (by lease id: a restore adds them
+        in another)."""
+        return sorted(self._held.get(worker, ()), key=lambda t: self._by_task[t].lease_id)
 
     def holds(self, task_id: int, worker: str, lease_id: int) -> bool:
         lease = self._by_task.get(task_id)
@@ -79,11 +80,14 @@ class Leases:
         return lease
 
     def renew(self, task_id: int, batches: int) -> None:
-        """Notes progress: the lease runs out ``timeout_s`` from now."""
+        """Notes progress: the lease runs out ``timeout_s`` from now, and so does every other
+        lease its worker holds (a task it prefetched waits on the one in hand)."""
         lease = self._by_task[task_id]
         lease.batches = batches
-        lease.deadline = self._clock() + self._timeout_s
-        self._by_task.move_to_end(task_id)
+        deadline = self._clock() + self._timeout_s
+        for held in self._held[lease.worker]:
+            self._by_task[held].deadline = deadline
+            self._by_task.move_to_end(held)
 
     def expired(self) -> list[tuple[int, str]]:
         """The tasks whose lease ran out, oldest first, with their worker (still held)."""

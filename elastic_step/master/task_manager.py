@@ -25,8 +25,10 @@ Leases. Every hand-out has a lease id, unique for the life of the job: ids count
 reports on; one from a worker that does not hold that lease (it ran out and the task went
 elsewhere, or the task is done) changes nothing. A lease runs out ``task_timeout_s`` after
 the hand-out or after the last progress (its batch count going up); heartbeats alone do not
-renew it. A task taken back (lease ran out, worker lost, malformed report) is not a failure,
-unless its worker died: that counts as a failure of the task, as an error in user code does.
+renew it; a worker's progress renews every lease it holds (the task it prefetched waits on
+the one in hand). A task taken back (lease ran out, worker lost, malformed report) is not a
+failure, unless its worker died running it: that counts as a failure of the task, as an
+error in user code does.
 Past ``max_task_retries`` failures of one task the job fails with ``failure``.
 
 Accounting. Each task is counted once per epoch however often it ran: ``records_trained`` of
@@ -328,13 +330,20 @@ class TaskManager:
         self._commit({"op": "fail", "task": task_id, "cause": _cause(f"{worker}: {error}")})
         return self._build(task_id, lease_id)
 
-    def recover_tasks(self, worker: str, death: str | None = None) -> list[Task]:
-        """Takes back the tasks ``worker`` holds, to the front of their queues. With ``death``
-        (how the worker died) that is a failure of each task; without, it is not."""
+    def recover_tasks(
+        self, worker: str, death: str | None = None, *, keep: Iterable[int] = ()
+    ) -> list[Task]:
+        """Takes back the tasks ``worker`` holds, but for the leases in ``keep``, to the
+        front of their queues. With ``death`` (how the worker died) that is a failure of the
+        task it was running, its oldest lease (a worker runs its tasks in the order it got
+        them); the one it had prefetched, never started, is only released."""
         lost = []
-        for task_id in self._leases.held_by(worker):
+        keep = set(keep)
+        for i, task_id in enumerate(self._leases.held_by(worker)):
             lease_id = self._leases[task_id].lease_id
-            if death is None:
+            if lease_id in keep:
+                continue
+            if death is None or i > 0:
                 self._commit({"op": "release", "task": task_id})
             else:
                 self._commit({"op": "fail", "task": task_id, "cause": _cause(death), "front": True})

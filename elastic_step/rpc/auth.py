@@ -157,34 +157,64 @@ def authenticated_channel(
 # -- the server side --
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
-    """Lets through only calls whose token matches their name under the job's secret.
-
-    Any other call is answered ``UNAUTHENTICATED`` without running its handler, and logged
-    as one warning that names the method and the claimed name (never a token or the secret).
-    """
+class _Gate:
+    """The check that both server interceptors make: a name, and its token under the secret."""
 
     def __init__(self, secret: str) -> None:
         if not secret:
-            raise ValueError("AuthInterceptor needs the job's secret; got an empty one")
+            raise ValueError(f"{type(self).__name__} needs the job's secret; got an empty one")
         self._secret = secret
 
-    def intercept_service(self, continuation, handler_call_details):
+    def problem(self, handler_call_details) -> str | None:
+        """Why the call is refused (logged as one warning, never with a token or the secret),
+        or None when it carries valid credentials."""
         name, token = _credentials_of(handler_call_details.invocation_metadata)
         expected = token_for(self._secret, name) if name else ""
         # compare_digest on bytes: constant time, and no TypeError on non-ASCII input.
         if name and token and hmac.compare_digest(expected.encode(), token.encode()):
-            return continuation(handler_call_details)
-        method = handler_call_details.method
+            return None
         if not name:
             problem = "no caller name" if not token else "a token but no caller name"
         elif not token:
             problem = f"caller {name[:_MAX_LOGGED_NAME]!r} without a token"
         else:
             problem = f"caller {name[:_MAX_LOGGED_NAME]!r} with a wrong token"
-        log.warning("refused %s: %s", method, problem)
+        log.warning("refused %s: %s", handler_call_details.method, problem)
+        return problem
+
+
+class AuthInterceptor(_Gate, grpc.ServerInterceptor):
+    """Lets through only calls whose token matches their name under the job's secret.
+
+    Any other call is answered ``UNAUTHENTICATED`` without running its handler, and logged
+    as one warning that names the method and the claimed name (never a token or the secret).
+    """
+
+    def intercept_service(self, continuation, handler_call_details):
+        if self.problem(handler_call_details) is None:
+            return continuation(handler_call_details)
         handler = continuation(handler_call_details)
-        return None if handler is None else _refusing(handler, method)
+        return None if handler is None else _refusing(handler, handler_call_details.method)
+
+
+class AsyncAuthInterceptor(_Gate, grpc.aio.ServerInterceptor):
+    """:class:`AuthInterceptor` for grpc's asyncio server (the master's)."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        problem = self.problem(handler_call_details)
+        handler = await continuation(handler_call_details)
+        if problem is None or handler is None:
+            return handler
+        method = handler_call_details.method
+
+        async def refuse(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: {REFUSAL}")
+
+        return _like(handler, refuse)
+
+
+#: What a call without valid credentials is told.
+REFUSAL = "no valid job credentials"
 
 
 def _credentials_of(metadata) -> tuple[str, str]:
@@ -201,19 +231,24 @@ def _refusing(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHand
     """A handler of the same kind as ``handler`` that answers UNAUTHENTICATED."""
 
     def refuse(request_or_iterator, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: no valid job credentials")
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: {REFUSAL}")
 
+    return _like(handler, refuse)
+
+
+def _like(handler: grpc.RpcMethodHandler, behaviour) -> grpc.RpcMethodHandler:
+    """A handler of the same kind and serializers as ``handler`` running ``behaviour``."""
     serializers = {
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse, **serializers)
+        return grpc.stream_stream_rpc_method_handler(behaviour, **serializers)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse, **serializers)
+        return grpc.stream_unary_rpc_method_handler(behaviour, **serializers)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse, **serializers)
-    return grpc.unary_unary_rpc_method_handler(refuse, **serializers)
+        return grpc.unary_stream_rpc_method_handler(behaviour, **serializers)
+    return grpc.unary_unary_rpc_method_handler(behaviour, **serializers)
 
 
 def caller_name(context: grpc.ServicerContext) -> str:

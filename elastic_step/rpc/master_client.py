@@ -50,7 +50,7 @@ class MasterClient:
         self._stub = master_pb2_grpc.MasterStub(self._channel)
 
     def call(self, method: str, request):
-        """Calls ``method`` (e.g. "GetTask"), retrying while the master is unreachable.
+        """Calls ``method`` (e.g. "NextTask"), retrying while the master is unreachable.
 
         Raises :class:`MasterUnreachableError` after ``timeout_s`` without an answer, and
         :class:`MasterRejectedError` at once for any other error status.

@@ -83,11 +83,17 @@ class GetPSAddressesResponse(_message.Message):
     addresses: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, ready: _Optional[bool] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class GetTaskRequest(_message.Message):
-    __slots__ = ("worker",)
+class NextTaskRequest(_message.Message):
+    __slots__ = ("worker", "report", "held_leases", "report_only")
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    HELD_LEASES_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ONLY_FIELD_NUMBER: _ClassVar[int]
     worker: str
-    def __init__(self, worker: _Optional[str] = ...) -> None: ...
+    report: TaskReport
+    held_leases: _containers.RepeatedScalarFieldContainer[int]
+    report_only: bool
+    def __init__(self, worker: _Optional[str] = ..., report: _Optional[_Union[TaskReport, _Mapping]] = ..., held_leases: _Optional[_Iterable[int]] = ..., report_only: _Optional[bool] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("kind", "id", "shard", "start", "end", "epoch", "lease_id", "first_index")
@@ -123,8 +129,8 @@ class Task(_message.Message):
     first_index: int
     def __init__(self, kind: _Optional[_Union[Task.Kind, str]] = ..., id: _Optional[int] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
 
-class ReportTaskRequest(_message.Message):
-    __slots__ = ("worker", "task_id", "ok", "error", "model_version", "loss_sum", "example_count", "metric_states", "lease_id", "train_loss", "train_examples", "train_metrics")
+class TaskReport(_message.Message):
+    __slots__ = ("task_id", "ok", "error", "model_version", "loss_sum", "example_count", "metric_states", "lease_id", "train_loss", "train_examples", "train_metrics")
     class TrainMetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -132,7 +138,6 @@ class ReportTaskRequest(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
-    WORKER_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -144,7 +149,6 @@ class ReportTaskRequest(_message.Message):
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     TRAIN_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRAIN_METRICS_FIELD_NUMBER: _ClassVar[int]
-    worker: str
     task_id: int
     ok: bool
     error: str
@@ -156,11 +160,7 @@ class ReportTaskRequest(_message.Message):
     train_loss: float
     train_examples: int
     train_metrics: _containers.ScalarMap[str, float]
-    def __init__(self, worker: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., model_version: _Optional[int] = ..., loss_sum: _Optional[float] = ..., example_count: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., lease_id: _Optional[int] = ..., train_loss: _Optional[float] = ..., train_examples: _Optional[int] = ..., train_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
-
-class ReportTaskResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    def __init__(self, task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., model_version: _Optional[int] = ..., loss_sum: _Optional[float] = ..., example_count: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., lease_id: _Optional[int] = ..., train_loss: _Optional[float] = ..., train_examples: _Optional[int] = ..., train_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("name", "model_version", "lease_id", "batches_done")

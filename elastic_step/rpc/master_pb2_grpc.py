@@ -45,15 +45,10 @@ class MasterStub:
                 request_serializer=elastic__step_dot_rpc_dot_master__pb2.GetPSAddressesRequest.SerializeToString,
                 response_deserializer=elastic__step_dot_rpc_dot_master__pb2.GetPSAddressesResponse.FromString,
                 _registered_method=True)
-        self.GetTask = channel.unary_unary(
-                '/elastic_step.Master/GetTask',
-                request_serializer=elastic__step_dot_rpc_dot_master__pb2.GetTaskRequest.SerializeToString,
+        self.NextTask = channel.unary_unary(
+                '/elastic_step.Master/NextTask',
+                request_serializer=elastic__step_dot_rpc_dot_master__pb2.NextTaskRequest.SerializeToString,
                 response_deserializer=elastic__step_dot_rpc_dot_master__pb2.Task.FromString,
-                _registered_method=True)
-        self.ReportTask = channel.unary_unary(
-                '/elastic_step.Master/ReportTask',
-                request_serializer=elastic__step_dot_rpc_dot_master__pb2.ReportTaskRequest.SerializeToString,
-                response_deserializer=elastic__step_dot_rpc_dot_master__pb2.ReportTaskResponse.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/elastic_step.Master/Heartbeat',
@@ -80,15 +75,10 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def GetTask(self, request, context):
-        """The next task for a worker.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReportTask(self, request, context):
-        """The outcome of a task: success (with evaluation metric states) or a user-code error.
+    def NextTask(self, request, context):
+        """One call per task: the outcome of the task a worker finished, if any, and its next
+        task. A worker asks while it trains the task in hand (held_leases), so the next one is
+        there when this one ends.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -114,15 +104,10 @@ def add_MasterServicer_to_server(servicer, server):
                     request_deserializer=elastic__step_dot_rpc_dot_master__pb2.GetPSAddressesRequest.FromString,
                     response_serializer=elastic__step_dot_rpc_dot_master__pb2.GetPSAddressesResponse.SerializeToString,
             ),
-            'GetTask': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetTask,
-                    request_deserializer=elastic__step_dot_rpc_dot_master__pb2.GetTaskRequest.FromString,
+            'NextTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.NextTask,
+                    request_deserializer=elastic__step_dot_rpc_dot_master__pb2.NextTaskRequest.FromString,
                     response_serializer=elastic__step_dot_rpc_dot_master__pb2.Task.SerializeToString,
-            ),
-            'ReportTask': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReportTask,
-                    request_deserializer=elastic__step_dot_rpc_dot_master__pb2.ReportTaskRequest.FromString,
-                    response_serializer=elastic__step_dot_rpc_dot_master__pb2.ReportTaskResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -196,7 +181,7 @@ class Master:
             _registered_method=True)
 
     @staticmethod
-    def GetTask(request,
+    def NextTask(request,
             target,
             options=(),
             channel_credentials=None,
@@ -209,36 +194,9 @@ class Master:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/elastic_step.Master/GetTask',
-            elastic__step_dot_rpc_dot_master__pb2.GetTaskRequest.SerializeToString,
+            '/elastic_step.Master/NextTask',
+            elastic__step_dot_rpc_dot_master__pb2.NextTaskRequest.SerializeToString,
             elastic__step_dot_rpc_dot_master__pb2.Task.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReportTask(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/elastic_step.Master/ReportTask',
-            elastic__step_dot_rpc_dot_master__pb2.ReportTaskRequest.SerializeToString,
-            elastic__step_dot_rpc_dot_master__pb2.ReportTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

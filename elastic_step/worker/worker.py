@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -41,6 +42,8 @@ log = logging.getLogger("elastic_step.worker")
 # Waiting for the PS to come back: the first retry is quick, later ones back off to the cap.
 PS_RETRY_FIRST_S = 0.25
 PS_RETRY_MAX_S = 2.0
+#: How long a worker told to WAIT waits before it asks again.
+WAIT_S = 0.3
 
 
 class Worker:
@@ -157,54 +160,91 @@ class Worker:
     # -- the loop --
 
     def run(self) -> int:
+        """Runs tasks until the master says the job is finished.
+
+        One call per task: while a task trains, a background thread reports the previous
+        one, receives the next and reads its records, so the next task is ready when this
+        one ends (:meth:`_exchange`).
+        """
         self.setup()
         threading.Thread(target=self._heartbeats, daemon=True).start()
-        while True:
-            task = self.master.call("GetTask", master_pb2.GetTaskRequest(worker=self.name))
-            if task.kind == master_pb2.Task.FINISHED:
-                if self.ps is None:
-                    log.info("%s: the job is finished; exiting", self.name)
-                else:
-                    traffic = self.traffic
-                    log.info(
-                        "%s: the job is finished; exiting. PS traffic: %d training steps, "
-                        "%d calls, %d bytes sent, %d bytes received",
-                        self.name,
-                        self.steps_trained,
-                        traffic.calls,
-                        traffic.sent,
-                        traffic.received,
-                    )
-                for stream in self._streams.values():
-                    stream.close()
-                self.finished.set()
-                return 0
-            if task.kind == master_pb2.Task.WAIT:
-                time.sleep(0.3)
-                continue
-            self._lease_id, self._batches_done = task.lease_id, 0
-            report = master_pb2.ReportTaskRequest(
-                worker=self.name, task_id=task.id, lease_id=task.lease_id, ok=True
+        with ThreadPoolExecutor(1, thread_name_prefix="next-task") as calls:
+            report = None  # the outcome of the last task, not yet sent
+            task, records = self._exchange(None, held=None)
+            while True:
+                if task.kind == master_pb2.Task.FINISHED:
+                    if report is not None:  # its outcome still counts
+                        self._exchange(report, held=None, report_only=True)
+                    return self._finish()
+                if task.kind == master_pb2.Task.WAIT:
+                    if report is None:
+                        time.sleep(WAIT_S)
+                    task, records = self._exchange(report, held=None)
+                    report = None
+                    continue
+                upcoming = calls.submit(self._exchange, report, held=task.lease_id)
+                report = self._run_task(task, records)
+                task, records = upcoming.result()
+
+    def _exchange(
+        self, report: master_pb2.TaskReport | None, *, held: int | None, report_only: bool = False
+    ) -> tuple[master_pb2.Task, list[bytes] | Exception]:
+        """Sends ``report`` and gets the next task, holding the lease ``held``; with the
+        task, its records, or the error that reading them raised (raised when it runs)."""
+        from elastic_step.data.tfrecord import read_records
+
+        request = master_pb2.NextTaskRequest(worker=self.name, report_only=report_only)
+        if report is not None:
+            request.report.CopyFrom(report)
+        if held is not None:
+            request.held_leases.append(held)
+        task = self.master.call("NextTask", request)
+        if task.kind in (master_pb2.Task.WAIT, master_pb2.Task.FINISHED):
+            return task, []
+        try:
+            return task, read_records(task.shard, task.start, task.end)
+        except Exception as e:
+            return task, e
+
+    def _run_task(self, task, records: list[bytes] | Exception) -> master_pb2.TaskReport:
+        self._lease_id, self._batches_done = task.lease_id, 0
+        report = master_pb2.TaskReport(task_id=task.id, lease_id=task.lease_id, ok=True)
+        try:
+            if isinstance(records, Exception):
+                raise records
+            if task.kind == master_pb2.Task.TRAIN:
+                self.train(records, report)
+            elif task.kind == master_pb2.Task.PREDICT:
+                self.predictor.predict(task, self._batches(records, "predict"))
+            else:
+                self.evaluate(records, report)
+        except UserCodeError as e:
+            log.error("%s: task %d failed: %s", self.name, task.id, e)
+            report = master_pb2.TaskReport(
+                task_id=task.id, lease_id=task.lease_id, ok=False, error=str(e)
             )
-            try:
-                if task.kind == master_pb2.Task.TRAIN:
-                    self.train(task, report)
-                elif task.kind == master_pb2.Task.PREDICT:
-                    self.predictor.predict(task, self._batches(task, "predict"))
-                else:
-                    self.evaluate(task, report)
-            except UserCodeError as e:
-                log.error("%s: task %d failed: %s", self.name, task.id, e)
-                report = master_pb2.ReportTaskRequest(
-                    worker=self.name,
-                    task_id=task.id,
-                    lease_id=task.lease_id,
-                    ok=False,
-                    error=str(e),
-                )
-            report.model_version = self.ps.model_version if self.ps else 0
-            self._lease_id = 0
-            self.master.call("ReportTask", report)
+        report.model_version = self.ps.model_version if self.ps else 0
+        self._lease_id = 0
+        return report
+
+    def _finish(self) -> int:
+        if self.ps is None:
+            log.info("%s: the job is finished; exiting", self.name)
+        else:
+            traffic = self.traffic
+            log.info(
+                "%s: the job is finished; exiting. PS traffic: %d training steps, "
+                "%d calls, %d bytes sent, %d bytes received",
+                self.name,
+                self.steps_trained,
+                traffic.calls,
+                traffic.sent,
+                traffic.received,
+            )
+        for stream in self._streams.values():
+            stream.close()
+        self.finished.set()
+        return 0
 
     def _heartbeats(self) -> None:
         while not self.finished.is_set():
@@ -230,11 +270,9 @@ class Worker:
 
     # -- tasks --
 
-    def _batches(self, task, mode: str):
-        from elastic_step.data.tfrecord import read_records
+    def _batches(self, records: list[bytes], mode: str):
         from elastic_step.worker.stream import BatchStream, FeedContractError
 
-        records = read_records(task.shard, task.start, task.end)
         try:
             stream = self._streams.get(mode)
             if stream is None or stream.broken:
@@ -245,16 +283,16 @@ class Worker:
         except FeedContractError as e:
             raise UserCodeError(str(e)) from e
 
-    def train(self, task, report: master_pb2.ReportTaskRequest) -> None:
-        loss = self.trainer.train(self._batches(task, "train"))
+    def train(self, records: list[bytes], report: master_pb2.TaskReport) -> None:
+        loss = self.trainer.train(self._batches(records, "train"))
         report.train_loss, report.train_examples = loss.mean, loss.examples
         report.train_metrics.update(loss.metrics)
 
-    def evaluate(self, task, report: master_pb2.ReportTaskRequest) -> None:
+    def evaluate(self, records: list[bytes], report: master_pb2.TaskReport) -> None:
         steps = self.trainer.steps
         steps.reset_metrics()
         loss_sum, count = 0.0, 0
-        for features, labels in self.trainer.evaluation_batches(self._batches(task, "evaluate")):
+        for features, labels in self.trainer.evaluation_batches(self._batches(records, "evaluate")):
             try:
                 loss = steps.evaluate(features, labels)  # adds the batch to the metrics
             except Exception as e:

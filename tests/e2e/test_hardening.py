@@ -167,8 +167,7 @@ for method, request in [
     ("Register", master_pb2.RegisterRequest(role=master_pb2.PS, name="ps-0", shard=0,
                                             address="127.0.0.1:1")),
     ("GetPSAddresses", master_pb2.GetPSAddressesRequest()),
-    ("GetTask", master_pb2.GetTaskRequest(worker="worker-0")),
-    ("ReportTask", master_pb2.ReportTaskRequest(worker="worker-0", task_id=0, ok=True)),
+    ("NextTask", master_pb2.NextTaskRequest(worker="worker-0")),
     ("Heartbeat", master_pb2.HeartbeatRequest(name="worker-0")),
 ]:
     try:
@@ -211,7 +210,7 @@ def test_chaos_random_worker_kills_and_a_ps_kill_keep_accounting_exact(train_run
     )
     assert probe.returncode == 0, probe.stderr
     codes = dict(item.split("=") for item in probe.stdout.split())
-    assert len(codes) == 8 and set(codes.values()) == {"UNAUTHENTICATED"}, codes
+    assert len(codes) == 7 and set(codes.values()) == {"UNAUTHENTICATED"}, codes
 
     # A second master of the same job is turned away while the first one runs.
     second = subprocess.Popen(run.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -192,8 +192,7 @@ stub = master_pb2_grpc.MasterStub(grpc.insecure_channel(sys.argv[1]))
 calls = [
     ("Register", master_pb2.RegisterRequest(role=master_pb2.PS, name="ps-0", address="x:1")),
     ("GetPSAddresses", master_pb2.GetPSAddressesRequest()),
-    ("GetTask", master_pb2.GetTaskRequest(worker="worker-0")),
-    ("ReportTask", master_pb2.ReportTaskRequest(worker="worker-0", task_id=0, ok=True)),
+    ("NextTask", master_pb2.NextTaskRequest(worker="worker-0")),
     ("Heartbeat", master_pb2.HeartbeatRequest(name="worker-0")),
 ]
 for method, request in calls:
@@ -218,7 +217,7 @@ def _strangers_are_refused(cluster, core: client.CoreV1Api, ns: str, master: str
 
     pod = poll("the stranger pod to finish", done, timeout=120)
     log = container_log(cluster.workdir, pod)
-    methods = ("Register", "GetPSAddresses", "GetTask", "ReportTask", "Heartbeat")
+    methods = ("Register", "GetPSAddresses", "NextTask", "Heartbeat")
     words = [line.split() for line in log.splitlines()]
     codes = dict(w for w in words if len(w) == 2 and w[0] in methods)
     assert pod.status.phase == "Succeeded", log

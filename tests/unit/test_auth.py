@@ -230,8 +230,8 @@ def test_caller_name_is_the_verified_name(master_server: tuple[_NamesMaster, str
             master_pb2.RegisterRequest(), timeout=5, metadata=[(auth.NAME_KEY, "master")]
         )
         # Authenticated, then the servicer's own error: not retried, carries the message.
-        with pytest.raises(MasterRejectedError, match=r"^master rejected GetTask: UNIMPLEMENTED"):
-            client.call("GetTask", master_pb2.GetTaskRequest(worker=WORKER))
+        with pytest.raises(MasterRejectedError, match=r"^master rejected NextTask: UNIMPLEMENTED"):
+            client.call("NextTask", master_pb2.NextTaskRequest(worker=WORKER))
     finally:
         client.close()
     assert servicer.callers == [WORKER, WORKER]

@@ -4,7 +4,6 @@ tasks, and a master restart from the journal. No TensorFlow."""
 
 from __future__ import annotations
 
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -18,7 +17,7 @@ from elastic_step.master.instance_manager import MembershipSettings
 from elastic_step.master.job_record import JobRecord
 from elastic_step.master.persistence import SavedJob
 from elastic_step.master.phase import Phase
-from elastic_step.master.servicer import MasterServicer
+from elastic_step.master.servicer import start_master_server
 from elastic_step.master.state_store import FileStateStore
 from elastic_step.master.task_manager import TaskSettings
 from elastic_step.rpc import auth, master_pb2, master_pb2_grpc
@@ -75,13 +74,8 @@ class Master:
             clock=clock,
         )
         self.secret = self.store.job_secret()
-        self.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=4),
-            interceptors=[auth.AuthInterceptor(self.secret)],
-        )
-        master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self.coordinator), self.server)
-        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
-        self.server.start()
+        self.server, port = start_master_server(self.coordinator, self.secret, "127.0.0.1", 0)
+        self.address = f"127.0.0.1:{port}"
         self.channels: list[grpc.Channel] = []
 
     def start_instances(self) -> None:
@@ -101,7 +95,7 @@ class Master:
     def close(self) -> None:
         for channel in self.channels:
             channel.close()
-        self.server.stop(grace=None)
+        self.server.stop(grace=0)
         self.store.close()
 
 
@@ -124,15 +118,27 @@ def code_of(call) -> grpc.StatusCode:
     return raised.value.code()
 
 
+def next_task(
+    stub, worker: str, outcome: master_pb2.TaskReport | None = None, *, held=(), **flags
+) -> master_pb2.Task:
+    request = master_pb2.NextTaskRequest(worker=worker, held_leases=list(held), **flags)
+    if outcome is not None:
+        request.report.CopyFrom(outcome)
+    return stub.NextTask(request, timeout=TIMEOUT_S)
+
+
 def get_task(stub, worker: str) -> master_pb2.Task:
-    return stub.GetTask(master_pb2.GetTaskRequest(worker=worker), timeout=TIMEOUT_S)
+    """The next task of a worker that holds none."""
+    return next_task(stub, worker)
+
+
+def outcome_of(task: master_pb2.Task, **fields) -> master_pb2.TaskReport:
+    return master_pb2.TaskReport(task_id=task.id, lease_id=task.lease_id, ok=True, **fields)
 
 
 def report(stub, worker: str, task: master_pb2.Task, **fields) -> None:
-    request = master_pb2.ReportTaskRequest(
-        worker=worker, task_id=task.id, lease_id=task.lease_id, ok=True, **fields
-    )
-    stub.ReportTask(request, timeout=TIMEOUT_S)
+    """Reports ``task`` and asks for nothing more."""
+    next_task(stub, worker, outcome_of(task, **fields), report_only=True)
 
 
 def evaluation_fields(metric_states: int = 2) -> dict:
@@ -152,8 +158,7 @@ def test_calls_without_the_jobs_credentials_are_unauthenticated(master) -> None:
     calls = {
         "Register": master_pb2.RegisterRequest(name="worker-0"),
         "GetPSAddresses": master_pb2.GetPSAddressesRequest(),
-        "GetTask": master_pb2.GetTaskRequest(worker="worker-0"),
-        "ReportTask": master_pb2.ReportTaskRequest(worker="worker-0"),
+        "NextTask": master_pb2.NextTaskRequest(worker="worker-0"),
         "Heartbeat": master_pb2.HeartbeatRequest(name="worker-0"),
     }
     for stub in strangers:
@@ -161,7 +166,7 @@ def test_calls_without_the_jobs_credentials_are_unauthenticated(master) -> None:
             code_of(lambda m=method, r=request, s=stub: getattr(s, m)(r, timeout=TIMEOUT_S))
             for method, request in calls.items()
         ]
-        assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 5
+        assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 4
     assert master.coordinator.tasks.doing_count() == 0  # nothing reached the coordinator
     assert get_task(master.stub("worker-0"), "worker-0").kind == master_pb2.Task.TRAIN
 
@@ -309,10 +314,11 @@ def test_a_restarted_master_resumes_from_the_journal(tmp_path, clock) -> None:
     for _ in range(5):
         report(stub, "worker-0", get_task(stub, "worker-0"))
     held = get_task(stub, "worker-0")  # worker-0 is adopted with this task in hand
+    prefetched = next_task(stub, "worker-0", held=[held.lease_id])  # and the next one
     other = get_task(first.stub("worker-1"), "worker-1")
     before = first.coordinator.tasks.snapshot()
     first.store.flush(TIMEOUT_S)
-    first.server.stop(grace=None)
+    first.server.stop(grace=0)
     first.store.close()  # the first master is gone; the live instances stay
 
     backend = first.backend
@@ -326,10 +332,15 @@ def test_a_restarted_master_resumes_from_the_journal(tmp_path, clock) -> None:
         coordinator.adopt(backend.list_instances())
         # worker-1 was not adopted: its task is back in the queue at once.
         assert [t.id for t in coordinator.tasks.tasks_of("worker-1")] == []
-        assert [t.id for t in coordinator.tasks.tasks_of("worker-0")] == [held.id]
-        report(second.stub("worker-0"), "worker-0", held)  # the adopted worker's report counts
+        assert [t.id for t in coordinator.tasks.tasks_of("worker-0")] == [held.id, prefetched.id]
+        # The adopted worker's report counts, and its prefetched task stays its own.
+        stub = second.stub("worker-0")
+        after = next_task(stub, "worker-0", outcome_of(held), held=[prefetched.lease_id])
         assert coordinator.tasks.records_trained(1) == 60
-        assert get_task(second.stub("worker-0"), "worker-0").id == other.id
+        assert after.id == other.id
+        next_task(stub, "worker-0", outcome_of(prefetched), held=[after.lease_id])
+        report(stub, "worker-0", after)
+        assert coordinator.tasks.records_trained(1) == 80
     finally:
         second.close()
 
@@ -410,3 +421,59 @@ def test_a_restarted_master_waits_to_hear_from_the_workers_before_judging(master
     beat(master, ps, 0)
     coordinator.tick()
     assert coordinator.record.error is None  # worker-1 holds one
+
+
+# -- one call per task, the next one prefetched --
+
+
+def test_a_worker_reports_and_gets_its_next_task_in_one_call_while_it_trains(master) -> None:
+    tasks, stub = master.coordinator.tasks, master.stub("worker-0")
+    first = get_task(stub, "worker-0")
+    second = next_task(stub, "worker-0", held=[first.lease_id])  # asked while first trains
+    third = next_task(stub, "worker-0", outcome_of(first), held=[second.lease_id])
+    assert [t.id for t in tasks.tasks_of("worker-0")] == [second.id, third.id]
+    assert tasks.records_trained(1) == 10
+
+    # An answer lost on the way: the worker asks again holding only what it trains, and the
+    # lost hand-out goes back to the queue, to be handed out again under a new lease.
+    again = next_task(stub, "worker-0", outcome_of(second), held=[third.lease_id])
+    assert again.id != third.id
+    retry = next_task(stub, "worker-0", held=[third.lease_id])
+    assert (retry.id, retry.lease_id != again.lease_id) == (again.id, True)
+    next_task(stub, "worker-0", outcome_of(third), held=[retry.lease_id], report_only=True)
+    assert tasks.records_trained(1) == 30
+    # The lost hand-out's lease is fenced off: a report on it is ignored.
+    next_task(stub, "worker-0", outcome_of(again), held=[retry.lease_id], report_only=True)
+    assert tasks.records_trained(1) == 30
+    report(stub, "worker-0", retry)
+    assert tasks.records_trained(1) == 40 and tasks.doing_count() == 0
+
+    too_many = master_pb2.NextTaskRequest(worker="worker-0", held_leases=[1, 2])
+    assert code_of(lambda: stub.NextTask(too_many, timeout=TIMEOUT_S)) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )
+
+
+def test_a_worker_that_dies_fails_the_task_it_ran_not_the_one_it_prefetched(master) -> None:
+    coordinator, stub = master.coordinator, master.stub("worker-0")
+    running = get_task(stub, "worker-0")
+    prefetched = next_task(stub, "worker-0", held=[running.lease_id])
+    master.backend.end("worker-0", ExitReason.CRASHED, -9, "killed by SIGKILL")
+    master.pump()
+    assert coordinator.tasks.task(running.id).failures != ()
+    assert coordinator.tasks.task(prefetched.id).failures == ()
+    assert coordinator.tasks.doing_count() == 0
+
+
+def test_progress_on_the_task_in_hand_keeps_the_prefetched_lease(master, clock) -> None:
+    coordinator, stub = master.coordinator, master.stub("worker-0")
+    running = get_task(stub, "worker-0")
+    prefetched = next_task(stub, "worker-0", held=[running.lease_id])
+    for batches in (1, 2, 3):
+        clock.now += TASK_TIMEOUT_S - 1
+        beat = master_pb2.HeartbeatRequest(
+            name="worker-0", lease_id=running.lease_id, batches_done=batches
+        )
+        stub.Heartbeat(beat, timeout=TIMEOUT_S)
+        coordinator.tick()
+    assert [t.id for t in coordinator.tasks.tasks_of("worker-0")] == [running.id, prefetched.id]

@@ -72,8 +72,8 @@ class _Master(master_pb2_grpc.MasterServicer):
         self._count("GetPSAddresses", context)
         return master_pb2.GetPSAddressesResponse(ready=True, addresses=self.ps_addresses)
 
-    def GetTask(self, request, context):
-        self._count("GetTask", context)
+    def NextTask(self, request, context):
+        self._count("NextTask", context)
         return master_pb2.Task(kind=master_pb2.Task.FINISHED)
 
     def Heartbeat(self, request, context):
@@ -148,14 +148,14 @@ def _client(address: str, timeout_s: float = 30) -> MasterClient:
 
 def test_master_error_status_is_raised_at_once(master: tuple[_Master, str]) -> None:
     servicer, address = master
-    servicer.failures["GetTask"] = (grpc.StatusCode.INVALID_ARGUMENT, "unknown worker", -1)
+    servicer.failures["NextTask"] = (grpc.StatusCode.INVALID_ARGUMENT, "unknown worker", -1)
     client = _client(address)
     with pytest.raises(MasterRejectedError) as e:
-        client.call("GetTask", master_pb2.GetTaskRequest(worker=WORKER))
+        client.call("NextTask", master_pb2.NextTaskRequest(worker=WORKER))
     client.close()
-    assert str(e.value) == "master rejected GetTask: INVALID_ARGUMENT: unknown worker"
-    assert (e.value.method, e.value.code) == ("GetTask", grpc.StatusCode.INVALID_ARGUMENT)
-    assert servicer.calls["GetTask"] == 1
+    assert str(e.value) == "master rejected NextTask: INVALID_ARGUMENT: unknown worker"
+    assert (e.value.method, e.value.code) == ("NextTask", grpc.StatusCode.INVALID_ARGUMENT)
+    assert servicer.calls["NextTask"] == 1
 
 
 def test_wrong_credentials_are_rejected_not_retried(master: tuple[_Master, str]) -> None:
@@ -183,16 +183,16 @@ def test_unavailable_and_deadline_are_retried(
 
 def test_retries_back_off_and_give_up_after_the_timeout(master: tuple[_Master, str]) -> None:
     servicer, address = master
-    servicer.failures["GetTask"] = (grpc.StatusCode.UNAVAILABLE, "restarting", -1)
+    servicer.failures["NextTask"] = (grpc.StatusCode.UNAVAILABLE, "restarting", -1)
     client = _client(address, timeout_s=1.5)
     started = time.monotonic()
     with pytest.raises(MasterUnreachableError, match="unreachable for 2 s"):
-        client.call("GetTask", master_pb2.GetTaskRequest(worker=WORKER))
+        client.call("NextTask", master_pb2.NextTaskRequest(worker=WORKER))
     elapsed = time.monotonic() - started
     client.close()
     assert 1.5 <= elapsed < 3.0
     # Sleeps of 0.2, 0.4, 0.8, then the last 0.1 to the deadline: 5 calls, not a busy loop.
-    assert 4 <= servicer.calls["GetTask"] <= 6
+    assert 4 <= servicer.calls["NextTask"] <= 6
 
 
 # -- the worker's main --
@@ -237,7 +237,7 @@ def test_worker_runs_with_a_ps_that_takes_its_values(
     servicer, address = master
     servicer.ps_addresses = [_start_ps(servers)]
     assert worker_main(["--master", address, "--name", WORKER]) == 0  # FINISHED at once
-    assert servicer.calls["GetTask"] == 1
+    assert servicer.calls["NextTask"] == 1
 
 
 def test_worker_waits_for_a_ps_with_backoff_then_gives_up(

@@ -80,7 +80,7 @@ class Master:
         self.coordinator.apply_events(self.backend.next_events(0))
 
     def get(self, worker: str) -> master_pb2.Task:
-        return self.coordinator.next_task(worker, worker)
+        return self.coordinator.next_task(worker, master_pb2.NextTaskRequest(worker=worker))
 
     def report(
         self,
@@ -92,8 +92,8 @@ class Master:
     ) -> None:
         """Reports ``task`` done; a training task measured its loss and ``train_metrics``
         when those are given."""
-        request = master_pb2.ReportTaskRequest(
-            worker=worker, task_id=task.id, lease_id=task.lease_id, ok=True, model_version=version
+        request = master_pb2.TaskReport(
+            task_id=task.id, lease_id=task.lease_id, ok=True, model_version=version
         )
         if task.kind == master_pb2.Task.EVALUATE:
             request.loss_sum, request.example_count = loss * 10, 10
