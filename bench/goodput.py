@@ -1,28 +1,40 @@
 """Goodput under faults: wall time of a small real job with a worker SIGKILLed every 20 s,
-against the same job undisturbed.
+without and with standby workers, against the same job undisturbed.
 
-Both runs are ``elastic-step train`` (the real CLI in a subprocess: master, 1 PS and 2 worker
+Every run is ``elastic-step train`` (the real CLI in a subprocess: master, 1 PS and 2 worker
 processes over gRPC) on scikit-learn's digits, preprocessed by the real ``elastic-step
-preprocess``, with the same seed and settings, one after the other in one invocation (never
-at the same time). In the faulty run, every ``--kill-every`` seconds from the start of the
-``train`` process, the bench reads ``status.json``, picks one running worker at random and
-sends its process SIGKILL, as tests/e2e/test_fault_tolerance.py does. A SIGKILLed worker
-crashed as far as the master knows: it counts toward ``--max-restarts`` (set high in both runs)
-and as a failure of the task it held, and it is replaced.
+preprocess``, with the same seed and settings. For each ``--epochs`` count (80 and 160 by
+default), one after the other in one invocation (never at the same time): the undisturbed run
+(``--clean-runs``), a faulty run, and a faulty run with ``--standby N`` (N extra worker
+processes that load TensorFlow and the model and train nothing; one takes a dead worker's slot
+at once). In the faulty runs, every ``--kill-every`` seconds from the start of the ``train``
+process, the bench reads ``status.json``, picks one running worker at random and sends its
+process SIGKILL, as tests/e2e/test_fault_tolerance.py does. A SIGKILLed worker crashed as far
+as the master knows: it counts toward ``--max-restarts`` (set high in every run) and as a
+failure of the task it held, and it is replaced (by a standby where one is ready).
 
-It prints both wall times, their ratio (target <= 1.15), the kills, whether each run's
-accounting was exact (every epoch's records_trained == records_expected in summary.json) and
-each run's final accuracy, and writes ``WORKDIR/goodput.json``. Nothing is a timed assertion.
-See bench/README.md.
+For every kill it measures "kill -> slot training again": from the kill (the bench's clock) to
+the first ``connected to PS`` line in the log of the instance that took the killed worker's
+slot (the master log names the slot and the instance), which a worker logs right before it
+asks for its first task and a promoted standby right after it is given the slot.
+
+It prints, per epoch count, each run's wall time, the ratio of each faulty run to the mean
+undisturbed wall time (target <= 1.10, judged on the run with standby; the one without is
+shown beside it), the kills, the recovery seconds of each kill and their mean without and with
+the standby, whether each run's accounting was exact (every epoch's records_trained ==
+records_expected in summary.json) and each run's final accuracy, and writes
+``WORKDIR/goodput.json``. Nothing is a timed assertion. See bench/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -44,10 +56,20 @@ from common import (
     write_result,
 )
 
-TARGET = 1.15
+TARGET = 1.10
+WORKERS = 2
 STALE_STATUS_S = 2.0
 #: What the master logs once every epoch is trained, before it saves the model.
 TRAINED_LINE = "epochs trained and evaluated; saving the model"
+#: The master's line for a dead worker it replaces: "worker-3 crashed (killed by SIGKILL);
+#: replacing it (restart 1 of --max-restarts=1000 for worker slot 1)".
+REPLACING = re.compile(r"^(?P<name>\S+) .*; replacing it.* for worker slot (?P<slot>\d+)\)$")
+#: "standby-0 takes worker slot 1 at once (a standby, TensorFlow loaded); ..."
+PROMOTED = re.compile(r"^(?P<name>\S+) takes worker slot (?P<slot>\d+) at once\b")
+#: "launched worker-5 (worker slot 1)"
+LAUNCHED = re.compile(r"^launched (?P<name>\S+) \(worker slot (?P<slot>\d+)\)$")
+#: What a worker logs right before it asks for its first task (a standby: once given a slot).
+CONNECTED = ": connected to PS "
 
 
 # -- data --
@@ -68,42 +90,111 @@ def prepare_data(workdir: str) -> str:
     return data_dir
 
 
-# -- one run --
+# -- the logs --
 
 
-def log_times(path: str, started_at: float) -> dict:
-    """Seconds from the start of ``train`` to the milestones the master logs (1 s resolution),
-    and how long each worker took from its launch to its Register."""
-    marks: dict = {"replacements": []}
-    launched: dict[str, float] = {}
-    day = time.strftime("%Y-%m-%d ", time.localtime(started_at))
-
-    def at(line: str) -> float:
-        stamp = time.mktime(time.strptime(day + line[:8], "%Y-%m-%d %H:%M:%S"))
-        return round(stamp - started_at, 1)
-
+def master_lines(path: str) -> list[tuple[str, str]]:
+    """The master log's own lines, as (HH:MM:SS, text); tracebacks and the like left out."""
+    lines = []
     with open(path, errors="replace") as f:
         for line in f:
             if len(line) < 9 or line[2] != ":" or line[5] != ":":
                 continue
-            text = line[9:].split(None, 1)[-1].rstrip()
-            if text.startswith("starting ") and "workers" in text:
-                marks["master_ready_s"] = at(line)
-            elif text.startswith("launched worker-"):
-                launched[text.split()[1]] = at(line)
-            elif " registered (pid " in text and text.startswith("worker-"):
-                name = text.split()[0]
-                if name in launched:
-                    start = round(at(line) - launched[name], 1)
-                    if int(name.rsplit("-", 1)[1]) >= 2:  # not one of the first two
-                        marks["replacements"].append({"worker": name, "start_s": start})
-                    else:
-                        marks.setdefault("first_workers_start_s", []).append(start)
-            elif TRAINED_LINE in text:
-                marks["trained_s"] = at(line)
-            elif text.startswith("done: "):
-                marks["done_s"] = at(line)
+            lines.append((line[:8], line[9:].split(None, 1)[-1].rstrip()))
+    return lines
+
+
+def log_times(path: str, started_at: float, standby: int) -> dict:
+    """Seconds from the start of ``train`` to the milestones the master logs (1 s resolution),
+    and how long each worker and standby took from its launch to its Register."""
+    marks: dict = {"replacements": []}
+    launched: dict[str, float] = {}
+    day = time.strftime("%Y-%m-%d ", time.localtime(started_at))
+    first = {"worker": WORKERS, "standby": standby}  # how many each starts with
+
+    def at(clock: str) -> float:
+        stamp = time.mktime(time.strptime(day + clock, "%Y-%m-%d %H:%M:%S"))
+        return round(stamp - started_at, 1)
+
+    for clock, text in master_lines(path):
+        if text.startswith("starting ") and "workers" in text:
+            marks["master_ready_s"] = at(clock)
+        elif text.startswith(("launched worker-", "launched standby-")):
+            launched[text.split()[1]] = at(clock)
+        elif " registered (pid " in text and text.startswith(("worker-", "standby-")):
+            name = text.split()[0]
+            if name in launched:
+                start = round(at(clock) - launched[name], 1)
+                kind, number = name.rsplit("-", 1)
+                if int(number) >= first[kind]:  # launched to replace one
+                    marks["replacements"].append({"worker": name, "start_s": start})
+                else:
+                    marks.setdefault(f"first_{kind}s_start_s", []).append(start)
+        elif TRAINED_LINE in text:
+            marks["trained_s"] = at(clock)
+        elif text.startswith("done: "):
+            marks["done_s"] = at(clock)
     return marks
+
+
+def connected_at(output: str, name: str) -> float | None:
+    """When instance ``name`` first logged that it connected to the PS (its own log, local
+    time to the millisecond), as a time.time(); None if it never did."""
+    path = os.path.join(output, "backend", "logs", f"{name}.log")
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if f"{name}{CONNECTED}" in line:
+                    stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                    return stamp.timestamp()
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def recoveries(log_path: str, output: str, kills: list[dict]) -> list[dict]:
+    """For each kill: the slot of the killed worker, the instance that took that slot (a
+    promoted standby or a new worker) and the seconds from the kill to that instance's first
+    ``connected to PS`` (None, with a note, where there is none)."""
+    try:
+        lines = [text for _, text in master_lines(log_path)]
+    except OSError:
+        lines = []
+    replaced = {}  # dead worker -> (line index, worker slot), for the first such line
+    for i, text in enumerate(lines):
+        if m := REPLACING.match(text):
+            replaced.setdefault(m["name"], (i, int(m["slot"])))
+    found = []
+    for kill in kills:
+        row: dict = {"worker": kill["worker"], "slot": None, "replacement": None}
+        row.update(standby=None, recovery_s=None, note=None)
+        found.append(row)
+        if row["worker"] not in replaced:
+            row["note"] = "the master replaced no one (the job was ending, or no such line)"
+            continue
+        at, row["slot"] = replaced[row["worker"]]
+        for text in lines[at + 1 :]:
+            m = PROMOTED.match(text) or LAUNCHED.match(text)
+            if m and int(m["slot"]) == row["slot"]:
+                row["replacement"], row["standby"] = m["name"], m.re is PROMOTED
+                break
+        else:
+            row["note"] = f"no instance took worker slot {row['slot']} (the job ended first)"
+            continue
+        connected = connected_at(output, row["replacement"])
+        if connected is None:
+            row["note"] = f"{row['replacement']} never connected to the PS (the job ended first)"
+            continue
+        row["recovery_s"] = round(connected - kill["wall_time"], 2)
+    return found
+
+
+def mean_recovery_s(run: dict) -> float | None:
+    found = [r["recovery_s"] for r in run["recoveries"] if r["recovery_s"] is not None]
+    return round(sum(found) / len(found), 2) if found else None
+
+
+# -- one run --
 
 
 def read_status(output: str) -> dict:
@@ -115,15 +206,13 @@ def read_status(output: str) -> dict:
 
 
 def live_members(status: dict) -> dict[str, int]:
-    return {
-        m["id"]: m["pid"]
-        for m in status.get("workers", []) + status.get("ps", [])
-        if m["state"] in ("pending", "running") and m["pid"]
-    }
+    members = status.get("workers", []) + status.get("standby", []) + status.get("ps", [])
+    return {m["id"]: m["pid"] for m in members if m["state"] in ("pending", "running") and m["pid"]}
 
 
 class Killer:
-    """Every ``every`` seconds from the start of the run, SIGKILLs one running worker."""
+    """Every ``every`` seconds from the start of the run, SIGKILLs one running worker (never
+    a standby: only what status.json lists under "workers"), and notes when (time.time())."""
 
     def __init__(self, output: str, log_path: str, every: float, rng: random.Random) -> None:
         self.output = output
@@ -174,7 +263,7 @@ class Killer:
             else:
                 return
             victim = self.rng.choice(running)
-            at = time.monotonic() - self._started
+            at, wall_time = time.monotonic() - self._started, time.time()
             try:
                 os.kill(victim["pid"], signal.SIGKILL)
             except ProcessLookupError:
@@ -185,6 +274,7 @@ class Killer:
                 {
                     "at_s": round(at, 1),
                     "worker": victim["id"],
+                    "wall_time": wall_time,
                     "epoch": status.get("epoch"),
                     "fraction": progress.get("fraction"),
                 }
@@ -196,10 +286,14 @@ class Killer:
             next_kill += self.every
 
 
-def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
+def run_job(
+    args, data_dir: str, where: str, name: str, epochs: int, *, kill: bool, standby: int
+) -> dict:
+    """One ``train`` run, its output and master log in ``where``; with ``kill``, a Killer."""
     from elastic_step.examples import path_of
 
-    output = os.path.join(args.workdir, name)
+    label = f"{epochs} epochs, {name}"
+    output = os.path.join(where, name)
     shutil.rmtree(output, ignore_errors=True)  # a leftover job would be resumed, not rerun
     command = [
         *elastic_step_command(),
@@ -211,11 +305,11 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
         "--output",
         output,
         "--workers",
-        "2",
+        str(WORKERS),
         "--ps",
         "1",
         "--epochs",
-        str(args.epochs),
+        str(epochs),
         "--batch-size",
         str(args.batch_size),
         "--records-per-task",
@@ -225,8 +319,10 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
         "--max-restarts",
         str(args.max_restarts),
     ]
-    log_path = os.path.join(args.workdir, f"{name}.master.log")
-    log(f"{name}: " + " ".join(command[2:]))
+    if standby:
+        command += ["--standby", str(standby)]
+    log_path = os.path.join(where, f"{name}.master.log")
+    log(f"{label}: " + " ".join(command[2:]))
     load_before = load_1min()
     busy0, cpu0 = machine_busy_s(), children_cpu_s()
     killer = Killer(output, log_path, args.kill_every, random.Random(args.seed)) if kill else None
@@ -240,7 +336,7 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
         try:
             code = process.wait(timeout=args.timeout)
         except subprocess.TimeoutExpired:
-            log(f"{name}: no end after {args.timeout:.0f} s; stopping it (SIGTERM)")
+            log(f"{label}: no end after {args.timeout:.0f} s; stopping it (SIGTERM)")
             process.send_signal(signal.SIGTERM)
             code = process.wait(timeout=30)
         finally:
@@ -257,24 +353,29 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
             summary = json.load(f)
     except (OSError, ValueError):
         summary = {}
-    epochs = summary.get("epochs") or []
-    exact = bool(epochs) and all(e["records_trained"] == e["records_expected"] for e in epochs)
+    per_epoch = summary.get("epochs") or []
+    exact = bool(per_epoch) and all(
+        e["records_trained"] == e["records_expected"] for e in per_epoch
+    )
     accuracy = (summary.get("metrics") or {}).get("accuracy")
     try:
-        marks = log_times(log_path, started_at)
+        marks = log_times(log_path, started_at, standby)
     except (OSError, ValueError):
         marks = {}
+    kills = killer.kills if killer else []
     result = {
         "exit_code": code,
         "wall_s": round(wall, 2),
         "accounting_exact": exact,
-        "epochs": epochs,
+        "epochs": per_epoch,
         "accuracy": accuracy,
         "restarts": summary.get("restarts"),
         "restarts_by_reason": summary.get("restarts_by_reason"),
         "examples_per_second": summary.get("examples_per_second"),
+        "standby": summary.get("standby") if standby else None,
         "milestones": marks,
-        "kills": killer.kills if killer else [],
+        "kills": kills,
+        "recoveries": recoveries(log_path, output, kills),
         "kill_attempts_missed": killer.skipped if killer else 0,
         "job_cpu_s": round(job_cpu, 1),
         "machine_busy_cores": round(busy / wall, 2),
@@ -285,7 +386,7 @@ def run_job(args, data_dir: str, name: str, kill: bool) -> dict:
         "master_log": log_path,
     }
     log(
-        f"{name}: exit {code} in {wall:.1f} s; accounting "
+        f"{label}: exit {code} in {wall:.1f} s; accounting "
         f"{'exact' if exact else 'NOT exact'}; accuracy {accuracy}; "
         f"restarts {summary.get('restarts')}"
     )
@@ -302,28 +403,53 @@ def training_s(run: dict) -> float | None:
 # -- main --
 
 
+def epoch_counts(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"epoch counts must be >= 1: {text!r}")
+    return counts
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Wall time of `elastic-step train` on the digits (2 workers, 1 PS) with a "
-        "worker SIGKILLed every 20 s, against the same job undisturbed; target ratio <= 1.15.",
+        "worker SIGKILLed every 20 s, without and with --standby, against the same job "
+        "undisturbed, for each epoch count; target ratio <= 1.10 with the standby. Also the "
+        "mean seconds from a kill to its slot training again, without and with the standby.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--workdir",
         default=os.path.join(HERE, "results", "goodput"),
-        help="scratch directory: the digits, both runs' outputs and logs, goodput.json",
+        help="scratch directory: the digits, every run's output and master log (under "
+        "epochs-E/), goodput.json",
     )
     parser.add_argument(
         "--epochs",
-        type=int,
-        default=160,
-        help="epochs of both runs: enough that even the undisturbed run lasts > 60 s and the "
-        "faulty one sees 3 kills (an epoch of the digits takes 0.4-0.8 s here, depending on "
-        "the load; start-up and the final save 5-15 s)",
+        type=epoch_counts,
+        default="80,160",
+        metavar="E[,E...]",
+        help="comma-separated epoch counts, run one after the other; each gets its undisturbed "
+        "run(s), a faulty run and a faulty run with --standby. An epoch of the digits takes "
+        "0.4-0.8 s here, depending on the load; start-up and the final save 5-15 s: 80 epochs "
+        "last about 40 s undisturbed (2 kills), 160 more than 60 s (3 kills)",
     )
-    parser.add_argument("--batch-size", type=int, default=32, help="for both runs")
-    parser.add_argument("--records-per-task", type=int, default=64, help="for both runs")
-    parser.add_argument("--seed", type=int, default=7, help="job seed (both runs); victims")
+    parser.add_argument(
+        "--standby",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the --standby of the second faulty run: N idle worker processes, TensorFlow and "
+        "the model loaded, one of which takes a killed worker's slot at once",
+    )
+    parser.add_argument("--batch-size", type=int, default=32, help="for every run")
+    parser.add_argument("--records-per-task", type=int, default=64, help="for every run")
+    parser.add_argument("--seed", type=int, default=7, help="job seed (every run); victims")
     parser.add_argument("--kill-every", type=float, default=20.0, help="seconds between kills")
     parser.add_argument(
         "--max-restarts",
@@ -336,57 +462,100 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         choices=[1, 2],
         default=1,
-        help="undisturbed runs: 1 (before the faulty one), or 2 (before and after it; the "
-        "ratio uses their mean, which evens out load that comes and goes)",
+        help="undisturbed runs per epoch count: 1 (before the faulty ones), or 2 (before and "
+        "after them; the ratios use their mean, which evens out load that comes and goes)",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="bound on each run, s")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.standby < 1:
+        parser.error("--standby must be >= 1 (the run without standby is made anyway)")
+    return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    start(args)
-    log(f"load average {load_1min()} ({os.cpu_count()} CPUs); results in {args.workdir}")
-    data_dir = prepare_data(args.workdir)
+def seconds(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f} s"
 
-    clean = [run_job(args, data_dir, "clean", kill=False)]
-    faulty = run_job(args, data_dir, "faulty", kill=True)
+
+def ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.3f}"
+
+
+def run_epochs(args, data_dir: str, epochs: int) -> dict:
+    """The runs of one epoch count, one after the other; prints and returns their results."""
+    where = os.path.join(args.workdir, f"epochs-{epochs}")
+    os.makedirs(where, exist_ok=True)
+
+    def run(name: str, kill: bool, standby: int = 0) -> dict:
+        return run_job(args, data_dir, where, name, epochs, kill=kill, standby=standby)
+
+    clean = [run("clean", kill=False)]
+    faulty = run("faulty", kill=True)
+    with_standby = run("faulty-standby", kill=True, standby=args.standby)
     if args.clean_runs == 2:
-        clean.append(run_job(args, data_dir, "clean-after", kill=False))
+        clean.append(run("clean-after", kill=False))
     clean_wall = sum(r["wall_s"] for r in clean) / len(clean)
-    ratio = faulty["wall_s"] / clean_wall if clean_wall else None
+    ratio = with_standby["wall_s"] / clean_wall if clean_wall else None
+    ratio_no_standby = faulty["wall_s"] / clean_wall if clean_wall else None
 
     print()
     print(
-        f"== goodput: digits, 2 workers, 1 PS, {args.epochs} epochs, batch {args.batch_size}, "
+        f"== goodput: digits, 2 workers, 1 PS, {epochs} epochs, batch {args.batch_size}, "
         f"{args.records_per_task} records/task, seed {args.seed}; a worker SIGKILLed every "
-        f"{args.kill_every:g} s in the faulty run =="
+        f"{args.kill_every:g} s in the faulty runs, without and with --standby {args.standby} =="
     )
-    runs = [("clean", clean[0]), ("faulty", faulty), *(("clean-after", c) for c in clean[1:])]
-    print(f"{'run':<14}{'wall s':>8}{'exit':>6}{'accounting':>12}{'accuracy':>10}  restarts")
+    runs = [
+        ("clean", clean[0]),
+        ("faulty", faulty),
+        ("faulty-standby", with_standby),
+        *(("clean-after", c) for c in clean[1:]),
+    ]
+    print(f"{'run':<16}{'wall s':>8}{'exit':>6}{'accounting':>12}{'accuracy':>10}  restarts")
     for name, r in runs:
         accuracy = "-" if r["accuracy"] is None else f"{r['accuracy']:.4f}"
         print(
-            f"{name:<14}{r['wall_s']:>8.1f}{r['exit_code']:>6}"
+            f"{name:<16}{r['wall_s']:>8.1f}{r['exit_code']:>6}"
             f"{'exact' if r['accounting_exact'] else 'NOT EXACT':>12}{accuracy:>10}  "
             f"{r['restarts']} {r['restarts_by_reason'] or ''}"
+            + (f" standby {r['standby']}" if r["standby"] else "")
         )
-    kills = faulty["kills"]
-    print(
-        f"kills: {len(kills)} ("
-        + ", ".join(f"{k['worker']} at {k['at_s']:.0f} s" for k in kills)
-        + ")"
-    )
+    print("kills, and kill -> slot training again (the replacement's first `connected to PS`):")
+    for name, r in runs[1:3]:
+        kills = r["kills"]
+        print(
+            f"  {name}: {len(kills)} kills ("
+            + ", ".join(f"{k['worker']} at {k['at_s']:.0f} s" for k in kills)
+            + ")"
+        )
+        for x in r["recoveries"]:
+            how = {True: "a standby", False: "launched", None: "-"}[x["standby"]]
+            print(
+                f"    {x['worker']} (worker slot {x['slot']}) -> {x['replacement'] or '-'} "
+                f"({how}): {seconds(x['recovery_s'], 2)}"
+                + (f"  [not found: {x['note']}]" if x["note"] else "")
+            )
+        missing = sum(1 for x in r["recoveries"] if x["recovery_s"] is None)
+        print(
+            f"    mean {seconds(mean_recovery_s(r), 2)}"
+            + (f" ({missing} of {len(kills)} not found)" if missing else "")
+        )
     if ratio is not None:
         verdict = "PASS" if ratio <= TARGET else "MISS"
-        print(f"ratio faulty / clean wall time: {ratio:.3f}   target <= {TARGET}: {verdict}")
-    training = {name: training_s(r) for name, r in runs}
-    clean_training = [training_s(c) for c in clean]
-    if training["faulty"] and all(clean_training):
-        mean = sum(clean_training) / len(clean_training)
         print(
-            f"training phase only (master up -> all epochs trained): faulty "
-            f"{training['faulty']:.0f} s, clean {mean:.0f} s, ratio {training['faulty'] / mean:.3f}"
+            f"ratio faulty / mean undisturbed wall time: with --standby {args.standby} "
+            f"{ratio:.3f} (target <= {TARGET:.2f}: {verdict}); without standby "
+            f"{ratio_no_standby:.3f}"
+        )
+    clean_training = [training_s(c) for c in clean]
+    if all(clean_training):
+        mean = sum(clean_training) / len(clean_training)
+        phases = [
+            f"{name} {training_s(r):.0f} s (ratio {training_s(r) / mean:.3f})"
+            for name, r in runs[1:3]
+            if training_s(r)
+        ]
+        print(
+            f"training phase only (master up -> all epochs trained): clean {mean:.0f} s, "
+            + ", ".join(phases)
         )
     for name, r in runs:
         m = r["milestones"]
@@ -404,14 +573,56 @@ def main(argv: list[str] | None = None) -> int:
             f"cores busy, others {r['other_cores']:.2f}; load {r['load_before']} -> "
             f"{r['load_after']}"
         )
+    return {
+        "epochs": epochs,
+        "clean": clean,
+        "faulty": faulty,
+        "faulty_standby": with_standby,
+        "clean_wall_s": round(clean_wall, 2),
+        "ratio": ratio,
+        "ratio_no_standby": ratio_no_standby,
+        "target": TARGET,
+        "meets_target": None if ratio is None else ratio <= TARGET,
+        "mean_recovery_s": {
+            "no_standby": mean_recovery_s(faulty),
+            "standby": mean_recovery_s(with_standby),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    start(args)
+    log(f"load average {load_1min()} ({os.cpu_count()} CPUs); results in {args.workdir}")
+    data_dir = prepare_data(args.workdir)
+
+    results = [run_epochs(args, data_dir, epochs) for epochs in args.epochs]
+
+    print()
+    print(
+        f"== summary: ratio faulty / mean undisturbed wall time, target <= {TARGET:.2f} with "
+        f"--standby {args.standby}; mean kill -> slot training again =="
+    )
+    print(
+        f"{'epochs':>6}{'clean s':>9}{'no standby s':>14}{'ratio':>7}{'standby s':>11}"
+        f"{'ratio':>7}{'target':>8}{'recovery: no standby':>22}{'standby':>9}"
+    )
+    for r in results:
+        verdict = "-" if r["meets_target"] is None else ("PASS" if r["meets_target"] else "MISS")
+        recovery = r["mean_recovery_s"]
+        print(
+            f"{r['epochs']:>6}{r['clean_wall_s']:>9.1f}{r['faulty']['wall_s']:>14.1f}"
+            f"{ratio_text(r['ratio_no_standby']):>7}{r['faulty_standby']['wall_s']:>11.1f}"
+            f"{ratio_text(r['ratio']):>7}{verdict:>8}{seconds(recovery['no_standby'], 2):>22}"
+            f"{seconds(recovery['standby'], 2):>9}"
+        )
+    verdicts = [r["meets_target"] for r in results]
     document = {
         **run_header(),
         "settings": vars(args),
-        "clean": clean,
-        "faulty": faulty,
-        "ratio": ratio,
         "target": TARGET,
-        "meets_target": None if ratio is None else ratio <= TARGET,
+        "meets_target": None if None in verdicts else all(verdicts),
+        "results": results,
     }
     path = os.path.join(args.workdir, "goodput.json")
     write_result(path, document)

@@ -242,6 +242,15 @@ def _add_job_flags(p: argparse.ArgumentParser, *, ps: bool) -> None:
         help="with --max-workers: add a worker once all have run this long (default 10)",
     )
     g.add_argument(
+        "--standby",
+        type=_int,
+        metavar="N",
+        default=0,
+        help="extra worker processes kept started, TensorFlow and the model loaded, that "
+        "train nothing: one takes a dead worker's slot at once, and a new one starts behind "
+        "it. Each holds a worker's resources while idle (default 0)",
+    )
+    g.add_argument(
         "--backend",
         default="local",
         choices=backend_names(),
@@ -321,6 +330,7 @@ def _job_settings(args: argparse.Namespace) -> dict:
         "min_workers": args.min_workers,
         "max_workers": args.max_workers,
         "grow_after_s": args.grow_after,
+        "standby": args.standby,
         "backend": args.backend,
         "records_per_task": args.records_per_task,
         "max_restarts": args.max_restarts,

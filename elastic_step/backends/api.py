@@ -30,6 +30,9 @@ class LaunchRejectedError(BackendError):
 class Role(enum.StrEnum):
     WORKER = "worker"
     PS = "ps"
+    #: A worker process kept started, TensorFlow loaded, to take a dead worker's slot at once.
+    #: A backend starts it as a worker (the same command and resources).
+    STANDBY = "standby"
 
 
 class EventKind(enum.StrEnum):

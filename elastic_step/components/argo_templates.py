@@ -124,6 +124,8 @@ _MAX_WORKERS = "{{=max(asInt(inputs.parameters.workers), asInt(inputs.parameters
 #: The limits of an elastic job (train, predict), and its Prometheus endpoint, described.
 _JOB_LIMITS = {
     "grow-after": "with max-workers: add a worker once all have run this many seconds",
+    "standby": "extra worker pods kept started, TensorFlow and the model loaded, that train "
+    "nothing: one takes a dead worker's slot at once; each holds a worker's resources while idle",
     "max-restarts": "relaunches per slot of a process that crashed or was OOM-killed",
     "max-task-retries": "retries of a failing task before the job fails",
     "task-timeout": "seconds without a finished batch before a worker loses its task",

@@ -87,6 +87,7 @@ def elastic_train(
     early_stopping: str = "",
     keep_best: str = "",
     grow_after: float = 10.0,
+    standby: int = 0,
     max_restarts: int = 3,
     max_task_retries: int = 3,
     task_timeout: float = 120.0,
@@ -147,6 +148,9 @@ def elastic_train(
         keep_best: METRIC[:min|max]: save the model of the best evaluation round instead of
             the last.
         grow_after: With max_workers: add a worker once all have run this many seconds.
+        standby: Extra worker pods kept started, TensorFlow and the model loaded, that
+            train nothing: one takes a dead worker's slot at once. Each holds a worker's
+            resources while idle.
         max_restarts: Relaunches per slot of a process that crashed or was OOM-killed.
         max_task_retries: Retries of a failing task before the job fails.
         task_timeout: Seconds without a finished batch before a worker loses its task.
@@ -229,6 +233,7 @@ def batch_predict(
     max_workers: int = 0,
     records_per_task: int = 512,
     grow_after: float = 10.0,
+    standby: int = 0,
     max_restarts: int = 3,
     max_task_retries: int = 3,
     task_timeout: float = 120.0,
@@ -274,6 +279,9 @@ def batch_predict(
         max_workers: Grow up to this many workers while all run (0: no growth).
         records_per_task: Records per task.
         grow_after: With max_workers: add a worker once all have run this many seconds.
+        standby: Extra worker pods kept started, TensorFlow and the model loaded, that
+            train nothing: one takes a dead worker's slot at once. Each holds a worker's
+            resources while idle.
         max_restarts: Relaunches per slot of a process that crashed or was OOM-killed.
         max_task_retries: Retries of a failing task before the job fails.
         task_timeout: Seconds without a finished batch before a worker loses its task.

@@ -58,6 +58,8 @@ class EngineConfig:
     max_task_retries: int = 3
     #: Grow by one worker when every wanted worker has run this long (up to max_workers).
     grow_after_s: float = 10.0
+    #: Worker processes kept ready, TensorFlow loaded, to replace a dead worker at once.
+    standby: int = 0
     task_timeout_s: float = 120.0
     master_timeout_s: float = 300.0
     port: int = 0
@@ -84,6 +86,7 @@ class EngineConfig:
             {
                 "--max-restarts": self.max_restarts,
                 "--max-task-retries": self.max_task_retries,
+                "--standby": self.standby,
                 "--port": self.port,
             },
         )

@@ -183,7 +183,8 @@ class Coordinator:
         with self.lock:
             instance = self._instance_of(caller, request.name)
             role = Role.PS if request.role == master_pb2.PS else Role.WORKER
-            if role is not instance.role or (role is Role.PS and request.shard != instance.slot):
+            launched_as = Role.WORKER if instance.role is Role.STANDBY else instance.role
+            if role is not launched_as or (role is Role.PS and request.shard != instance.slot):
                 what = f"PS shard {request.shard}" if role is Role.PS else "a worker"
                 raise CallerError(
                     f"{request.name} registered as {what}, but was launched as "
@@ -198,8 +199,11 @@ class Coordinator:
             elif request.name not in self._registered:
                 log.info("%s registered (pid %d)", request.name, request.pid)
             self._registered.add(request.name)
+            standby = instance.role is Role.STANDBY
+            if standby:
+                self.instances.note_standby_ready(instance.name)
             return master_pb2.RegisterResponse(
-                settings=self._settings, model_version=self.tasks.model_version
+                settings=self._settings, model_version=self.tasks.model_version, standby=standby
             )
 
     def ps_addresses(self) -> list[str]:
@@ -226,7 +230,7 @@ class Coordinator:
             if self.phase.dismisses_instances or instance.state.ended:
                 self.instances.dismiss(worker)
                 return master_pb2.Task(kind=master_pb2.Task.FINISHED)
-            if self.phase.over:
+            if self.phase.over or instance.role is Role.STANDBY:
                 return master_pb2.Task(kind=master_pb2.Task.WAIT)
             self.tasks.recover_tasks(worker, keep=request.held_leases)
             task = None if request.report_only else self.tasks.get_task(worker)
@@ -320,7 +324,7 @@ class Coordinator:
                 self.tasks.observe_model_version(request.model_version)
                 if not instance.state.ended:
                     self.copies.note_worker(request.name, request.model_version)
-            else:
+            elif instance.role is Role.PS:
                 self._note_ps_version(instance, request.model_version)
             finished = self.phase.dismisses_instances or instance.state.ended
             if finished:
@@ -473,8 +477,10 @@ class Coordinator:
                     "re-queued %s of %s%s",
                     ", ".join(t.describe() for t in lost),
                     instance.name,
-                    " (a failure of the task it ran: it died by itself)" if death else "",
+                    " (the task it ran counts as a failure: it died by itself)" if death else "",
                 )
+            return
+        if instance.role is Role.STANDBY:
             return
         self.record.set_ps_address(instance.slot, "")
         self.copies.ps_ended(instance.slot)

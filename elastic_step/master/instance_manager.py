@@ -18,6 +18,12 @@ The job starts with ``workers`` worker slots and grows by one, up to ``max_worke
 every wanted worker has been running for ``grow_after_s`` seconds: a cluster that grants the
 pods lets the job grow.
 
+Standbys (``standby`` > 0): that many extra worker processes, in slots of their own, that start
+and load TensorFlow and the model but train nothing. When a worker slot needs an instance and
+a standby has registered (:meth:`note_standby_ready`), the standby is promoted into the slot
+instead of a new launch (its name stays); its own slot is then refilled by a new standby.
+A crashing standby slot is given up after ``max_restarts``, which costs speed, never the job.
+
 Not thread-safe; the master serializes calls. Tests: tests/unit/test_instance_manager.py.
 """
 
@@ -110,6 +116,8 @@ class MembershipSettings:
     #: How long the job may go without a running worker, or with a PS shard not running
     #: (pending, relaunching, refused by the platform), before it fails: no endless wait.
     starve_timeout_s: float = 300.0
+    #: Worker processes kept ready to take a dead worker's slot (see the module's docstring).
+    standby: int = 0
 
 
 SpecFactory = Callable[[Role, int, str], LaunchSpec]
@@ -132,12 +140,18 @@ class InstanceManager:
         self._new_points: list[list[float]] = []
         #: The next worker number, and each PS shard's next generation: names never repeat.
         self.next_worker = 0
+        self.next_standby = 0
+        #: Standbys moved into worker slots, over the job's life.
+        self.promotions = 0
         self.ps_generations: dict[int, int] = {}
         self.settings = settings
         self._spec_for = spec_for
         self._clock = clock
         self.instances: dict[str, Instance] = {}
         self.worker_slots: set[int] = set(range(settings.workers))
+        #: Standbys whose process has registered, oldest first (not durable: a standby
+        #: registers again with a restarted master).
+        self._ready_standbys: dict[str, None] = {}
         self.relaunch = RelaunchPolicy(
             max_restarts=settings.max_restarts,
             backoff_s=settings.backoff_s,
@@ -190,6 +204,7 @@ class InstanceManager:
         self._maybe_grow()
         wanted = [(Role.PS, shard) for shard in range(self.settings.num_ps)]
         wanted += [(Role.WORKER, slot) for slot in sorted(self.worker_slots)]
+        wanted += [(Role.STANDBY, slot) for slot in range(self.settings.standby)]
         occupied = {(i.role, i.slot) for i in self.instances.values() if not i.state.ended}
         now = self._clock()
         launches = 0
@@ -198,6 +213,8 @@ class InstanceManager:
                 return
             key = self._slot_key(role, slot)
             if (role, slot) in occupied or not self.relaunch.may_launch(key, now):
+                continue
+            if role is Role.WORKER and self._promote_standby(slot):
                 continue
             try:
                 self._launch(role, slot)
@@ -346,6 +363,40 @@ class InstanceManager:
         self._changed.add("failure")
         self._record()
 
+    def note_standby_ready(self, name: str) -> None:
+        """Standby ``name`` has registered: it may be promoted into a worker slot."""
+        instance = self.instances.get(name)
+        if instance is not None and instance.role is Role.STANDBY and not instance.state.ended:
+            self._ready_standbys.setdefault(name)
+
+    def is_standby(self, name: str) -> bool:
+        instance = self.instances.get(name)
+        return instance is not None and instance.role is Role.STANDBY
+
+    def _promote_standby(self, slot: int) -> bool:
+        """Moves the oldest ready standby into worker slot ``slot``; says whether one was."""
+        while self._ready_standbys:
+            name = next(iter(self._ready_standbys))
+            del self._ready_standbys[name]
+            instance = self.instances.get(name)
+            if instance is None or instance.state.ended or instance.role is not Role.STANDBY:
+                continue
+            standby_slot = instance.slot
+            instance.role, instance.slot = Role.WORKER, slot
+            self.promotions += 1
+            self._journal({"op": "promoted"})
+            self._note_membership_change()
+            self._record(instance)
+            log.info(
+                "%s takes worker slot %d at once (a standby, TensorFlow loaded); "
+                "a new standby will take its place in standby slot %d",
+                name,
+                slot,
+                standby_slot,
+            )
+            return True
+        return False
+
     def dismiss(self, name: str) -> None:
         """The master told ``name`` that the job is over: its exit 0 will be a success."""
         self._dismissed.add(name)
@@ -381,6 +432,8 @@ class InstanceManager:
             "timeline": [list(point) for point in self.timeline],
             "failure": self.failure,
             "next_worker": self.next_worker,
+            "next_standby": self.next_standby,
+            "promotions": self.promotions,
             "ps_generations": {str(k): v for k, v in self.ps_generations.items()},
         }
 
@@ -393,6 +446,8 @@ class InstanceManager:
         self.timeline = [list(point) for point in state["timeline"]]
         self.failure = state["failure"]
         self.next_worker = state["next_worker"]
+        self.next_standby = state.get("next_standby", 0)  # absent before standbys
+        self.promotions = state.get("promotions", 0)
         self.ps_generations = {int(k): v for k, v in state["ps_generations"].items()}
 
     def apply(self, record: dict) -> None:
@@ -408,6 +463,8 @@ class InstanceManager:
                 self.failure = record["failure"]
             case "timeline":
                 self._add_point(record["point"])
+            case "promoted":
+                self.promotions += 1
             case op:
                 raise ValueError(f"unknown instance record kind {op!r}")
 
@@ -438,7 +495,9 @@ class InstanceManager:
     def _add(self, instance: Instance) -> None:
         """Puts ``instance`` on record, notes its name, and forgets the oldest ended ones."""
         self.instances[instance.name] = instance
-        if instance.role is Role.WORKER:
+        if instance.name.startswith("standby-"):  # a standby, or a worker that was one
+            self.next_standby = max(self.next_standby, int(instance.name.rsplit("-", 1)[1]) + 1)
+        elif instance.role is Role.WORKER:
             self.next_worker = max(self.next_worker, int(instance.name.rsplit("-", 1)[1]) + 1)
         else:
             prefix = f"ps-{instance.slot}"
@@ -481,6 +540,8 @@ class InstanceManager:
         """
         if role is Role.WORKER:
             return f"worker-{self.next_worker}"
+        if role is Role.STANDBY:
+            return f"standby-{self.next_standby}"
         generation = self.ps_generations.get(slot, 0)
         return f"ps-{slot}" if generation == 0 else f"ps-{slot}-{generation}"
 
@@ -492,6 +553,10 @@ class InstanceManager:
         if self.relaunch.judge(instance, key, stopping=self.stopping) is not Verdict.GIVEN_UP:
             return
         what, used = instance.describe_end(), self.relaunch.error_restarts.get(key, 0)
+        if instance.role is Role.STANDBY:  # costs speed only: the job goes on without it
+            self.relaunch.retired.add(key)
+            log.error("%s; giving up standby slot %d after %d restarts", what, instance.slot, used)
+            return
         self._changed.add("failure")
         if instance.role is Role.PS:
             self.failure = (

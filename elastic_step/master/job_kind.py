@@ -87,6 +87,7 @@ class JobKind(ABC):
             max_restarts=c.max_restarts,
             grow_after_s=c.grow_after_s,
             starve_timeout_s=c.master_timeout_s,
+            standby=c.standby,
         )
 
     @abstractmethod

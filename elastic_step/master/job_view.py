@@ -45,9 +45,9 @@ class JobView:
         tasks, instances, record = coordinator.tasks, coordinator.instances, coordinator.record
         counts = {
             role.value: {state.value: 0 for state in (ProcessState.PENDING, ProcessState.RUNNING)}
-            for role in (Role.WORKER, Role.PS)
+            for role in Role
         }
-        for role in (Role.WORKER, Role.PS):
+        for role in Role:
             for instance in instances.live(role):
                 counts[role.value][instance.state.value] += 1
         return cls(

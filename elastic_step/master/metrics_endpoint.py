@@ -7,7 +7,8 @@ Kubernetes). Metric names:
 
 - ``elastic_step_tasks{kind, state}``: tasks to do, under way and done (kind ``train`` or
   ``evaluate``);
-- ``elastic_step_instances{role, state}``: live workers and PS, ``pending`` or ``running``;
+- ``elastic_step_instances{role, state}``: live workers, standbys and PS, ``pending`` or
+  ``running``;
 - ``elastic_step_restarts_total{reason}``: worker and PS restarts by how the replaced one
   ended; ``elastic_step_master_restarts_total``;
 - ``elastic_step_examples_per_second``: the steady-state training rate (absent before the
@@ -52,7 +53,9 @@ class JobCollector:
                 tasks.add_metric([kind, state], count)
         yield tasks
         instances = GaugeMetricFamily(
-            f"{PREFIX}_instances", "Live workers and PS by state", labels=["role", "state"]
+            f"{PREFIX}_instances",
+            "Live workers, standbys and PS by state",
+            labels=["role", "state"],
         )
         for role, states in view.instances.items():
             for state, count in states.items():

@@ -210,7 +210,8 @@ class RelaunchPolicy:
 
     def _count_restart(self, instance: EndedInstance) -> None:
         self._changed("restarts")
-        self.restarts[instance.role.value] += 1
+        # A standby's key appears with its first restart: most jobs run without.
+        self.restarts[instance.role.value] = self.restarts.get(instance.role.value, 0) + 1
         self.restarts_by_reason[instance.reason] = (
             self.restarts_by_reason.get(instance.reason, 0) + 1
         )

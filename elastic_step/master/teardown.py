@@ -16,12 +16,13 @@ TICK_S = 0.2
 
 
 def wait_until_gone(coordinator: Coordinator, backend: Backend, wait_s: float) -> None:
-    """Applies backend events until no worker or PS is live, or ``wait_s`` has passed."""
+    """Applies backend events until no worker, standby or PS is live, or ``wait_s`` has
+    passed."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         with coordinator.lock:
             instances = coordinator.instances
-            if not instances.live(Role.WORKER) and not instances.live(Role.PS):
+            if not any(instances.live(role) for role in Role):
                 return
         coordinator.apply_events(backend.next_events(TICK_S))
 

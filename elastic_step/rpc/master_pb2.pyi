@@ -64,12 +64,14 @@ class JobSettings(_message.Message):
     def __init__(self, model_def: _Optional[str] = ..., data_dir: _Optional[str] = ..., output_dir: _Optional[str] = ..., batch_size: _Optional[int] = ..., num_ps: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_steps: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., staleness_modulation: _Optional[bool] = ..., master_timeout_s: _Optional[float] = ..., local_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., predict_model_dir: _Optional[str] = ..., predict_parts_dir: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("settings", "model_version")
+    __slots__ = ("settings", "model_version", "standby")
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
     settings: JobSettings
     model_version: int
-    def __init__(self, settings: _Optional[_Union[JobSettings, _Mapping]] = ..., model_version: _Optional[int] = ...) -> None: ...
+    standby: bool
+    def __init__(self, settings: _Optional[_Union[JobSettings, _Mapping]] = ..., model_version: _Optional[int] = ..., standby: _Optional[bool] = ...) -> None: ...
 
 class GetPSAddressesRequest(_message.Message):
     __slots__ = ()

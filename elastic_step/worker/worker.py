@@ -44,6 +44,8 @@ PS_RETRY_FIRST_S = 0.25
 PS_RETRY_MAX_S = 2.0
 #: How long a worker told to WAIT waits before it asks again.
 WAIT_S = 0.3
+#: How often a standby asks whether it has a worker slot: a replacement starts within this.
+STANDBY_POLL_S = 0.2
 
 
 class Worker:
@@ -53,6 +55,7 @@ class Worker:
         self.credentials = credentials
         self.finished = threading.Event()
         self.ps: PSClient | None = None
+        self.predictor = None  # a prediction job's (see setup)
         self._streams: dict = {}
         #: The lease of the task in hand and the batches finished on it, for heartbeats.
         self._lease_id = 0
@@ -62,17 +65,17 @@ class Worker:
 
     # -- setup --
 
-    def setup(self) -> None:
+    def setup(self) -> bool:
+        """Registers, then loads the job's settings, data schema and model; says whether
+        the master started this process as a standby. A worker then connects to the PS
+        (:meth:`connect_ps`); a standby first waits for a slot (:meth:`wait_for_a_slot`)."""
         from elastic_step.data.schema import Schema
         from elastic_step.model.definition import load_model_definition
         from elastic_step.model.parameters import ModelParameters
         from elastic_step.model.tf_runtime import set_random_seed
         from elastic_step.worker.steps import Steps
 
-        reply = self.master.call(
-            "Register",
-            master_pb2.RegisterRequest(role=master_pb2.WORKER, name=self.name, pid=os.getpid()),
-        )
+        reply = self._register()
         self.settings = reply.settings
         self.master.timeout_s = self.settings.master_timeout_s
         self.local_steps = max(1, self.settings.local_steps)
@@ -87,7 +90,7 @@ class Worker:
             model = trained_model_of(self.settings.predict_model_dir, self.definition)
             parts = self.settings.predict_parts_dir
             self.predictor = Predictor(model, self.schema, parts, on_batch=self._count_batch)
-            return
+            return reply.standby
         self.model = self.definition.build_model()
         self.parameters = ModelParameters(self.model)
         local_optimizer = self.definition.build_optimizer() if self.local_steps > 1 else None
@@ -101,7 +104,30 @@ class Worker:
         self.trainer = WindowTrainer(
             self.parameters, steps, self.local_steps, self, on_step=self._count_batch
         )
-        self.connect_ps()
+        return reply.standby
+
+    def _register(self) -> master_pb2.RegisterResponse:
+        return self.master.call(
+            "Register",
+            master_pb2.RegisterRequest(role=master_pb2.WORKER, name=self.name, pid=os.getpid()),
+        )
+
+    def wait_for_a_slot(self) -> bool:
+        """A standby's wait: everything is loaded; registers again every ``STANDBY_POLL_S``
+        until the master gives it a worker slot (True) or the job is over (False)."""
+        log.info(
+            "%s: a standby, ready (TensorFlow and the model loaded); waiting for a slot", self.name
+        )
+        started = time.monotonic()
+        while not self.finished.wait(STANDBY_POLL_S):
+            if not self._register().standby:
+                log.info(
+                    "%s: given a worker slot after %.1f s as a standby",
+                    self.name,
+                    time.monotonic() - started,
+                )
+                return True
+        return False
 
     def _count_batch(self) -> None:
         self._batches_done += 1
@@ -166,8 +192,12 @@ class Worker:
         one, receives the next and reads its records, so the next task is ready when this
         one ends (:meth:`_exchange`).
         """
-        self.setup()
+        # Heartbeats from the start: they tell a standby, too, when the job is over.
         threading.Thread(target=self._heartbeats, daemon=True).start()
+        if self.setup() and not self.wait_for_a_slot():
+            return self._finish()
+        if self.predictor is None:
+            self.connect_ps()
         with ThreadPoolExecutor(1, thread_name_prefix="next-task") as calls:
             report = None  # the outcome of the last task, not yet sent
             task, records = self._exchange(None, held=None)

@@ -118,6 +118,35 @@ def test_ps_and_every_worker_lost_before_a_checkpoint_fail_the_job_at_once(train
     print(f"failed {took:.1f} s after the kill")
 
 
+def test_a_standby_takes_a_killed_workers_slot_and_is_cleaned_up(train_run):
+    run = train_run(*EPOCHS, "--standby", "1").start()
+    standby_log = run.output / "backend" / "logs" / "standby-0.log"
+
+    def standby_ready(status: dict) -> bool:
+        return mid_epoch(status) and "waiting for a slot" in (
+            standby_log.read_text() if standby_log.exists() else ""
+        )
+
+    with run.held(standby_ready) as status:
+        assert [m["id"] for m in status["standby"]] == ["standby-0"]
+        victim = next(m for m in status["workers"] if m["state"] == "running")
+        os.kill(victim["pid"], signal.SIGKILL)
+    assert run.wait() == 0, run.log()[-3000:]
+    summary = run.summary()
+    assert records_exact(summary), summary["epochs"]
+    assert summary["standby"] == {"slots": 1, "promoted": 1}
+    assert summary["restarts"]["worker"] == 1
+    assert summary["metrics"]["accuracy"] > 0.85
+    log = run.log()
+    assert "standby-0 takes worker slot" in log
+    assert "launched standby-1 (standby slot 0)" in log
+    assert "given a worker slot after" in standby_log.read_text()
+    final = run.status()
+    members = final["workers"] + final["ps"] + final["standby"]
+    assert {m["id"] for m in final["standby"]} == {"standby-1"}
+    assert not [m for m in members if m["pid"] and pid_alive(m["pid"])]
+
+
 def test_master_killed_and_rerun_adopts_workers(train_run):
     run = train_run(*EPOCHS).start()
     with run.held(mid_epoch) as before:

@@ -1,8 +1,8 @@
 """A whole training job through the Kubernetes backend on the test control plane: the
 master (here a process outside the cluster, acting as the elastic-step-master ServiceAccount)
 runs its PS and workers as pods in a namespace that enforces the ``restricted`` Pod Security
-Standard, survives a worker pod deleted by someone else, and leaves nothing running; its
-state stays until the run's owner is deleted.
+Standard, survives a worker pod deleted by someone else (a standby pod takes its slot), and
+leaves nothing running; its state stays until the run's owner is deleted.
 
 Then the master itself as a pod, with only the project's Role: it is replaced mid-job by
 another pod of the same --job-name, which adopts the running pods.
@@ -45,7 +45,7 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
         sys.executable, "-m", "elastic_step", "train",
         "--model-def", path_of("digits"), "--data", str(digits), "--output", str(output),
         "--batch-size", "32", "--records-per-task", "64", "--seed", "7", "--epochs", "3",
-        "--workers", "2", "--ps", "1", "--job-name", job,
+        "--workers", "2", "--ps", "1", "--standby", "1", "--job-name", job,
         "--backend", "kubernetes", "--kubeconfig", str(restricted.master_kubeconfig),
         "--namespace", ns, "--image", "local/process", "--ps-cpu", "1",
         # The process kubelet runs pods on this machine: they import this checkout.
@@ -65,9 +65,13 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
 
             def training() -> bool:
                 assert master.poll() is None, log_path.read_text()[-3000:]
-                return status().get("model_version", 0) >= 4
+                ready = "standby-0 registered" in log_path.read_text()
+                return ready and status().get("model_version", 0) >= 4
 
-            poll("training under way", training, timeout=240)
+            poll("training under way, a standby ready", training, timeout=240)
+            assert [m["id"] for m in status()["standby"]] == ["standby-0"]
+            standby = core.read_namespaced_pod(f"{job}-standby-0", ns)
+            assert standby.metadata.labels[pods.LABEL_ROLE] == "standby"
             ps_pod = core.read_namespaced_pod(f"{job}-ps-0", ns)
             env = {e.name: e for e in ps_pod.spec.containers[0].env}
             assert (
@@ -85,6 +89,10 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
         assert summary["phase"] == "succeeded"
         assert all(e["records_trained"] == e["records_expected"] for e in summary["epochs"])
         assert summary["restarts_by_reason"] == {"deleted": 1}, summary["restarts_by_reason"]
+        # The ready standby took the slot at once; a new standby started behind it.
+        assert summary["standby"] == {"slots": 1, "promoted": 1}
+        log = log_path.read_text()
+        assert "standby-0 takes worker slot 0" in log and "launched standby-1" in log
         # The task it held, if any (a worker between tasks holds none, and a SIGTERM does
         # not wait), went back to the queue once, and not as a failure of its own; the exact
         # accounting above shows that nothing was lost either way.

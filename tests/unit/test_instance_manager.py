@@ -748,3 +748,53 @@ def test_running_workers_keep_the_starve_clock_at_zero() -> None:
         clock.now += 100
         manager.reconcile()
     assert manager.failure is None
+
+
+# -- standbys --
+
+
+def test_a_ready_standby_takes_a_dead_workers_slot_and_a_new_standby_starts() -> None:
+    clock = FakeClock(100.0)
+    backend = FakeBackend()
+    records: list[dict] = []
+    manager = make(backend, clock, standby=1, max_restarts=2)
+    manager._journal = records.append
+    base = round_trip(manager.snapshot())
+    started(manager)
+    assert backend.names() == ["ps-0", "worker-0", "worker-1", "standby-0"]
+    assert manager.running_workers() == 2  # a standby takes no slot
+
+    crash(manager, "worker-0")
+    manager.reconcile()  # not ready yet: a new worker is launched, as without standbys
+    assert backend.names()[-1] == "worker-2"
+    pump(manager)
+
+    manager.note_standby_ready("standby-0")
+    crash(manager, "worker-1")
+    manager.reconcile()
+    promoted = manager.instances["standby-0"]
+    assert (promoted.role, promoted.slot) == (Role.WORKER, 1)
+    assert backend.names()[-1] == "worker-2"  # no launch for the slot
+    assert manager.running_workers() == 2 and manager.promotions == 1
+    manager.reconcile()  # the standby slot is refilled
+    assert backend.names()[-1] == "standby-1"
+    assert manager.restarts == {"worker": 2, "ps": 0}
+
+    replayed = make(FakeBackend(), clock, standby=1, max_restarts=2)
+    replayed.restore(base)
+    for record in round_trip(records):
+        replayed.apply(record)
+    assert replayed.snapshot() == round_trip(manager.snapshot())
+
+
+def test_a_standby_that_keeps_crashing_is_given_up_and_the_job_goes_on() -> None:
+    manager = started(make(standby=1, max_restarts=1))
+    crash(manager, "standby-0")
+    manager.reconcile()
+    pump(manager)
+    crash(manager, "standby-1")
+    manager.reconcile()
+    assert manager.failure is None
+    assert [i.name for i in manager.live(Role.STANDBY)] == []
+    assert manager.restarts == {"worker": 0, "ps": 0, "standby": 1}
+    assert manager.running_workers() == 2
