@@ -490,12 +490,16 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
 
     clean = [run("clean", kill=False)]
     faulty = run("faulty", kill=True)
+    # The same job with its standby, undisturbed: what an idle standby costs by itself.
+    clean_standby = run("clean-standby", kill=False, standby=args.standby)
     with_standby = run("faulty-standby", kill=True, standby=args.standby)
     if args.clean_runs == 2:
         clean.append(run("clean-after", kill=False))
     clean_wall = sum(r["wall_s"] for r in clean) / len(clean)
     ratio = with_standby["wall_s"] / clean_wall if clean_wall else None
     ratio_no_standby = faulty["wall_s"] / clean_wall if clean_wall else None
+    ratio_like_for_like = with_standby["wall_s"] / clean_standby["wall_s"]
+    idle_standby_cost = clean_standby["wall_s"] / clean_wall if clean_wall else None
 
     print()
     print(
@@ -507,6 +511,7 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         ("clean", clean[0]),
         ("faulty", faulty),
         ("faulty-standby", with_standby),
+        ("clean-standby", clean_standby),
         *(("clean-after", c) for c in clean[1:]),
     ]
     print(f"{'run':<16}{'wall s':>8}{'exit':>6}{'accounting':>12}{'accuracy':>10}  restarts")
@@ -545,6 +550,11 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
             f"{ratio:.3f} (target <= {TARGET:.2f}: {verdict}); without standby "
             f"{ratio_no_standby:.3f}"
         )
+        print(
+            f"with --standby {args.standby} in both: faulty / undisturbed "
+            f"{ratio_like_for_like:.3f}; the idle standby alone: undisturbed with / without "
+            f"{idle_standby_cost:.3f}"
+        )
     clean_training = [training_s(c) for c in clean]
     if all(clean_training):
         mean = sum(clean_training) / len(clean_training)
@@ -578,9 +588,12 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         "clean": clean,
         "faulty": faulty,
         "faulty_standby": with_standby,
+        "clean_standby": clean_standby,
         "clean_wall_s": round(clean_wall, 2),
         "ratio": ratio,
         "ratio_no_standby": ratio_no_standby,
+        "ratio_standby_in_both": ratio_like_for_like,
+        "idle_standby_cost": idle_standby_cost,
         "target": TARGET,
         "meets_target": None if ratio is None else ratio <= TARGET,
         "mean_recovery_s": {

@@ -1,19 +1,33 @@
-"""Recovery from a deleted worker pod, on the project's test Kubernetes control plane.
+"""Recovery from a deleted worker pod, with and without standbys, on the project's test
+Kubernetes control plane.
 
 The bench starts the test cluster (tests/cluster/local_cluster.py: a real control plane and
 the process kubelet), makes a namespace that enforces the ``restricted`` Pod Security
-Standard with the project's Role, and runs the master of a real job (the digits, 2 workers,
-1 PS) in this process's main thread through ``elastic_step.training.train`` with the
-Kubernetes backend, as ``elastic-step train --backend kubernetes`` would, acting as the
-elastic-step-master ServiceAccount. A thread of the bench deletes a worker pod ``--deletions``
-times, each once the previous replacement has registered and trained, and times from just
-before each delete call:
+Standard with the project's Role, and runs, one after the other, one real job per
+``--standby`` value (default ``0,1``: without a standby, then with one): the digits, 2
+workers, 1 PS, ``standby=N``; its master in this process's main thread through
+``elastic_step.training.train`` with the Kubernetes backend, as ``elastic-step train --backend
+kubernetes --standby N`` would, acting as the elastic-step-master ServiceAccount. In each job
+a thread of the bench deletes a worker pod ``--deletions`` times, each once the previous
+replacement has registered and trained, and, with standbys, once a standby is ready (it has
+registered, and registered again from its wait for a slot: TensorFlow and the model are
+loaded; the measured case is "a ready standby exists"). It times from just before each delete
+call:
 
 1. **re-queue**: the master has taken back the dead worker's tasks (the end of
    ``Coordinator._on_ended``, which calls ``TaskManager.recover_tasks``);
 2. **replacement Running**: the replacement's pod reaches phase Running (a watch of the bench);
 3. **replacement registered**: the replacement's Register call has been answered
-   (``Coordinator.register``).
+   (``Coordinator.register``);
+4. **replacement training**: ``Coordinator.next_task`` first answers the replacement with a
+   TRAIN or EVALUATE task (not WAIT or FINISHED): the slot trains again.
+
+The replacement is the instance that takes the dead worker's slot: the live worker of the
+master's instance manager in that slot, other than the dead one. Without a ready standby it is
+a new pod ``worker-N``; with one, the standby that the master moved into the slot
+(``InstanceManager._promote_standby``, also timed: "promoted"), which keeps its name
+``standby-K``. A promoted standby's pod was Running, and it had registered, before the
+deletion: milestones 2 and 3 do not apply to it and are reported as n/a.
 
 Side by side, in the same run: what Kubernetes itself takes, seen by an independent watch of
 the bench (the deleted pod's first version with a deletionTimestamp; the first whose
@@ -21,13 +35,15 @@ container has terminated, the kubelet's report on which the master acts; its DEL
 and a bare pod made like a worker's (the backend's own pod builder, the same options) that
 only imports what a worker imports before it registers (TensorFlow, Keras, elastic_step's
 worker): create -> Running and create -> imports done. By default the bare pod is created
-right after each delete call, so that it starts under the same load as the replacement.
+right after each delete call, so that it starts under the same load as the replacement. At
+the end a table sets the jobs side by side: per ``--standby`` value the mean, median and each
+deletion's time to re-queue, replacement Running, registered and training.
 
 The master's moments are observed by wrapping its methods in this process only; the product
 is unchanged. Every time is on this process's monotonic clock, except the bare pod's
-"imports done" (wall clock, same machine). At the end the bench stops the job with SIGTERM to
-itself (the master deletes the job's objects), checks that no pod of it is left, and stops
-the cluster. See bench/README.md.
+"imports done" (wall clock, same machine). At the end of each job the bench stops it with
+SIGTERM to itself (the master deletes the job's objects) and checks that no pod of it is left;
+after the last, it stops the cluster. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -75,17 +91,22 @@ from local_cluster import (
 
 from elastic_step.backends import kubernetes_pods as pods
 from elastic_step.backends.api import LaunchSpec, Role
-from elastic_step.backends.kubernetes import KubernetesBackend
+from elastic_step.backends.kubernetes_instances import InstanceTracker
 from elastic_step.backends.kubernetes_options import KubernetesOptions, RoleResources
 from elastic_step.errors import ElasticStepError
 from elastic_step.master.config import TrainConfig
 from elastic_step.master.coordinator import Coordinator
+from elastic_step.master.instance_manager import InstanceManager
 from elastic_step.master.process_state import ProcessState
+from elastic_step.rpc import master_pb2
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 NAMESPACE = "es-bench"
+#: The jobs' names start so; each job adds ``-s<standby count>``.
 JOB = "k8s-recovery"
+#: NextTask answers that set a worker training (the others: WAIT and FINISHED).
+TRAINING_KINDS = (master_pb2.Task.TRAIN, master_pb2.Task.EVALUATE)
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/enforce-version": "latest",
@@ -148,13 +169,23 @@ def wait_on(
             changed.wait(min(left, 0.5))
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.05):
-    """check()'s first truthy value, polled; BenchError naming ``what`` after ``timeout``."""
+def wait_until(
+    what: str,
+    check: Callable[[], Any],
+    timeout: float,
+    interval: float = 0.05,
+    failure: Callable[[], str | None] = lambda: None,
+):
+    """check()'s first truthy value, polled; BenchError naming ``what`` after ``timeout``, or
+    with ``failure()``'s reason as soon as it gives one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
+        reason = failure()
+        if reason is not None:
+            raise BenchError(reason)
         time.sleep(interval)
     raise BenchError(f"no {what} within {timeout:.0f} s")
 
@@ -208,13 +239,22 @@ class PodTimeline:
         with self._changed:
             return self._pods.get(name)
 
-    def wait(self, what: str, found: Callable[[], Any], timeout: float) -> Any:
-        """``found()``'s first truthy value, re-checked at every watch event."""
+    def wait(
+        self,
+        what: str,
+        found: Callable[[], Any],
+        timeout: float,
+        failure: Callable[[], str | None] = lambda: None,
+    ) -> Any:
+        """``found()``'s first truthy value, re-checked at every watch event; a BenchError
+        when the watch failed, or with ``failure()``'s reason."""
 
-        def failure() -> str | None:
-            return None if self.error is None else f"the bench's pod watch failed: {self.error}"
+        def failed() -> str | None:
+            if self.error is not None:
+                return f"the bench's pod watch failed: {self.error}"
+            return failure()
 
-        return wait_on(self._changed, what, found, timeout, failure)
+        return wait_on(self._changed, what, found, timeout, failed)
 
     def first_added_after(self, since: float, labels: dict[str, str]) -> str | None:
         """The name of the first pod added after ``since`` that carries ``labels``."""
@@ -274,38 +314,66 @@ class PodTimeline:
         return body["metadata"]["resourceVersion"]
 
 
-# -- what the master does: two of its methods, timed --
+# -- what the master does: some of its methods, timed --
 
 
 class MasterProbe:
-    """Wraps ``Coordinator.register`` and ``Coordinator._on_ended`` (which re-queues a dead
-    worker's tasks through ``TaskManager.recover_tasks``) in this process, noting when each
-    instance first registered and when each ended instance's tasks were re-queued; and, to
-    split the re-queue time, ``KubernetesBackend._end``: when the master's watch saw an end."""
+    """Wraps methods of the master in this process and notes when they happened, per instance:
+    ``Coordinator.register`` (each instance's first Register answered, and a standby's first
+    Register after that one: it comes from its wait for a slot, once TensorFlow and the model
+    are loaded), ``Coordinator._on_ended`` (which re-queues a dead worker's tasks through
+    ``TaskManager.recover_tasks``), ``Coordinator.next_task`` (the first answer with a TRAIN or
+    EVALUATE task), ``InstanceManager._promote_standby`` (which standby took which worker
+    slot) and, to split the re-queue time, ``InstanceTracker.end`` of the Kubernetes backend
+    (when the master's pod watch saw an end, before its event is queued). Installed once;
+    :meth:`reset` before each job (instance names repeat)."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self.coordinator: Coordinator | None = None
         self.registered: dict[str, float] = {}
+        #: A standby's second Register answered: it is ready (in its wait for a slot).
+        self.registered_again: dict[str, float] = {}
         #: instance -> (when its end was handled, tasks re-queued, why it ended)
         self.ended: dict[str, tuple[float, int, str]] = {}
         self.backend_ended: dict[str, float] = {}
+        #: instance -> its first NextTask answered with a TRAIN or EVALUATE task
+        self.first_task: dict[str, float] = {}
+        #: standby -> (the worker slot it was moved into, when)
+        self.promoted: dict[str, tuple[int, float]] = {}
+
+    def reset(self) -> None:
+        """Forgets every moment, before the next job."""
+        with self._changed:
+            self.coordinator = None
+            for moments in (
+                self.registered,
+                self.registered_again,
+                self.ended,
+                self.backend_ended,
+                self.first_task,
+                self.promoted,
+            ):
+                moments.clear()
 
     def install(self) -> None:
         register, on_ended = Coordinator.register, Coordinator._on_ended
-        backend_end = KubernetesBackend._end
+        next_task, promote = Coordinator.next_task, InstanceManager._promote_standby
+        tracker_end = InstanceTracker.end
         probe = self
 
-        def timed_end(backend, instance, *args):
+        def timed_end(tracker, instance, *args):
             with probe._changed:
                 probe.backend_ended.setdefault(instance.name, time.monotonic())
-            return backend_end(backend, instance, *args)
+            return tracker_end(tracker, instance, *args)
 
         def timed_register(coordinator, caller, request):
             reply = register(coordinator, caller, request)
             at = time.monotonic()
             with probe._changed:
                 probe.coordinator = coordinator
+                if request.name in probe.registered:
+                    probe.registered_again.setdefault(request.name, at)
                 probe.registered.setdefault(request.name, at)
                 probe._changed.notify_all()
             return reply
@@ -319,13 +387,43 @@ class MasterProbe:
                 probe.ended.setdefault(instance.name, (at, held, instance.reason))
                 probe._changed.notify_all()
 
+        def timed_next_task(coordinator, caller, request):
+            reply = next_task(coordinator, caller, request)
+            if reply.kind in TRAINING_KINDS and request.worker not in probe.first_task:
+                at = time.monotonic()
+                with probe._changed:
+                    probe.first_task.setdefault(request.worker, at)
+                    probe._changed.notify_all()
+            return reply
+
+        def timed_promote(manager, slot):
+            standbys = [n for n, i in manager.instances.items() if i.role is Role.STANDBY]
+            promoted = promote(manager, slot)
+            if promoted:
+                at = time.monotonic()
+                for name in standbys:
+                    instance = manager.instances.get(name)
+                    if instance is not None and instance.role is Role.WORKER:
+                        with probe._changed:
+                            probe.promoted.setdefault(name, (slot, at))
+                            probe._changed.notify_all()
+            return promoted
+
         Coordinator.register = timed_register
         Coordinator._on_ended = timed_on_ended
-        KubernetesBackend._end = timed_end
+        Coordinator.next_task = timed_next_task
+        InstanceManager._promote_standby = timed_promote
+        InstanceTracker.end = timed_end
 
-    def wait(self, what: str, found: Callable[[], Any], timeout: float) -> Any:
+    def wait(
+        self,
+        what: str,
+        found: Callable[[], Any],
+        timeout: float,
+        failure: Callable[[], str | None] = lambda: None,
+    ) -> Any:
         """``found()``'s first truthy value, re-checked at every moment noted."""
-        return wait_on(self._changed, what, found, timeout)
+        return wait_on(self._changed, what, found, timeout, failure)
 
     def running_workers(self) -> list[str]:
         """Workers the master has running and that have registered."""
@@ -337,6 +435,31 @@ class MasterProbe:
             names = [i.name for i in live if i.state is ProcessState.RUNNING]
         with self._changed:
             return sorted(n for n in names if n in self.registered)
+
+    def ready_standbys(self) -> list[str]:
+        """Live standbys that have registered twice: in their wait for a slot, everything
+        loaded (the first Register comes before the model is built)."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return []
+        with coordinator.lock:
+            names = [i.name for i in coordinator.instances.live(Role.STANDBY)]
+        with self._changed:
+            return sorted(n for n in names if n in self.registered_again)
+
+    def slot_of(self, name: str) -> int:
+        with self.coordinator.lock:
+            return self.coordinator.instances.instances[name].slot
+
+    def occupant(self, slot: int, other_than: str) -> str | None:
+        """The live worker in worker slot ``slot`` other than ``other_than``, if any: the
+        instance that took the slot (a new launch, or a promoted standby)."""
+        with self.coordinator.lock:
+            for name, instance in self.coordinator.instances.instances.items():
+                taken = instance.role is Role.WORKER and instance.slot == slot
+                if taken and not instance.state.ended and name != other_than:
+                    return name
+        return None
 
     def holds_task(self, worker: str) -> bool:
         coordinator = self.coordinator
@@ -352,18 +475,33 @@ class Deletion:
     """One deleted worker pod; every time is seconds from just before the delete call."""
 
     victim: str
+    #: The victim's worker slot, which the replacement takes.
+    slot: int | None = None
     tasks_requeued: int = 0
     end_reason: str = ""
-    #: The master's watch saw the end (``KubernetesBackend._end``, before the event queue).
+    #: The master's watch saw the end (``InstanceTracker.end``, before the event queue).
     master_watch_s: float | None = None
     requeue_s: float | None = None
     watch_terminating_s: float | None = None
     watch_terminal_s: float | None = None
     watch_gone_s: float | None = None
     replacement: str | None = None
+    #: The replacement is a standby moved into the slot (``InstanceManager._promote_standby``):
+    #: its pod was created and Running, and it had registered, before the deletion, so the
+    #: three ``replacement_created_s``, ``_running_s`` and ``_registered_s`` do not apply (None).
+    promoted: bool = False
+    #: delete -> the master moved the standby into the slot.
+    promoted_s: float | None = None
+    #: With standbys: how long the bench waited, before the delete call, for a ready standby
+    #: (0 when one was ready at once).
+    standby_wait_s: float | None = None
+    #: A promoted standby: how long it had been ready (its second Register) before the delete.
+    standby_ready_for_s: float | None = None
     replacement_created_s: float | None = None
     replacement_running_s: float | None = None
     replacement_registered_s: float | None = None
+    #: delete -> the replacement's first NextTask answered with a TRAIN or EVALUATE task.
+    replacement_training_s: float | None = None
 
 
 @dataclass
@@ -383,33 +521,43 @@ class Measurements:
 
 
 class Disrupter:
-    """The bench's thread: waits for the job to train, then per round runs a bare pod and
-    deletes a worker pod, timing both; at the end stops the job with SIGTERM to this process
-    (the master, in the main thread, handles it)."""
+    """The bench's thread for one job: waits for the job to train, then per round runs a bare
+    pod and deletes a worker pod (with standbys, once one is ready), timing both; at the end
+    stops the job with SIGTERM to this process (the master, in the main thread, handles it)."""
 
     def __init__(
         self,
         args: argparse.Namespace,
+        standby: int,
+        job: str,
         cluster: Cluster,
         options: KubernetesOptions,
         probe: MasterProbe,
         timeline: PodTimeline,
     ) -> None:
         self.args = args
+        self.standby = standby
+        self.job = job
         self.cluster = cluster
         self.options = options
         self.probe = probe
         self.timeline = timeline
         self.result = Measurements()
         self.job_over = threading.Event()
-        self._rng = random.Random(args.seed)
-        self._thread = threading.Thread(target=self._run, name="disrupter", daemon=True)
+        self._rng = random.Random(args.seed)  # the same choices in every job
+        self._thread = threading.Thread(target=self._run, name=f"disrupter-s{standby}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def join(self) -> None:
+    def join(self) -> bool:
+        """Waits for the thread; says whether it has ended."""
         self._thread.join(timeout=60)
+        return not self._thread.is_alive()
+
+    def _job_ended(self) -> str | None:
+        """A wait's failure: the job ended (the master returned) before what it waits for."""
+        return "the job ended before the measurements did" if self.job_over.is_set() else None
 
     def _run(self) -> None:
         try:
@@ -438,9 +586,14 @@ class Disrupter:
             return signal.getsignal(signal.SIGTERM) is not _after_the_master
 
         with contextlib.suppress(BenchError):
-            wait_until("the master's SIGTERM handler", master_handles, self.args.wait_timeout)
+            wait_until(
+                "the master's SIGTERM handler",
+                master_handles,
+                self.args.wait_timeout,
+                failure=self._job_ended,
+            )
         if not self.job_over.is_set():
-            log("stopping the job: SIGTERM to the master (this process)")
+            log(f"stopping job {self.job}: SIGTERM to the master (this process)")
             os.kill(os.getpid(), signal.SIGTERM)
 
     def _wait_training(self, expected: set[str]) -> None:
@@ -451,8 +604,24 @@ class Disrupter:
             running = set(self.probe.running_workers())
             return expected <= running and all(self.probe.holds_task(w) for w in expected)
 
-        wait_until(f"training by {', '.join(sorted(expected))}", training, timeout)
+        what = f"training by {', '.join(sorted(expected))}"
+        wait_until(what, training, timeout, failure=self._job_ended)
         time.sleep(self.args.pause)
+
+    def _wait_standby_ready(self) -> float:
+        """Until a standby is ready (registered, and registered again from its wait for a
+        slot); returns the seconds waited."""
+        started = time.monotonic()
+        ready = wait_until(
+            "ready standby",
+            self.probe.ready_standbys,
+            self.args.wait_timeout,
+            interval=0.1,
+            failure=self._job_ended,
+        )
+        waited = time.monotonic() - started
+        log(f"standby ready: {', '.join(ready)} (waited {waited:.1f} s)")
+        return round(waited, 4)
 
     def _bare_pod(self, number: int) -> BarePod:
         """Creates a pod as the backend would a worker's, that only does a worker's imports;
@@ -466,7 +635,7 @@ class Disrupter:
         pod = pods.build_pod(
             spec,
             self.options,
-            job_name=f"{JOB}-bare",
+            job_name=f"{self.job}-bare",
             namespace=NAMESPACE,
             image=self.options.image,
             owner=None,
@@ -475,11 +644,26 @@ class Disrupter:
         result = BarePod(pod_name)
         wall, started = time.time(), time.monotonic()
         core.create_namespaced_pod(NAMESPACE, pod)
+        try:
+            self._time_bare_pod_run(core, pod_name, result, wall, started)
+        finally:
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
+        log(
+            f"bare pod {number}: Running after {result.running_s:.2f} s, a worker's imports "
+            f"done after {result.imported_s:.2f} s"
+        )
+        return result
+
+    def _time_bare_pod_run(
+        self, core: client.CoreV1Api, pod_name: str, result: BarePod, wall: float, started: float
+    ) -> None:
         timeout = self.args.wait_timeout
         moments = self.timeline.wait(
             f"{pod_name} Running",
             lambda: (m := self.timeline.moments(pod_name)) and m.running and m,
             timeout,
+            self._job_ended,
         )
         result.running_s = moments.running - started
 
@@ -489,27 +673,26 @@ class Disrupter:
                 raise BenchError(f"{pod_name} failed: {container_log(self.cluster.workdir, read)}")
             return read if read.status.phase == "Succeeded" else None
 
-        done = wait_until(f"{pod_name} to finish", finished, timeout, interval=0.2)
+        done = wait_until(
+            f"{pod_name} to finish", finished, timeout, interval=0.2, failure=self._job_ended
+        )
         text = container_log(self.cluster.workdir, done)
         line = next(x for x in reversed(text.splitlines()) if x.startswith('{"imported_at"'))
         result.imported_s = json.loads(line)["imported_at"] - wall
-        core.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
-        log(
-            f"bare pod {number}: Running after {result.running_s:.2f} s, a worker's imports "
-            f"done after {result.imported_s:.2f} s"
-        )
-        return result
 
     def _delete_one(
         self, core: client.CoreV1Api, number: int, pool: ThreadPoolExecutor | None
     ) -> Deletion:
-        """Deletes a running worker's pod and times the recovery; with ``pool``, a bare pod
-        is created right after the delete call, to start under the same load as the
-        replacement."""
+        """Deletes a running worker's pod (with standbys, once one is ready) and times the
+        recovery; with ``pool``, a bare pod is created right after the delete call, to start
+        under the same load as the replacement."""
         args, probe, timeline = self.args, self.probe, self.timeline
+        timeout, failure = args.wait_timeout, self._job_ended
+        standby_wait = self._wait_standby_ready() if self.standby else None
         victim = self._rng.choice(probe.running_workers())
-        pod_name = pods.pod_name(JOB, victim)
-        result = Deletion(victim)
+        slot = probe.slot_of(victim)
+        pod_name = pods.pod_name(self.job, victim)
+        result = Deletion(victim, slot, standby_wait_s=standby_wait)
         started = time.monotonic()
         core.delete_namespaced_pod(pod_name, NAMESPACE)
         bare = pool.submit(self._bare_pod, number) if pool else None
@@ -518,46 +701,72 @@ class Disrupter:
             return None if at is None else round(at - started, 4)
 
         at, held, reason = probe.wait(
-            f"re-queue of {victim}'s tasks", lambda: probe.ended.get(victim), args.wait_timeout
+            f"re-queue of {victim}'s tasks", lambda: probe.ended.get(victim), timeout, failure
         )
         result.requeue_s, result.tasks_requeued, result.end_reason = since(at), held, reason
         result.master_watch_s = since(probe.backend_ended.get(victim))
         gone = timeline.wait(
             f"DELETED event of {pod_name}",
             lambda: (m := timeline.moments(pod_name)) and m.gone and m,
-            args.wait_timeout,
+            timeout,
+            failure,
         )
         result.watch_terminating_s = since(gone.terminating)
         result.watch_terminal_s, result.watch_gone_s = since(gone.terminal), since(gone.gone)
-        worker_labels = {pods.LABEL_JOB: JOB, pods.LABEL_ROLE: Role.WORKER.value}
-        new_pod = timeline.wait(
-            f"a replacement of {victim}",
-            lambda: timeline.first_added_after(started, worker_labels),
-            args.wait_timeout,
+        # Polled: the instance manager has no moment to wrap for a launch (its pod's creation
+        # is timed by the bench's watch), and a promotion is timed by the probe.
+        replacement = wait_until(
+            f"instance in {victim}'s worker slot {slot}",
+            lambda: probe.occupant(slot, victim),
+            timeout,
+            interval=0.02,
+            failure=failure,
         )
-        replacement = timeline.moments(new_pod).labels[pods.LABEL_INSTANCE]
         result.replacement = replacement
-        running = timeline.wait(
-            f"{new_pod} Running",
-            lambda: (m := timeline.moments(new_pod)) and m.running and m,
-            args.wait_timeout,
+        promotion = probe.promoted.get(replacement)
+        if promotion is not None:
+            result.promoted, result.promoted_s = True, since(promotion[1])
+            ready_at = probe.registered_again.get(replacement)
+            result.standby_ready_for_s = None if ready_at is None else round(started - ready_at, 4)
+            how = (
+                f"standby {replacement} promoted after {result.promoted_s:.3f} s "
+                "(already Running and registered)"
+            )
+        else:
+            new_pod = pods.pod_name(self.job, replacement)
+            running = timeline.wait(
+                f"{new_pod} Running",
+                lambda: (m := timeline.moments(new_pod)) and m.running and m,
+                timeout,
+                failure,
+            )
+            result.replacement_created_s = since(running.added)
+            result.replacement_running_s = since(running.running)
+            registered = probe.wait(
+                f"Register of {replacement}",
+                lambda: probe.registered.get(replacement),
+                timeout,
+                failure,
+            )
+            result.replacement_registered_s = since(registered)
+            how = (
+                f"{replacement} created {result.replacement_created_s:.2f} s, Running "
+                f"{result.replacement_running_s:.2f} s, registered "
+                f"{result.replacement_registered_s:.2f} s"
+            )
+        training = probe.wait(
+            f"training task for {replacement}",
+            lambda: probe.first_task.get(replacement),
+            timeout,
+            failure,
         )
-        result.replacement_created_s = since(running.added)
-        result.replacement_running_s = since(running.running)
-        registered = probe.wait(
-            f"Register of {replacement}",
-            lambda: probe.registered.get(replacement),
-            args.wait_timeout,
-        )
-        result.replacement_registered_s = since(registered)
+        result.replacement_training_s = since(training)
         log(
-            f"deletion {number}/{args.deletions}: {victim} ({held} task(s) re-queued after "
-            f"{result.requeue_s:.3f} s; the bench's watch saw it Terminating after "
-            f"{result.watch_terminating_s:.3f} s, ended {result.watch_terminal_s:.3f} s, "
-            f"DELETED {result.watch_gone_s:.3f} s); "
-            f"{replacement} created {result.replacement_created_s:.2f} s, Running "
-            f"{result.replacement_running_s:.2f} s, registered "
-            f"{result.replacement_registered_s:.2f} s"
+            f"deletion {number}/{args.deletions} (--standby {self.standby}): {victim}, slot "
+            f"{slot} ({held} task(s) re-queued after {result.requeue_s:.3f} s; the bench's "
+            f"watch saw it Terminating after {result.watch_terminating_s:.3f} s, ended "
+            f"{result.watch_terminal_s:.3f} s, DELETED {result.watch_gone_s:.3f} s); {how}; "
+            f"training {result.replacement_training_s:.2f} s"
         )
         if bare is not None:
             self.result.bare_pods.append(bare.result(timeout=2 * args.wait_timeout))
@@ -566,12 +775,15 @@ class Disrupter:
         return result
 
 
-def run_master(args: argparse.Namespace, data_dir: str, options: KubernetesOptions) -> int:
-    """``elastic-step train`` of the digits, in this thread (the master handles signals)."""
+def run_master(
+    args: argparse.Namespace, data_dir: str, options: KubernetesOptions, job: str, standby: int
+) -> int:
+    """``elastic-step train --standby N`` of the digits, in this thread (the master handles
+    signals)."""
     from elastic_step.examples import path_of
     from elastic_step.training import train
 
-    output = Path(args.workdir) / "job"
+    output = Path(args.workdir) / f"job-s{standby}"
     shutil.rmtree(output, ignore_errors=True)
     config = TrainConfig(
         model_def=path_of("digits"),
@@ -586,7 +798,8 @@ def run_master(args: argparse.Namespace, data_dir: str, options: KubernetesOptio
         records_per_task=64,
         # Deletions are not the workers' fault and use no restart; this bounds the rest.
         max_restarts=3,
-        job_name=JOB,
+        standby=standby,
+        job_name=job,
     )
     try:
         return train(config, options)
@@ -595,13 +808,13 @@ def run_master(args: argparse.Namespace, data_dir: str, options: KubernetesOptio
         return e.exit_code
 
 
-def left_over(cluster: Cluster) -> list[str]:
+def left_over(cluster: Cluster, job: str) -> list[str]:
     """Pods of the job still in the namespace, after the master's stop (up to 30 s)."""
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
 
         def names() -> list[str]:
-            items = core.list_namespaced_pod(NAMESPACE, label_selector=pods.job_selector(JOB))
+            items = core.list_namespaced_pod(NAMESPACE, label_selector=pods.job_selector(job))
             return [p.metadata.name for p in items.items]
 
         with contextlib.suppress(BenchError):
@@ -609,17 +822,93 @@ def left_over(cluster: Cluster) -> list[str]:
         return names()
 
 
+@dataclass
+class Variant:
+    """One job of the bench: its ``--standby`` value and what came of it."""
+
+    standby: int
+    job: str
+    result: Measurements
+    master_exit_code: int | None = None
+    pods_left_over: list[str] = field(default_factory=list)
+    wall_s: float | None = None
+    #: The bench's thread for the job ended in time (if not, no further job is run).
+    thread_ended: bool = True
+
+
+def run_variant(
+    args: argparse.Namespace,
+    standby: int,
+    data_dir: str,
+    cluster: Cluster,
+    options: KubernetesOptions,
+    probe: MasterProbe,
+    timeline: PodTimeline,
+) -> Variant:
+    """One job with ``standby`` standbys, its deletions, its stop; its own master log."""
+    job = f"{JOB}-s{standby}"
+    master_log = Path(args.workdir) / f"master-s{standby}.log"
+    handler = logging.FileHandler(master_log, mode="w")
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)-7s %(message)s", "%H:%M:%S")
+    )
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    probe.reset()
+    disrupter = Disrupter(args, standby, job, cluster, options, probe, timeline)
+    variant = Variant(standby, job, disrupter.result)
+    started = time.monotonic()
+    disrupter.start()
+    log(
+        f"job {job} (--standby {standby}), its master in this process (log: {master_log}); "
+        f"{args.deletions} deletions to come"
+    )
+    # The master replaces this handler while it runs, and puts it back after.
+    signal.signal(signal.SIGTERM, _after_the_master)
+    try:
+        variant.master_exit_code = run_master(args, data_dir, options, job, standby)
+    finally:
+        disrupter.job_over.set()
+        variant.thread_ended = disrupter.join()
+    if not variant.thread_ended:
+        stuck = f"the bench's thread of job {job} did not stop"
+        log(stuck)
+        variant.result.error = variant.result.error or stuck
+    variant.wall_s = round(time.monotonic() - started, 1)
+    code = variant.master_exit_code
+    stopped = " (stopped by the bench, as planned)" if code == 128 + 15 else ""
+    log(f"the master of {job} exited with status {code}{stopped}")
+    variant.pods_left_over = left_over(cluster, job)
+    if variant.pods_left_over:
+        log(f"pods of {job} left after the master's stop: {', '.join(variant.pods_left_over)}")
+    return variant
+
+
 # -- figures --
 
+#: The milestones set side by side across the jobs: key of Deletion -> label.
+COMPARED = {
+    "requeue_s": "(1) delete -> tasks re-queued",
+    "replacement_running_s": "(2) delete -> replacement Running",
+    "replacement_registered_s": "(3) delete -> replacement registered",
+    "replacement_training_s": "(4) delete -> replacement training",
+}
+#: Milestones that do not apply to a promoted standby (it was Running and registered before).
+NOT_FOR_PROMOTED = ("replacement_created_s", "replacement_running_s", "replacement_registered_s")
 
-def stats(values: list[float | None]) -> dict[str, float | None]:
+
+def stats(values: list[float | None]) -> dict[str, Any]:
+    """Mean, median, max and count of the values present; ``each``: all of them, in order
+    (None where there is none)."""
     present = [v for v in values if v is not None]
+    each = [None if v is None else round(v, 4) for v in values]
     if not present:
-        return {"median": None, "max": None, "n": 0}
+        return {"mean": None, "median": None, "max": None, "n": 0, "each": each}
     return {
+        "mean": round(statistics.fmean(present), 4),
         "median": round(statistics.median(present), 4),
         "max": round(max(present), 4),
         "n": len(present),
+        "each": each,
     }
 
 
@@ -635,9 +924,11 @@ def summarize(result: Measurements) -> dict[str, Any]:
         "watch_terminating_s": stats([x.watch_terminating_s for x in d]),
         "watch_terminal_s": stats([x.watch_terminal_s for x in d]),
         "watch_gone_s": stats([x.watch_gone_s for x in d]),
+        "promoted_s": stats([x.promoted_s for x in d]),
         "replacement_created_s": stats([x.replacement_created_s for x in d]),
         "replacement_running_s": stats([x.replacement_running_s for x in d]),
         "replacement_registered_s": stats([x.replacement_registered_s for x in d]),
+        "replacement_training_s": stats([x.replacement_training_s for x in d]),
         "bare_running_s": stats([x.running_s for x in b]),
         "bare_imported_s": stats([x.imported_s for x in b]),
     }
@@ -650,6 +941,9 @@ def summarize(result: Measurements) -> dict[str, Any]:
         "registered_over_bare_imported": ratio(
             median["replacement_registered_s"], median["bare_imported_s"]
         ),
+        "training_over_bare_imported": ratio(
+            median["replacement_training_s"], median["bare_imported_s"]
+        ),
         "running_over_bare_running": ratio(
             median["replacement_running_s"], median["bare_running_s"]
         ),
@@ -660,56 +954,102 @@ def summarize(result: Measurements) -> dict[str, Any]:
         "registered_over_bare_imported": stats(
             [ratio(x.replacement_registered_s, y.imported_s) for x, y in zip(d, b, strict=False)]
         ),
+        "training_over_bare_imported": stats(
+            [ratio(x.replacement_training_s, y.imported_s) for x, y in zip(d, b, strict=False)]
+        ),
     }
-    return {"figures": figures, "ratios_of_medians": ratios, "ratios_per_deletion": per_deletion}
+    return {
+        "promoted": sum(x.promoted for x in d),
+        "figures": figures,
+        "ratios_of_medians": ratios,
+        "ratios_per_deletion": per_deletion,
+    }
 
 
-def print_result(summary: dict[str, Any], result: Measurements, bare: str) -> None:
+def side_by_side(variants: list[Variant]) -> dict[str, Any]:
+    """Per milestone of COMPARED, per job: mean, median, max, each deletion's time (None
+    where it does not apply: ``not_applicable`` counts those), and the ratio of its median to
+    the first job's."""
+    table: dict[str, Any] = {}
+    for key in COMPARED:
+        row: dict[str, Any] = {}
+        first: float | None = None
+        for i, variant in enumerate(variants):
+            d = variant.result.deletions
+            figure = stats([getattr(x, key) for x in d])
+            figure["not_applicable"] = sum(x.promoted for x in d) if key in NOT_FOR_PROMOTED else 0
+            if i == 0:
+                first = figure["median"]
+            figure["median_over_first_job"] = ratio(figure["median"], first)
+            row[f"standby_{variant.standby}"] = figure
+        table[key] = row
+    return table
+
+
+def _number(v: float | None, width: int, digits: int = 3, absent: str = "-") -> str:
+    return f"{absent:>{width}}" if v is None else f"{v:>{width}.{digits}f}"
+
+
+def print_result(variant: Variant, summary: dict[str, Any], bare: str) -> None:
+    result = variant.result
     print()
-    print("== recovery from a deleted worker pod (seconds from the delete call) ==")
+    print(
+        f"== job {variant.job}, --standby {variant.standby}: recovery from a deleted worker "
+        "pod (seconds from the delete call) =="
+    )
+    if variant.standby:
+        print(
+            "before each deletion a standby was ready (registered, and registering again from "
+            "its wait for a slot: TensorFlow and the model loaded); n/a: the replacement is a "
+            "promoted standby, created, Running and registered before the deletion"
+        )
     header = (
-        f"{'#':>2} {'victim':<10}{'tasks':>6}{'master watch':>13}{'re-queue':>10}"
+        f"{'#':>2} {'victim':<11}{'tasks':>6}{'master watch':>13}{'re-queue':>10}"
         f"{'bench watch: Term.':>20}{'ended':>7}{'DELETED':>9}  {'replacement':<12}"
-        f"{'created':>8}{'Running':>9}{'registered':>12}"
+        f"{'promoted':>9}{'created':>8}{'Running':>9}{'registered':>12}{'training':>10}"
     )
     print(header)
 
-    def f(v: float | None, width: int, digits: int = 3) -> str:
-        return f"{'-':>{width}}" if v is None else f"{v:>{width}.{digits}f}"
-
     for i, x in enumerate(result.deletions, 1):
+        na = "n/a" if x.promoted else "-"
         print(
-            f"{i:>2} {x.victim:<10}{x.tasks_requeued:>6}{f(x.master_watch_s, 13)}"
-            f"{f(x.requeue_s, 10)}{f(x.watch_terminating_s, 20)}{f(x.watch_terminal_s, 7)}"
-            f"{f(x.watch_gone_s, 9)}  "
-            f"{x.replacement or '-':<12}{f(x.replacement_created_s, 8, 2)}"
-            f"{f(x.replacement_running_s, 9, 2)}{f(x.replacement_registered_s, 12, 2)}"
+            f"{i:>2} {x.victim:<11}{x.tasks_requeued:>6}{_number(x.master_watch_s, 13)}"
+            f"{_number(x.requeue_s, 10)}{_number(x.watch_terminating_s, 20)}"
+            f"{_number(x.watch_terminal_s, 7)}{_number(x.watch_gone_s, 9)}  "
+            f"{x.replacement or '-':<12}{_number(x.promoted_s, 9)}"
+            f"{_number(x.replacement_created_s, 8, 2, na)}"
+            f"{_number(x.replacement_running_s, 9, 2, na)}"
+            f"{_number(x.replacement_registered_s, 12, 2, na)}"
+            f"{_number(x.replacement_training_s, 10, 2)}"
         )
     when = "created right after each delete call" if bare == "with" else "alone, before each"
     print(f"bare pods (a worker's imports only; {when}; seconds from the create call):")
     for x in result.bare_pods:
         print(f"   {x.name}: Running {x.running_s:.2f}, imports done {x.imported_s:.2f}")
-    print(f"{'':<52}{'median':>8}{'max':>8}")
+    print(f"{'':<60}{'median':>8}{'max':>8}")
     labels = {
         "master_watch_s": "    delete -> the master's watch saw the end",
         "requeue_s": "(1) delete -> tasks re-queued by the master",
         "watch_terminating_s": "    delete -> Terminating seen (bench's watch)",
         "watch_terminal_s": "    delete -> container ended seen (bench's watch)",
         "watch_gone_s": "    delete -> DELETED seen (bench's watch)",
+        "promoted_s": "    delete -> a standby moved into the slot",
         "replacement_running_s": "(2) delete -> replacement Running",
-        "replacement_registered_s": "(2) delete -> replacement registered",
+        "replacement_registered_s": "(3) delete -> replacement registered",
+        "replacement_training_s": "(4) delete -> replacement training (first task)",
         "bare_running_s": "    bare pod: create -> Running",
         "bare_imported_s": "    bare pod: create -> imports done",
     }
     for key, label in labels.items():
         figure = summary["figures"][key]
         if figure["n"]:
-            print(f"{label:<52}{figure['median']:>8.3f}{figure['max']:>8.3f}")
+            print(f"{label:<60}{figure['median']:>8.3f}{figure['max']:>8.3f}")
     r = summary["ratios_of_medians"]
     print(
         f"ratios of medians: re-queue / container ended seen {r['requeue_over_watch_terminal']}; "
         f"re-queue / DELETED seen {r['requeue_over_watch_gone']}; "
         f"registered / bare imports done {r['registered_over_bare_imported']}; "
+        f"training / bare imports done {r['training_over_bare_imported']}; "
         f"replacement Running / bare Running {r['running_over_bare_running']}"
     )
     p = summary["ratios_per_deletion"]
@@ -718,38 +1058,112 @@ def print_result(summary: dict[str, Any], result: Measurements, bare: str) -> No
         f"ratios per deletion (median, max): re-queue / container ended seen {t['median']}, "
         f"{t['max']}; registered / its round's bare imports done {i['median']}, {i['max']}"
     )
+    if result.error:
+        print(f"incomplete: {result.error}")
+
+
+def print_side_by_side(variants: list[Variant], table: dict[str, Any], deletions: int) -> None:
+    print()
+    print(
+        f"== deletion -> the slot training again, side by side: {deletions} deletions per job, "
+        "seconds from the delete call =="
+    )
+    if any(v.standby for v in variants):
+        print(
+            "with standbys: a ready standby existed before each deletion (it had registered "
+            "and was waiting for a slot, TensorFlow and the model loaded)"
+        )
+        print(
+            "n/a: the replacement was a promoted standby, Running and registered before the "
+            "deletion"
+        )
+    print(f"{'milestone':<38}{'standby':>8}{'mean':>8}{'median':>8}  each deletion")
+    for key, label in COMPARED.items():
+        for i, variant in enumerate(variants):
+            figure = table[key][f"standby_{variant.standby}"]
+            each = " ".join(
+                ("n/a" if x.promoted and key in NOT_FOR_PROMOTED else "-")
+                if v is None
+                else f"{v:.3f}"
+                for x, v in zip(variant.result.deletions, figure["each"], strict=True)
+            )
+            absent = "n/a" if figure["not_applicable"] and not figure["n"] else "-"
+            mean, median = figure["mean"], figure["median"]
+            print(
+                f"{label if i == 0 else '':<38}{variant.standby:>8}"
+                f"{_number(mean, 8, absent=absent)}{_number(median, 8, absent=absent)}  "
+                f"{each or '-'}"
+            )
+    training = table["replacement_training_s"]
+    if len(variants) > 1:
+        parts = [
+            f"--standby {v.standby}: {training[f'standby_{v.standby}']['median_over_first_job']}"
+            for v in variants[1:]
+        ]
+        print(
+            f"median time to training, against --standby {variants[0].standby}'s: "
+            + "; ".join(parts)
+        )
 
 
 # -- main --
 
 
+def standby_counts(text: str) -> list[int]:
+    """``--standby``'s value: comma-separated standby counts, each >= 0, none twice."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if not counts or any(n < 0 for n in counts) or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(
+            f"want distinct standby counts >= 0, comma-separated, got {text!r}"
+        )
+    return counts
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="How fast the Kubernetes backend recovers from a deleted worker pod, on the "
-        "test control plane (tests/cluster; needs Go for its first build): delete -> tasks "
-        "re-queued, delete -> replacement Running and registered; against Kubernetes' own "
-        "deletion latency and a bare pod doing a worker's imports.",
+        "test control plane (tests/cluster; needs Go for its first build), with and without "
+        "standbys: one job per --standby value, one after the other, the same deletions in "
+        "each; delete -> tasks re-queued, delete -> replacement Running, registered and "
+        "training (its first task), side by side; against Kubernetes' own deletion latency "
+        "and a bare pod doing a worker's imports. With standbys, each deletion waits for a "
+        "ready standby (registered, TensorFlow and the model loaded), which then takes the "
+        "dead worker's slot: Running and registered do not apply to it (n/a).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--workdir",
         default=str(HERE / "results" / "k8s-recovery"),
-        help="scratch directory: the digits, the cluster's files and logs (cluster/), the "
-        "job's output (job/), master.log, k8s_recovery.json",
+        help="scratch directory: the digits, the cluster's files and logs (cluster/), each "
+        "job's output (job-sN/) and master log (master-sN.log, N the standby count), "
+        "k8s_recovery.json",
     )
-    parser.add_argument("--deletions", type=int, default=5, help="worker pods deleted")
+    parser.add_argument(
+        "--standby",
+        type=standby_counts,
+        default="0,1",
+        metavar="N[,N...]",
+        help="the jobs to run, one after the other: their standby counts (elastic-step train "
+        "--standby N), comma-separated; 0,1: without a standby, then with one",
+    )
+    parser.add_argument("--deletions", type=int, default=5, help="worker pods deleted per job")
     parser.add_argument(
         "--pause",
         type=float,
         default=5.0,
         help="seconds of training, once every worker holds a task, before each bare pod and "
-        "each deletion",
+        "each deletion (with standbys, a deletion also waits for a ready standby)",
     )
     parser.add_argument(
         "--epochs",
         type=int,
         default=1000,
-        help="the job's epochs: enough to outlast the measurements; the bench stops the job "
+        help="each job's epochs: enough to outlast the measurements; the bench stops the job "
         "when they are done",
     )
     parser.add_argument(
@@ -760,9 +1174,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "call, so it starts under the same load as the replacement, and each slows the other), "
         "or alone 'before' it (while both workers train)",
     )
-    parser.add_argument("--worker-cpu", default="500m", help="CPU of worker and bare pods")
+    parser.add_argument("--worker-cpu", default="500m", help="CPU of worker, standby and bare pods")
     parser.add_argument("--ps-cpu", default="500m", help="CPU of the PS pod")
-    parser.add_argument("--seed", type=int, default=7, help="job seed; choice of victims")
+    parser.add_argument(
+        "--seed", type=int, default=7, help="job seed; choice of victims (the same in each job)"
+    )
     parser.add_argument(
         "--wait-timeout", type=float, default=180.0, help="bound on each wait of the bench, s"
     )
@@ -776,18 +1192,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start(args)
     workdir = Path(args.workdir)
-    log(f"load average {load_1min()} ({os.cpu_count()} CPUs); results in {workdir}")
+    log(
+        f"load average {load_1min()} ({os.cpu_count()} CPUs); results in {workdir}; jobs with "
+        f"--standby {', '.join(map(str, args.standby))}, {args.deletions} deletions each"
+    )
     data_dir = prepare_data(str(workdir))
 
     from elastic_step.model.tf_runtime import import_tensorflow_quietly
 
     import_tensorflow_quietly()  # as the CLI does, before the master imports Keras
-    master_log = workdir / "master.log"
-    handler = logging.FileHandler(master_log, mode="w")
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)-7s %(message)s", "%H:%M:%S")
+    # Until the first job: the cluster's start (each job then logs to its own master-sN.log).
+    logging.basicConfig(
+        level=logging.INFO,
+        handlers=[logging.FileHandler(workdir / "bench.log", mode="w")],
+        force=True,
     )
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
 
     cluster_dir = workdir / "cluster"
     shutil.rmtree(cluster_dir, ignore_errors=True)
@@ -795,6 +1214,7 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_1min()
     started = time.monotonic()
     busy0, ours0 = machine_busy_s(), own_cpu_s() + children_cpu_s()
+    variants: list[Variant] = []
     try:
         with start_cluster(cluster_dir, host_paths=[workdir]) as cluster:
             cluster_s = time.monotonic() - started
@@ -819,25 +1239,17 @@ def main(argv: list[str] | None = None) -> int:
             with cluster.admin() as api:
                 timeline = PodTimeline(api, NAMESPACE)
                 timeline.start()
-                disrupter = Disrupter(args, cluster, options, probe, timeline)
-                disrupter.start()
-                log(
-                    f"master of job {JOB} in this process (log: {master_log}); "
-                    f"{args.deletions} deletions to come"
-                )
-                # The master replaces this handler while it runs, and puts it back after.
-                signal.signal(signal.SIGTERM, _after_the_master)
                 try:
-                    exit_code = run_master(args, data_dir, options)
+                    for standby in args.standby:
+                        variant = run_variant(
+                            args, standby, data_dir, cluster, options, probe, timeline
+                        )
+                        variants.append(variant)
+                        if not variant.thread_ended:
+                            log("no further job: the bench's thread of this one is still busy")
+                            break
                 finally:
-                    disrupter.job_over.set()
-                    disrupter.join()
                     timeline.stop()
-            stopped = " (stopped by the bench, as planned)" if exit_code == 128 + 15 else ""
-            log(f"the master exited with status {exit_code}{stopped}")
-            leftovers = left_over(cluster)
-            if leftovers:
-                log(f"pods of the job left after the master's stop: {', '.join(leftovers)}")
     except ClusterStartError as e:
         log(f"the test cluster did not start: {e}")
         return 1
@@ -852,32 +1264,52 @@ def main(argv: list[str] | None = None) -> int:
         "machine_busy_cores": round(busy / wall, 2),
         "other_cores": round((busy - ours) / wall, 2),
     }
-    result = disrupter.result
-    summary = summarize(result)
+    summaries = [summarize(v.result) for v in variants]
+    table = side_by_side(variants)
+    errors = [f"--standby {v.standby}: {v.result.error}" for v in variants if v.result.error]
+    missing = [str(n) for n in args.standby[len(variants) :]]
+    if missing:
+        errors.append(f"not run: --standby {', '.join(missing)}")
     document = {
         **run_header(),
         "settings": vars(args),
         "cluster_start_s": round(cluster_s, 2),
-        "master_exit_code": exit_code,
-        "pods_left_over": leftovers,
         "load_before": load_before,
         "load_after": load_1min(),
         "cpu": cpu,
-        "error": result.error,
-        "deletions": [asdict(d) for d in result.deletions],
-        "bare_pods": [asdict(b) for b in result.bare_pods],
-        **summary,
+        "error": "; ".join(errors) or None,
+        # With standbys, each deletion came once a standby was ready (registered, and waiting
+        # for a slot with TensorFlow and the model loaded).
+        "standby_ready_before_each_deletion": True,
+        "variants": [
+            {
+                "standby": v.standby,
+                "job": v.job,
+                "wall_s": v.wall_s,
+                "master_exit_code": v.master_exit_code,
+                "pods_left_over": v.pods_left_over,
+                "error": v.result.error,
+                "deletions": [asdict(d) for d in v.result.deletions],
+                "bare_pods": [asdict(b) for b in v.result.bare_pods],
+                **summary,
+            }
+            for v, summary in zip(variants, summaries, strict=True)
+        ],
+        "side_by_side": table,
     }
     path = workdir / "k8s_recovery.json"
     write_result(str(path), document)
-    print_result(summary, result, args.bare)
+    for variant, summary in zip(variants, summaries, strict=True):
+        print_result(variant, summary, args.bare)
+    print_side_by_side(variants, table, args.deletions)
+    print()
     print(
         f"whole run {wall:.0f} s: the bench (cluster, pods, master) used {ours:.0f} CPU-s; "
         f"machine {cpu['machine_busy_cores']:.2f} cores busy, others "
         f"{cpu['other_cores']:.2f}; load {load_before} -> {document['load_after']}"
     )
-    if result.error:
-        print(f"incomplete: {result.error}")
+    if document["error"]:
+        print(f"incomplete: {document['error']}")
     print(f"wrote {path}")
     return 0
 

@@ -200,7 +200,7 @@ class Coordinator:
                 log.info("%s registered (pid %d)", request.name, request.pid)
             self._registered.add(request.name)
             standby = instance.role is Role.STANDBY
-            if standby:
+            if standby and request.waiting_for_slot:
                 self.instances.note_standby_ready(instance.name)
             return master_pb2.RegisterResponse(
                 settings=self._settings, model_version=self.tasks.model_version, standby=standby

@@ -20,8 +20,9 @@ pods lets the job grow.
 
 Standbys (``standby`` > 0): that many extra worker processes, in slots of their own, that start
 and load TensorFlow and the model but train nothing. When a worker slot needs an instance and
-a standby has registered (:meth:`note_standby_ready`), the standby is promoted into the slot
-instead of a new launch (its name stays); its own slot is then refilled by a new standby.
+a standby has loaded everything and waits (:meth:`note_standby_ready`), it is promoted into
+the slot instead of a new launch (its name stays); its own slot is then refilled by a new
+standby.
 A crashing standby slot is given up after ``max_restarts``, which costs speed, never the job.
 
 Not thread-safe; the master serializes calls. Tests: tests/unit/test_instance_manager.py.
@@ -149,7 +150,7 @@ class InstanceManager:
         self._clock = clock
         self.instances: dict[str, Instance] = {}
         self.worker_slots: set[int] = set(range(settings.workers))
-        #: Standbys whose process has registered, oldest first (not durable: a standby
+        #: Standbys loaded and waiting, oldest first (not durable: a waiting standby
         #: registers again with a restarted master).
         self._ready_standbys: dict[str, None] = {}
         self.relaunch = RelaunchPolicy(
@@ -364,7 +365,7 @@ class InstanceManager:
         self._record()
 
     def note_standby_ready(self, name: str) -> None:
-        """Standby ``name`` has registered: it may be promoted into a worker slot."""
+        """Standby ``name`` has loaded everything and waits: it may be given a worker slot."""
         instance = self.instances.get(name)
         if instance is not None and instance.role is Role.STANDBY and not instance.state.ended:
             self._ready_standbys.setdefault(name)

@@ -18,18 +18,20 @@ WORKER: Role
 PS: Role
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("role", "name", "shard", "address", "pid")
+    __slots__ = ("role", "name", "shard", "address", "pid", "waiting_for_slot")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_SLOT_FIELD_NUMBER: _ClassVar[int]
     role: Role
     name: str
     shard: int
     address: str
     pid: int
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., shard: _Optional[int] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    waiting_for_slot: bool
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., shard: _Optional[int] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., waiting_for_slot: _Optional[bool] = ...) -> None: ...
 
 class JobSettings(_message.Message):
     __slots__ = ("model_def", "data_dir", "output_dir", "batch_size", "num_ps", "seed", "checkpoint_steps", "keep_checkpoints", "staleness_modulation", "master_timeout_s", "local_steps", "outer_optimizer", "predict_model_dir", "predict_parts_dir")

@@ -106,11 +106,14 @@ class Worker:
         )
         return reply.standby
 
-    def _register(self) -> master_pb2.RegisterResponse:
-        return self.master.call(
-            "Register",
-            master_pb2.RegisterRequest(role=master_pb2.WORKER, name=self.name, pid=os.getpid()),
+    def _register(self, *, waiting_for_slot: bool = False) -> master_pb2.RegisterResponse:
+        request = master_pb2.RegisterRequest(
+            role=master_pb2.WORKER,
+            name=self.name,
+            pid=os.getpid(),
+            waiting_for_slot=waiting_for_slot,
         )
+        return self.master.call("Register", request)
 
     def wait_for_a_slot(self) -> bool:
         """A standby's wait: everything is loaded; registers again every ``STANDBY_POLL_S``
@@ -120,7 +123,7 @@ class Worker:
         )
         started = time.monotonic()
         while not self.finished.wait(STANDBY_POLL_S):
-            if not self._register().standby:
+            if not self._register(waiting_for_slot=True).standby:
                 log.info(
                     "%s: given a worker slot after %.1f s as a standby",
                     self.name,

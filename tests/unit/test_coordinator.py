@@ -27,7 +27,7 @@ TIMEOUT_S = 10
 TASK_TIMEOUT_S = 30.0
 
 
-def params(**tasks) -> CoordinatorParams:
+def params(standby: int = 0, **tasks) -> CoordinatorParams:
     return CoordinatorParams(
         tasks=TaskSettings(
             train_shards=[("/d/train/part-0", 40), ("/d/train/part-1", 40)],
@@ -40,7 +40,13 @@ def params(**tasks) -> CoordinatorParams:
             **tasks,
         ),
         membership=MembershipSettings(
-            workers=2, min_workers=1, max_workers=2, num_ps=1, max_restarts=10, backoff_s=0.0
+            workers=2,
+            min_workers=1,
+            max_workers=2,
+            num_ps=1,
+            max_restarts=10,
+            backoff_s=0.0,
+            standby=standby,
         ),
         job_settings=master_pb2.JobSettings(batch_size=8, num_ps=1),
         fixed_settings={"--epochs": 2},
@@ -55,7 +61,14 @@ def spec_for(role: Role, slot: int, name: str) -> LaunchSpec:
 class Master:
     """A coordinator served over gRPC with authentication, as the master runs it."""
 
-    def __init__(self, tmp_path: Path, clock: FakeClock, backend: FakeBackend | None = None):
+    def __init__(
+        self,
+        tmp_path: Path,
+        clock: FakeClock,
+        backend: FakeBackend | None = None,
+        *,
+        standby: int = 0,
+    ):
         self.store = FileStateStore(str(tmp_path / "state"))
         token = self.store.acquire("test-master", timeout_s=TIMEOUT_S)
         saved = SavedJob.of(self.store.load())
@@ -64,7 +77,7 @@ class Master:
             record = JobRecord.restore(saved.part("job"), saved.records["job"])
         self.backend = backend or FakeBackend()
         self.coordinator: Coordinator = open_coordinator(
-            params(),
+            params(standby),
             store=self.store,
             saved=saved,
             record=record,
@@ -477,3 +490,36 @@ def test_progress_on_the_task_in_hand_keeps_the_prefetched_lease(master, clock) 
         stub.Heartbeat(beat, timeout=TIMEOUT_S)
         coordinator.tick()
     assert [t.id for t in coordinator.tasks.tasks_of("worker-0")] == [running.id, prefetched.id]
+
+
+# -- standbys --
+
+
+def test_a_standby_waits_until_a_worker_dies_then_trains_in_its_slot(tmp_path, clock) -> None:
+    master = Master(tmp_path, clock, standby=1)
+    try:
+        master.start_instances()
+        coordinator, stub = master.coordinator, master.stub("standby-0")
+
+        def register(waiting: bool) -> master_pb2.RegisterResponse:
+            request = master_pb2.RegisterRequest(
+                role=master_pb2.WORKER, name="standby-0", waiting_for_slot=waiting
+            )
+            return stub.Register(request, timeout=TIMEOUT_S)
+
+        assert register(waiting=False).standby  # still loading: not to be given a slot
+        assert get_task(stub, "standby-0").kind == master_pb2.Task.WAIT
+        lose(master, "worker-0")
+        assert "worker-2" in master.backend.names()  # a new launch: no standby was ready
+
+        assert register(waiting=True).standby
+        lose(master, "worker-1")
+        assert not register(waiting=True).standby  # promoted: now a worker
+        assert "worker-3" not in master.backend.names()
+        task = get_task(stub, "standby-0")
+        assert task.kind == master_pb2.Task.TRAIN
+        master.coordinator.tick()
+        assert master.backend.names()[-1] == "standby-1"
+        assert coordinator.instances.promotions == 1
+    finally:
+        master.close()
