@@ -7,6 +7,10 @@
   are updated row by row with per-row state (see ``model/row_optimizer.py``). It returns the
   step's loss.
 - :meth:`Steps.evaluate`: the batch's loss.
+- ``Steps.local_window`` (K > 1, a model without tables): K of those local steps in one
+  compiled call that takes its batches straight from the input pipeline's iterator, as
+  ``model.fit`` does with ``steps_per_execution``: no Python per batch. It returns the summed
+  loss (each batch's mean times its size) and the examples. None where it does not apply.
 
 Each of them also adds the batch to the model's metrics (the definition's, as evaluation
 reports them), in the same compiled call and on the outputs the step computed, as
@@ -104,6 +108,28 @@ class Steps:
                 return loss, rows
 
             self._local = local
+
+        #: See the module's docstring.
+        self.local_window = None
+        if local_optimizer is not None and not tables:
+
+            @tf.function
+            def local_window(iterator, steps):
+                loss_sum = tf.constant(0.0, tf.float64)
+                examples = tf.constant(0, tf.int64)
+                for _ in tf.range(steps):
+                    features, labels = next(iterator)
+                    loss, dense, _ = loss_and_gradients(features, labels)
+                    local_optimizer.apply(
+                        list(dense.values()), [parameters.dense[n] for n in dense]
+                    )
+                    first = tf.nest.flatten(labels)[0]
+                    size = tf.shape(first, out_type=tf.int64)[0]
+                    loss_sum += tf.cast(loss, tf.float64) * tf.cast(size, tf.float64)
+                    examples += size
+                return loss_sum, examples
+
+            self.local_window = local_window
 
         @tf.function(reduce_retracing=True)
         def evaluate(features, labels):

@@ -5,6 +5,12 @@ Starting a ``tf.data`` iterator instantiates the feed's graph: about 250 ms for 
 per task would cost that on every task, so a worker builds one pipeline per mode, feeds it
 each task's records through a queue, and counts examples to know where a task ends. That is
 why a feed must map every record to exactly one example (as ``dataset.map`` does).
+
+A task's records may be queued (:meth:`BatchStream.put`) before the task before it has
+run: the pipeline's prefetch then parses them while that task trains. The batches are taken
+either one by one in Python (:meth:`BatchStream.run`) or, by a compiled loop, straight from
+:attr:`BatchStream.iterator` (a window of steps in one call, as ``model.fit`` does); then each
+batch must be one queued batch of records, as a feed that maps batches does.
 Tests: none direct; exercised by every end-to-end run (tests/e2e/).
 """
 
@@ -37,27 +43,34 @@ class BatchStream:
             batches, output_signature=tf.TensorSpec([None], tf.string)
         )
         try:
-            # Prefetch stops at what is queued: it never reaches into the next task's records.
             dataset = apply_feed(feed, source, mode, schema)
         except TypeError as e:
             raise FeedContractError(str(e)) from e
-        self._iterator = iter(dataset)
+        self.iterator = iter(dataset)
 
-    def run(self, records: list[bytes]) -> Iterator[tuple]:
-        """Yields the ``(features, labels)`` batches of ``records``.
+    def put(self, records: list[bytes]) -> int:
+        """Queues a task's records, a batch at a time; returns the number of batches. Safe
+        from any thread."""
+        import numpy as np
+
+        batches = 0
+        for start in range(0, len(records), self._batch_size):
+            self._queue.put(np.array(records[start : start + self._batch_size], dtype=object))
+            batches += 1
+        return batches
+
+    def run(self, records: int) -> Iterator[tuple]:
+        """Yields the ``(features, labels)`` batches of the oldest task queued (:meth:`put`),
+        which has ``records`` records.
 
         If the caller stops early, the rest of the task's batches are drained, so the next
         task starts clean. After a feed error the stream is ``broken`` and must be rebuilt.
         """
-        import numpy as np
-
-        for start in range(0, len(records), self._batch_size):
-            self._queue.put(np.array(records[start : start + self._batch_size], dtype=object))
-        remaining = len(records)
+        remaining = records
         try:
             while remaining > 0:
                 try:
-                    features, labels = next(self._iterator)
+                    features, labels = next(self.iterator)
                 except Exception as e:
                     self.broken = True
                     raise FeedContractError(f"the feed failed: {type(e).__name__}: {e}") from e
@@ -73,7 +86,7 @@ class BatchStream:
         finally:
             try:
                 while remaining > 0 and not self.broken:
-                    features, labels = next(self._iterator)
+                    features, labels = next(self.iterator)
                     remaining -= batch_size_of(labels, features)
             except Exception:
                 self.broken = True

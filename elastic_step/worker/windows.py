@@ -11,6 +11,8 @@ dense values came with the last push. A window never spans tasks,
 so a task is reported only after its last push: a worker that dies loses at most one
 window, and its task is re-queued. ``train`` returns the task's mean training loss and the
 model's metrics on the same batches, which the worker reports with the task.
+``train_queued`` does the same for a model without tables with K > 1, a window per compiled
+call (``Steps.local_window``) that reads its batches from the input pipeline's iterator.
 Tests: tests/unit/test_model_parameters.py.
 """
 
@@ -97,6 +99,33 @@ class WindowTrainer:
             window, next_ids = self._window(batches)
             self._push(dense, rows, next_ids)
             ids = next_ids
+        loss.metrics = self._metrics(self.steps.metric_results)
+        return loss
+
+    def train_queued(self, iterator, batches: int) -> TrainingLoss:
+        """Trains a task whose ``batches`` batches wait in ``iterator``, a window of K steps
+        per compiled call (``Steps.local_window``, which must apply); as :meth:`train`.
+        The caller checks that the examples add up to the task's records."""
+        loss = TrainingLoss()
+        if batches == 0:
+            return loss
+        self._metrics(self.steps.reset_metrics)
+        if self._base is None:
+            self._pull({}, dense=True)
+        done = 0
+        while done < batches:
+            steps = min(self.local_steps, batches - done)
+            try:
+                loss_sum, examples = self.steps.local_window(iterator, steps)
+            except Exception as e:
+                raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
+            loss.loss_sum += float(loss_sum)
+            loss.examples += int(examples)
+            for _ in range(steps):
+                self._on_step()
+            done += steps
+            dense = {n: self._base[n] - v.numpy() for n, v in self.parameters.dense.items()}
+            self._push(dense, {}, {})
         loss.metrics = self._metrics(self.steps.metric_results)
         return loss
 

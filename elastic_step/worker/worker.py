@@ -1,7 +1,11 @@
 """The worker process: asks the master for tasks and runs them.
 
-A training task's batches run in windows of ``--local-steps`` steps against the PS (see
-:mod:`elastic_step.worker.windows`). An evaluation task reports the loss and the metrics'
+One call to the master per task (``NextTask``): made as a task starts, it reports the task
+before and brings the next, whose records are read and queued in the input pipeline while
+this task trains (:mod:`elastic_step.worker.stream`). A training task's batches run in
+windows of ``--local-steps`` steps against the PS (see :mod:`elastic_step.worker.windows`);
+for a model without embedding tables and K > 1, each window is one compiled call that takes
+its batches from the pipeline itself. An evaluation task reports the loss and the metrics'
 states, not predictions. In a prediction job (``elastic-step predict``) the worker loads the
 trained model and writes each task's predictions (:mod:`elastic_step.worker.predictor`); it
 has no PS.
@@ -10,6 +14,7 @@ An error in the user's code fails the task (the master retries it elsewhere, up 
 limit); a PS that goes away is waited for and reconnected, and the window's update is pushed
 again.
 A master or PS that answers with an error that retrying cannot cure ends the worker (exit 1).
+A process the master started as a standby loads everything, then waits for a worker slot.
 Tests: tests/unit/test_rpc_errors.py; killed mid-epoch in tests/e2e/test_fault_tolerance.py.
 """
 
@@ -21,6 +26,8 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,7 +44,30 @@ from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, Tr
 from elastic_step.rpc.tensors import to_proto
 from elastic_step.worker.windows import UserCodeError, WindowTrainer
 
+if TYPE_CHECKING:
+    from elastic_step.worker.stream import BatchStream
+
 log = logging.getLogger("elastic_step.worker")
+
+#: The input pipeline each kind of task reads through.
+_MODES = {
+    master_pb2.Task.TRAIN: "train",
+    master_pb2.Task.EVALUATE: "evaluate",
+    master_pb2.Task.PREDICT: "predict",
+}
+
+
+@dataclass
+class Fetched:
+    """A task as the worker received it: its records (or the error reading them raised,
+    raised when the task runs), and the input pipeline they were queued in, if any, as how
+    many batches."""
+
+    task: master_pb2.Task
+    records: list[bytes] | Exception
+    queued_in: BatchStream | None = None
+    batches: int = 0
+
 
 # Waiting for the PS to come back: the first retry is quick, later ones back off to the cap.
 PS_RETRY_FIRST_S = 0.25
@@ -203,8 +233,9 @@ class Worker:
             self.connect_ps()
         with ThreadPoolExecutor(1, thread_name_prefix="next-task") as calls:
             report = None  # the outcome of the last task, not yet sent
-            task, records = self._exchange(None, held=None)
+            fetched = self._exchange(None, held=None)
             while True:
+                task = fetched.task
                 if task.kind == master_pb2.Task.FINISHED:
                     if report is not None:  # its outcome still counts
                         self._exchange(report, held=None, report_only=True)
@@ -212,18 +243,19 @@ class Worker:
                 if task.kind == master_pb2.Task.WAIT:
                     if report is None:
                         time.sleep(WAIT_S)
-                    task, records = self._exchange(report, held=None)
+                    fetched = self._exchange(report, held=None)
                     report = None
                     continue
                 upcoming = calls.submit(self._exchange, report, held=task.lease_id)
-                report = self._run_task(task, records)
-                task, records = upcoming.result()
+                report = self._run_task(fetched)
+                fetched = upcoming.result()
 
     def _exchange(
         self, report: master_pb2.TaskReport | None, *, held: int | None, report_only: bool = False
-    ) -> tuple[master_pb2.Task, list[bytes] | Exception]:
-        """Sends ``report`` and gets the next task, holding the lease ``held``; with the
-        task, its records, or the error that reading them raised (raised when it runs)."""
+    ) -> Fetched:
+        """Sends ``report`` and gets the next task, holding the lease ``held``; reads the
+        task's records and queues them in the input pipeline of its mode, if it has one,
+        so that they are parsed while the task in hand trains."""
         from elastic_step.data.tfrecord import read_records
 
         request = master_pb2.NextTaskRequest(worker=self.name, report_only=report_only)
@@ -232,25 +264,35 @@ class Worker:
         if held is not None:
             request.held_leases.append(held)
         task = self.master.call("NextTask", request)
-        if task.kind in (master_pb2.Task.WAIT, master_pb2.Task.FINISHED):
-            return task, []
+        if task.kind not in _MODES:
+            return Fetched(task, [])
         try:
-            return task, read_records(task.shard, task.start, task.end)
+            records = read_records(task.shard, task.start, task.end)
         except Exception as e:
-            return task, e
+            return Fetched(task, e)
+        stream = self._streams.get(_MODES[task.kind])
+        if stream is None or stream.broken:
+            return Fetched(task, records)
+        return Fetched(task, records, stream, stream.put(records))
 
-    def _run_task(self, task, records: list[bytes] | Exception) -> master_pb2.TaskReport:
+    def _run_task(self, fetched: Fetched) -> master_pb2.TaskReport:
+        task = fetched.task
         self._lease_id, self._batches_done = task.lease_id, 0
         report = master_pb2.TaskReport(task_id=task.id, lease_id=task.lease_id, ok=True)
         try:
-            if isinstance(records, Exception):
-                raise records
+            if isinstance(fetched.records, Exception):
+                raise fetched.records
+            stream = self._stream(_MODES[task.kind])
+            batches = fetched.batches
+            if fetched.queued_in is not stream:  # not queued, or in a stream since rebuilt
+                batches = stream.put(fetched.records)
+            records = len(fetched.records)
             if task.kind == master_pb2.Task.TRAIN:
-                self.train(records, report)
+                self.train(stream, records, batches, report)
             elif task.kind == master_pb2.Task.PREDICT:
-                self.predictor.predict(task, self._batches(records, "predict"))
+                self.predictor.predict(task, self._batches(stream, records))
             else:
-                self.evaluate(records, report)
+                self.evaluate(stream, records, report)
         except UserCodeError as e:
             log.error("%s: task %d failed: %s", self.name, task.id, e)
             report = master_pb2.TaskReport(
@@ -303,29 +345,55 @@ class Worker:
 
     # -- tasks --
 
-    def _batches(self, records: list[bytes], mode: str):
+    def _stream(self, mode: str) -> BatchStream:
+        """The input pipeline of ``mode``, built anew after a feed error broke the last."""
         from elastic_step.worker.stream import BatchStream, FeedContractError
 
-        try:
-            stream = self._streams.get(mode)
-            if stream is None or stream.broken:
-                stream = self._streams[mode] = BatchStream(
+        stream = self._streams.get(mode)
+        if stream is None or stream.broken:
+            try:
+                stream = BatchStream(
                     self.definition.feed, mode, self.schema, self.settings.batch_size
                 )
+            except FeedContractError as e:
+                raise UserCodeError(str(e)) from e
+            self._streams[mode] = stream
+        return stream
+
+    def _batches(self, stream: BatchStream, records: int):
+        from elastic_step.worker.stream import FeedContractError
+
+        try:
             yield from stream.run(records)
         except FeedContractError as e:
             raise UserCodeError(str(e)) from e
 
-    def train(self, records: list[bytes], report: master_pb2.TaskReport) -> None:
-        loss = self.trainer.train(self._batches(records, "train"))
+    def train(
+        self, stream: BatchStream, records: int, batches: int, report: master_pb2.TaskReport
+    ) -> None:
+        if self.trainer.steps.local_window is None:
+            loss = self.trainer.train(self._batches(stream, records))
+        else:  # K steps per compiled call, the batches taken in the graph
+            try:
+                loss = self.trainer.train_queued(stream.iterator, batches)
+            except BaseException:
+                stream.broken = True  # what it left queued is unknown
+                raise
+            if loss.examples != records:
+                stream.broken = True
+                raise UserCodeError(
+                    f"the feed gave {loss.examples} examples for {records} records in "
+                    f"{batches} batches; it must map each batch of records to one batch of as "
+                    "many examples"
+                )
         report.train_loss, report.train_examples = loss.mean, loss.examples
         report.train_metrics.update(loss.metrics)
 
-    def evaluate(self, records: list[bytes], report: master_pb2.TaskReport) -> None:
+    def evaluate(self, stream: BatchStream, records: int, report: master_pb2.TaskReport) -> None:
         steps = self.trainer.steps
         steps.reset_metrics()
         loss_sum, count = 0.0, 0
-        for features, labels in self.trainer.evaluation_batches(self._batches(records, "evaluate")):
+        for features, labels in self.trainer.evaluation_batches(self._batches(stream, records)):
             try:
                 loss = steps.evaluate(features, labels)  # adds the batch to the metrics
             except Exception as e:

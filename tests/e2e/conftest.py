@@ -18,6 +18,9 @@ from elastic_step.demo import write_digits_csv
 from elastic_step.examples import path_of
 from elastic_step.master.job_reporter import STATUS_EVERY_S as STATUS_PERIOD_S
 
+#: How long a held job runs between two looks at its status (see TrainRun.held).
+HELD_SLICE_S = 0.15
+
 
 @pytest.fixture(scope="session")
 def digits_data(tmp_path_factory) -> Path:
@@ -107,7 +110,13 @@ class TrainRun:
     def summary(self) -> dict:
         return json.loads((self.output / "summary.json").read_text())
 
-    def wait_for(self, what: str, predicate: Callable[[dict], bool], timeout: float = 180) -> dict:
+    def wait_for(
+        self,
+        what: str,
+        predicate: Callable[[dict], bool],
+        timeout: float = 180,
+        poll_s: float = 0.2,
+    ) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = self.status()
@@ -117,7 +126,7 @@ class TrainRun:
                 pytest.fail(
                     f"train exited ({self.proc.returncode}) before {what}:\n{self.log()[-3000:]}"
                 )
-            time.sleep(0.2)
+            time.sleep(poll_s)
         pytest.fail(f"timed out waiting for {what}; log:\n{self.log()[-3000:]}")
 
     @contextlib.contextmanager
@@ -125,36 +134,43 @@ class TrainRun:
         """The job held where ``predicate`` holds: yields the status while every worker and
         PS is stopped (SIGSTOP), and lets them go on at exit.
 
-        A job can finish an epoch faster than the master writes status.json (every second),
-        so waiting for a mid-epoch status races it. This stops the job as soon as it trains
-        (past its fourth model version, not in its last epoch), reads the status the master
-        writes next, and tries again a little later if that does not meet ``predicate``.
+        A job can train all its epochs between two writes of status.json (every second), so
+        waiting for a mid-epoch status races it, however slow the job was when the test was
+        written. This stops the job as soon as its workers have connected to the PS (their
+        logs say so), then lets it run in short slices, each followed by the status the
+        master writes while it is stopped, until that status meets ``predicate``.
         """
+        deadline = time.monotonic() + timeout
 
-        def training(status: dict) -> bool:
-            return (
-                status.get("phase") == "running"
-                and status.get("model_version", 0) >= 4
-                and status.get("epoch", 0) < status.get("epochs", 0)
+        def connected(status: dict) -> bool:
+            workers = [m for m in status.get("workers", []) if m["state"] == "running"]
+            return bool(workers) and all(
+                "connected to PS" in self.instance_log(m["id"]) for m in workers
             )
 
-        deadline = time.monotonic() + timeout
+        status = self.wait_for("workers connected to the PS", connected, timeout, poll_s=0.02)
+        members = self.member_pids(status)
         while True:
-            status = self.wait_for("training", training, max(1.0, deadline - time.monotonic()))
-            members = self.member_pids(status)
             _signal_groups(members.values(), signal.SIGSTOP)
             time.sleep(STATUS_PERIOD_S + 0.5)  # the status the master writes while held
             status = self.status()
             if predicate(status) and set(self.member_pids(status)) == set(members):
                 break
-            _signal_groups(members.values(), signal.SIGCONT)
-            if time.monotonic() > deadline:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                _signal_groups(members.values(), signal.SIGCONT)
                 pytest.fail(f"the job was never held where asked; log:\n{self.log()[-3000:]}")
-            time.sleep(0.2)
+            members = self.member_pids(status) or members
+            _signal_groups(members.values(), signal.SIGCONT)
+            time.sleep(HELD_SLICE_S)
         try:
             yield status
         finally:
             _signal_groups(members.values(), signal.SIGCONT)
+
+    def instance_log(self, name: str) -> str:
+        """What instance ``name`` (local backend) has logged so far."""
+        path = self.output / "backend" / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def member_pids(self, status: dict | None = None) -> dict[str, int]:
         status = status or self.status()
