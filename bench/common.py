@@ -115,6 +115,22 @@ def preprocess_once(
         json.dump(stamp, f)
 
 
+def distinct_ints(text: str, *, minimum: int, what: str) -> list[int]:
+    """An option's comma-separated integers, each >= ``minimum``, none twice (an argparse
+    ``type``)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if not values or min(values) < minimum or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(
+            f"want distinct {what} >= {minimum}, comma-separated, got {text!r}"
+        )
+    return values
+
+
 def run_header(**machine: object) -> dict:
     """What a result file starts with: when, on what machine (``machine`` adds to it), which
     code, and the command."""

@@ -46,6 +46,7 @@ from common import (
     HERE,
     REPO,
     children_cpu_s,
+    distinct_ints,
     elastic_step_command,
     load_1min,
     log,
@@ -404,15 +405,7 @@ def training_s(run: dict) -> float | None:
 
 
 def epoch_counts(text: str) -> list[int]:
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a comma-separated list of integers: {text!r}"
-        ) from None
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"epoch counts must be >= 1: {text!r}")
-    return counts
+    return distinct_ints(text, minimum=1, what="epoch counts")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -71,6 +71,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
 from common import (
     children_cpu_s,
+    distinct_ints,
     load_1min,
     log,
     machine_busy_s,
@@ -1111,17 +1112,7 @@ def print_side_by_side(variants: list[Variant], table: dict[str, Any], deletions
 
 def standby_counts(text: str) -> list[int]:
     """``--standby``'s value: comma-separated standby counts, each >= 0, none twice."""
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a comma-separated list of integers: {text!r}"
-        ) from None
-    if not counts or any(n < 0 for n in counts) or len(set(counts)) != len(counts):
-        raise argparse.ArgumentTypeError(
-            f"want distinct standby counts >= 0, comma-separated, got {text!r}"
-        )
-    return counts
+    return distinct_ints(text, minimum=0, what="standby counts")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
