@@ -12,9 +12,11 @@ import pytest
 from fake_backend import FakeBackend, FakeClock
 
 from elastic_step.backends.api import ExitReason, LaunchSpec, Role
+from elastic_step.master import reports
 from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open_coordinator
 from elastic_step.master.instance_manager import MembershipSettings
 from elastic_step.master.job_record import JobRecord
+from elastic_step.master.job_view import JobView
 from elastic_step.master.persistence import SavedJob
 from elastic_step.master.phase import Phase
 from elastic_step.master.servicer import start_master_server
@@ -495,6 +497,10 @@ def test_progress_on_the_task_in_hand_keeps_the_prefetched_lease(master, clock) 
 # -- standbys --
 
 
+def status_of(coordinator: Coordinator) -> dict:
+    return reports.status(coordinator, "master:1", None, kind="train", progress={})
+
+
 def test_a_standby_waits_until_a_worker_dies_then_trains_in_its_slot(tmp_path, clock) -> None:
     master = Master(tmp_path, clock, standby=1)
     try:
@@ -507,6 +513,9 @@ def test_a_standby_waits_until_a_worker_dies_then_trains_in_its_slot(tmp_path, c
             )
             return stub.Register(request, timeout=TIMEOUT_S)
 
+        with coordinator.lock:  # as the metrics endpoint and status.json show it
+            assert JobView.of(coordinator).instances["standby"] == {"pending": 0, "running": 1}
+            assert [m["id"] for m in status_of(coordinator)["standby"]] == ["standby-0"]
         assert register(waiting=False).standby  # still loading: not to be given a slot
         assert get_task(stub, "standby-0").kind == master_pb2.Task.WAIT
         lose(master, "worker-0")
