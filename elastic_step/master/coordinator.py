@@ -169,6 +169,9 @@ class Coordinator:
         self.store_failure: StateStoreError | None = None
         self._clock = clock
         self.copies = ModelCopies(clock)
+        #: Instances that exited with status 2 (they refused their input) since the run loop
+        #: last looked (:meth:`take_refusals`).
+        self._refusals = 0
 
     @property
     def phase(self) -> Phase:
@@ -467,7 +470,15 @@ class Coordinator:
         lost = {int(slot): version for slot, version in self.record.ps_lost_at.items()}
         return self.copies.unrecoverable(lost) if lost else None
 
+    def take_refusals(self) -> int:
+        """How many workers or PS exited with status 2 (bad input) since the last call."""
+        with self.lock:
+            refusals, self._refusals = self._refusals, 0
+            return refusals
+
     def _on_ended(self, instance: Instance) -> None:
+        if instance.state is ProcessState.FAILED and instance.exit_code == 2:
+            self._refusals += 1
         if instance.role is Role.WORKER:
             self.copies.worker_ended(instance.name)
             death = instance.describe_end() if instance.state is ProcessState.FAILED else None

@@ -227,6 +227,9 @@ class Job:
             request = self.backend.stop_request()
             if self._stop_signal is not None or request is not None:
                 return self._interrupt(request)
+            problem = coordinator.take_refusals() and self.kind.input_problem()
+            if problem:  # a worker or PS refused its input: the master says what is wrong
+                coordinator.set_phase(coordinator.phase, problem)
             if coordinator.record.error:
                 self._fail()
             busy = self.kind.work_due(self._context)

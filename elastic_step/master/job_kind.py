@@ -9,7 +9,6 @@ every end-to-end run.
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 from elastic_step.data import storage
 from elastic_step.master.config import EngineConfig
 from elastic_step.master.instance_manager import MembershipSettings
+from elastic_step.model.definition import changed_since, source_digest
 from elastic_step.output_layout import OutputLayout
 
 if TYPE_CHECKING:
@@ -53,7 +53,21 @@ class JobKind(ABC):
         self.paths = OutputLayout(config.output)
 
     def definition_digest(self) -> str:
-        return hashlib.sha256(self.definition.source.encode()).hexdigest()
+        return source_digest(self.definition.source)
+
+    def input_problem(self) -> str | None:
+        """Why the job's processes refuse their input, as far as the master can tell: the
+        copy of the model definition in --output changed since the job started. Called when
+        a worker or PS exited with status 2 (bad input)."""
+        path = self.paths.model_def
+        try:
+            actual = source_digest(storage.read_text(path))
+        except (OSError, UnicodeDecodeError) as e:
+            return f"the model definition {path} cannot be read any more: {e}"
+        expected = self.definition_digest()
+        if actual == expected:
+            return None
+        return f"the model definition {path}: {changed_since(actual, expected)}"
 
     @abstractmethod
     def fixed_settings(self) -> dict:

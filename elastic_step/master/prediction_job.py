@@ -104,6 +104,7 @@ class PredictionJob(JobKind):
         c = self.config
         return master_pb2.JobSettings(
             model_def=self.paths.model_def,
+            model_def_sha256=self.definition_digest(),
             data_dir=c.model_dir,  # the model's schema.json: the feed's
             output_dir=c.output,
             batch_size=c.batch_size,

@@ -93,6 +93,7 @@ class TrainingJob(JobKind):
         c = self.config
         return master_pb2.JobSettings(
             model_def=self.paths.model_def,
+            model_def_sha256=self.definition_digest(),
             data_dir=c.data,
             output_dir=c.output,
             batch_size=c.batch_size,

@@ -41,6 +41,7 @@ label) or one float (numeric label).
 from __future__ import annotations
 
 import functools
+import hashlib
 import linecache
 import sys
 import types
@@ -281,11 +282,19 @@ def batch_size_of(labels: Any, features: Any) -> int:
     return int(first.shape[0])
 
 
-def load_model_definition(path: str, schema: Schema | None = None) -> ModelDefinition:
+def source_digest(source: str) -> str:
+    """The hex SHA-256 of a model definition's text: what a job's processes check it by."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def load_model_definition(
+    path: str, schema: Schema | None = None, *, sha256: str = ""
+) -> ModelDefinition:
     """Reads and runs the file at ``path`` (local path or URI) and checks what it defines.
 
     ``schema``: the data's, wherever models are built or metrics resolved (see
-    :class:`ModelDefinition`)."""
+    :class:`ModelDefinition`). ``sha256``: the digest (:func:`source_digest`) the text must
+    have; a file that differs is refused before any of it runs."""
     import keras
 
     if not storage.exists(path):
@@ -294,6 +303,8 @@ def load_model_definition(path: str, schema: Schema | None = None) -> ModelDefin
         source = storage.read_text(path)
     except (OSError, UnicodeDecodeError) as e:
         raise ModelDefinitionError(path, f"cannot read it: {e}") from e
+    if sha256 and source_digest(source) != sha256:
+        raise ModelDefinitionError(path, changed_since(source_digest(source), sha256))
     _keep_tracebacks_whole()
     module = types.ModuleType(MODULE_NAME)
     module.__file__ = path
@@ -324,6 +335,16 @@ def load_model_definition(path: str, schema: Schema | None = None) -> ModelDefin
     if feed is not None and not callable(feed):
         raise ModelDefinitionError(path, "'feed' must be a function")
     return PythonModelDefinition(path, source, module, schema)
+
+
+def changed_since(actual: str, expected: str) -> str:
+    """Why a model definition whose digest is ``actual`` is refused in a job that started
+    with ``expected``."""
+    return (
+        f"its SHA-256 is {actual[:12]}..., not {expected[:12]}... as when the job started: "
+        "it was changed since, and no process of the job runs it (put the original back, or "
+        "start a new job with a new --output)"
+    )
 
 
 def check_model_definition(definition: ModelDefinition, records: list[bytes]) -> None:

@@ -18,6 +18,7 @@ from concurrent import futures
 import grpc
 import numpy as np
 
+from elastic_step.errors import ModelDefinitionError
 from elastic_step.model.outer_optimizer import build_outer_optimizer
 from elastic_step.model.parameters import embedding_layers
 from elastic_step.model.tf_runtime import configure_threads
@@ -281,7 +282,9 @@ def serve(master_address: str, shard_index: int, name: str, host: str, secret: s
         master.timeout_s = settings.master_timeout_s
         # The schema builds a model that has no variables yet (the initial tables).
         schema = Schema.load(settings.data_dir) if settings.data_dir else None
-        definition = load_model_definition(settings.model_def, schema)
+        definition = load_model_definition(
+            settings.model_def, schema, sha256=settings.model_def_sha256
+        )
         shard = ParameterShard(
             shard_index,
             settings.num_ps,
@@ -318,6 +321,9 @@ def serve(master_address: str, shard_index: int, name: str, host: str, secret: s
     except (MasterUnreachableError, MasterRejectedError) as e:
         log.error("%s: %s; exiting", name, e)
         return 1
+    except ModelDefinitionError as e:  # bad input: the master looks at what is wrong
+        log.error("%s: %s; exiting", name, e)
+        return 2
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -34,7 +34,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., shard: _Optional[int] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., waiting_for_slot: _Optional[bool] = ...) -> None: ...
 
 class JobSettings(_message.Message):
-    __slots__ = ("model_def", "data_dir", "output_dir", "batch_size", "num_ps", "seed", "checkpoint_steps", "keep_checkpoints", "staleness_modulation", "master_timeout_s", "local_steps", "outer_optimizer", "predict_model_dir", "predict_parts_dir")
+    __slots__ = ("model_def", "data_dir", "output_dir", "batch_size", "num_ps", "seed", "checkpoint_steps", "keep_checkpoints", "staleness_modulation", "master_timeout_s", "local_steps", "outer_optimizer", "predict_model_dir", "predict_parts_dir", "model_def_sha256")
     MODEL_DEF_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class JobSettings(_message.Message):
     OUTER_OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     PREDICT_MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
     PREDICT_PARTS_DIR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_DEF_SHA256_FIELD_NUMBER: _ClassVar[int]
     model_def: str
     data_dir: str
     output_dir: str
@@ -63,7 +64,8 @@ class JobSettings(_message.Message):
     outer_optimizer: str
     predict_model_dir: str
     predict_parts_dir: str
-    def __init__(self, model_def: _Optional[str] = ..., data_dir: _Optional[str] = ..., output_dir: _Optional[str] = ..., batch_size: _Optional[int] = ..., num_ps: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_steps: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., staleness_modulation: _Optional[bool] = ..., master_timeout_s: _Optional[float] = ..., local_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., predict_model_dir: _Optional[str] = ..., predict_parts_dir: _Optional[str] = ...) -> None: ...
+    model_def_sha256: str
+    def __init__(self, model_def: _Optional[str] = ..., data_dir: _Optional[str] = ..., output_dir: _Optional[str] = ..., batch_size: _Optional[int] = ..., num_ps: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_steps: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., staleness_modulation: _Optional[bool] = ..., master_timeout_s: _Optional[float] = ..., local_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., predict_model_dir: _Optional[str] = ..., predict_parts_dir: _Optional[str] = ..., model_def_sha256: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("settings", "model_version", "standby")

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from elastic_step.errors import ModelDefinitionError
 from elastic_step.model.tf_runtime import configure_threads
 from elastic_step.rpc import master_pb2
 from elastic_step.rpc.auth import Credentials, MissingSecretError
@@ -110,7 +111,9 @@ class Worker:
         self.master.timeout_s = self.settings.master_timeout_s
         self.local_steps = max(1, self.settings.local_steps)
         self.schema = Schema.load(self.settings.data_dir)
-        self.definition = load_model_definition(self.settings.model_def, self.schema)
+        self.definition = load_model_definition(
+            self.settings.model_def, self.schema, sha256=self.settings.model_def_sha256
+        )
         # The same seed in every worker, as the final model is built on the master.
         set_random_seed(self.settings.seed)
         if self.settings.predict_model_dir:
@@ -427,3 +430,6 @@ def main(argv: list[str] | None = None) -> int:
     except (MasterUnreachableError, MasterRejectedError, PSUnavailableError, PSError) as e:
         log.error("%s: %s; exiting", args.name, e)
         return 1
+    except ModelDefinitionError as e:  # bad input: the master looks at what is wrong
+        log.error("%s: %s; exiting", args.name, e)
+        return 2

@@ -251,3 +251,28 @@ def test_chaos_random_worker_kills_and_a_ps_kill_keep_accounting_exact(train_run
     assert summary["metrics"]["accuracy"] > 0.8
     [restore] = summary["ps_restores"]
     assert restore["versions_lost"] >= 0 and restore["restored_version"] > 0
+
+
+def test_a_model_definition_changed_in_the_output_is_refused_and_fails_the_job(train_run):
+    run = train_run("--epochs", "3").start()
+    copy = run.output / "model_def.py"
+    with run.held(mid_epoch) as status:
+        # Someone with write access to --output puts code of their own into the job.
+        copy.write_text("import os\nos.system('touch /tmp/pwned')\n" + copy.read_text())
+        for worker in status["workers"]:  # their replacements must load the file
+            if worker["state"] == "running":
+                os.kill(worker["pid"], signal.SIGKILL)
+    assert run.wait() == 1, run.log()[-3000:]
+    failed = [line for line in run.log().splitlines() if "the job failed" in line]
+    assert len(failed) == 1, run.log()[-3000:]
+    assert f"the model definition {copy}: its SHA-256 is" in failed[0]
+    assert "as when the job started: it was changed since" in failed[0]
+    assert run.status()["phase"] == "failed"
+    # The replacement refused the file in one line and ran none of it.
+    replacement = next(
+        name
+        for name in sorted(os.listdir(run.output / "backend" / "logs"))
+        if name.startswith("worker-") and name[:-4] not in run.member_pids(status)
+    )[:-4]
+    refusals = [line for line in run.instance_log(replacement).splitlines() if "SHA-256" in line]
+    assert len(refusals) == 1 and refusals[0].endswith("; exiting"), refusals

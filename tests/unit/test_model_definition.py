@@ -438,3 +438,20 @@ def test_the_readme_example_is_the_tested_model_definition():
     example = after.split("```python\n", 1)[1].split("```", 1)[0]
     tested = (root / "tests/e2e/keras_models/compiled_sequential.py").read_text()
     assert tested.split('"""\n', 1)[1].lstrip("\n") == example
+
+
+def test_a_definition_whose_text_changed_since_the_job_started_is_refused_unrun(tmp_path):
+    from elastic_step.errors import ModelDefinitionError
+    from elastic_step.model.definition import load_model_definition, source_digest
+
+    path = tmp_path / "model_def.py"
+    path.write_text("import keras\n\ndef model():\n    return keras.Sequential()\n")
+    digest = source_digest(path.read_text())
+    assert load_model_definition(str(path), sha256=digest).source == path.read_text()
+    marker = tmp_path / "ran"
+    path.write_text(f"open({str(marker)!r}, 'w').close()\n" + path.read_text())
+    with pytest.raises(ModelDefinitionError) as raised:
+        load_model_definition(str(path), sha256=digest)
+    assert f"its SHA-256 is {source_digest(path.read_text())[:12]}..." in str(raised.value)
+    assert f"not {digest[:12]}... as when the job started" in str(raised.value)
+    assert not marker.exists()  # refused before any of it ran
