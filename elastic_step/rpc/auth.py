@@ -236,10 +236,17 @@ def _refusing(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHand
     return _like(handler, refuse)
 
 
+def _unread(data: bytes) -> bool:
+    """A refused call's message is never parsed: a large one costs no parsing and no copy.
+    (Not None: grpc takes None for a message that failed to parse.)"""
+    return True
+
+
 def _like(handler: grpc.RpcMethodHandler, behaviour) -> grpc.RpcMethodHandler:
-    """A handler of the same kind and serializers as ``handler`` running ``behaviour``."""
+    """A handler of the same kind as ``handler`` running ``behaviour``, which never reads the
+    request: it is not parsed."""
     serializers = {
-        "request_deserializer": handler.request_deserializer,
+        "request_deserializer": _unread,
         "response_serializer": handler.response_serializer,
     }
     if handler.request_streaming and handler.response_streaming:

@@ -266,3 +266,53 @@ def test_the_master_identity_calls_the_ps(ps_server: tuple[ParameterServerServic
 def test_empty_secret_is_refused() -> None:
     with pytest.raises(ValueError, match="secret"):
         AuthInterceptor("")
+
+
+def test_a_large_unauthenticated_push_is_refused_without_being_parsed() -> None:
+    from elastic_step.rpc.ps_client import CHANNEL_OPTIONS
+
+    parsed = []
+
+    def parse(data: bytes) -> ps_pb2.PushRequest:
+        parsed.append(len(data))
+        return ps_pb2.PushRequest.FromString(data)
+
+    servicer = ParameterServerServicer()  # no shard: an authenticated push is UNAVAILABLE
+    handler = grpc.method_handlers_generic_handler(
+        PS_SERVICE,
+        {
+            "Push": grpc.unary_unary_rpc_method_handler(
+                servicer.Push,
+                request_deserializer=parse,
+                response_serializer=ps_pb2.PushResponse.SerializeToString,
+            )
+        },
+    )
+    server = grpc.server(
+        futures.ThreadPoolExecutor(8),
+        interceptors=[AuthInterceptor(SECRET)],
+        options=CHANNEL_OPTIONS,
+    )
+    server.add_generic_rpc_handlers((handler,))
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    big = ps_pb2.PushRequest()
+    big.dense.add(name="w", dtype="float32", shape=[16 << 20], content=bytes(64 << 20))
+    try:
+        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as stranger:
+            push = stranger.unary_unary(f"/{PS_SERVICE}/Push")
+            for _ in range(8):
+                with pytest.raises(grpc.RpcError) as refused:
+                    push(big.SerializeToString(), timeout=30)
+                assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert parsed == []  # eight 64 MiB messages, none parsed
+        channel = auth.authenticated_channel(
+            address, Credentials.for_instance(SECRET, WORKER), options=CHANNEL_OPTIONS
+        )
+        with channel:
+            with pytest.raises(grpc.RpcError) as answered:
+                channel.unary_unary(f"/{PS_SERVICE}/Push")(b"", timeout=30)
+            assert answered.value.code() == grpc.StatusCode.UNAVAILABLE  # "PS is starting"
+        assert parsed == [0]  # an authenticated call is parsed
+    finally:
+        server.stop(None).wait()
