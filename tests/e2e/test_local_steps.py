@@ -17,6 +17,10 @@ K = 4
 EPOCHS = 6  # enough for both runs to converge (at 4, K = 4 was 1.1 points behind)
 # 256-record tasks of 8 batches of 32: two windows of 4 steps each, plus shorter tails.
 SETTINGS = ["--epochs", str(EPOCHS), "--records-per-task", "256", "--workers", "2"]
+# The accuracy reference: one worker, so that the runs differ in K only. With two, the order in
+# which asynchronous pushes land moves the final accuracy by about a point from run to run
+# (0.9805-0.9861 for either K, and once 0.9749, measured), as much as the bound.
+REFERENCE = ["--epochs", str(EPOCHS), "--records-per-task", "256", "--workers", "1"]
 
 
 def windows_per_epoch(data, records_per_task: int = 256, batch: int = 32) -> int:
@@ -32,11 +36,12 @@ def windows_per_epoch(data, records_per_task: int = 256, batch: int = 32) -> int
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, digits_data) -> dict[int, dict]:
-    """Undisturbed runs with K = 1 and K = 4, one after the other; their summaries."""
+    """Undisturbed runs with K = 1 and K = 4 on one worker, one after the other; their
+    summaries."""
     summaries = {}
     for k in (1, K):
         output = tmp_path_factory.mktemp(f"k{k}") / "run"
-        run = TrainRun(digits_data, output, *SETTINGS, "--local-steps", str(k)).start()
+        run = TrainRun(digits_data, output, *REFERENCE, "--local-steps", str(k)).start()
         try:
             assert run.wait() == 0, run.log()[-3000:]
         finally:
