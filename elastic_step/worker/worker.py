@@ -234,6 +234,7 @@ class Worker:
             return self._finish()
         if self.predictor is None:
             self.connect_ps()
+        log.info("%s: ready; asking for tasks", self.name)
         with ThreadPoolExecutor(1, thread_name_prefix="next-task") as calls:
             report = None  # the outcome of the last task, not yet sent
             fetched = self._exchange(None, held=None)

@@ -136,7 +136,7 @@ class TrainRun:
 
         A job can train all its epochs between two writes of status.json (every second), so
         waiting for a mid-epoch status races it, however slow the job was when the test was
-        written. This stops the job as soon as its workers have connected to the PS (their
+        written. This stops the job as soon as its workers are ready to ask for tasks (their
         logs say so), then lets it run in short slices, each followed by the status the
         master writes while it is stopped, until that status meets ``predicate``.
         """
@@ -145,10 +145,10 @@ class TrainRun:
         def connected(status: dict) -> bool:
             workers = [m for m in status.get("workers", []) if m["state"] == "running"]
             return bool(workers) and all(
-                "connected to PS" in self.instance_log(m["id"]) for m in workers
+                "ready; asking for tasks" in self.instance_log(m["id"]) for m in workers
             )
 
-        status = self.wait_for("workers connected to the PS", connected, timeout, poll_s=0.02)
+        status = self.wait_for("workers ready for tasks", connected, timeout, poll_s=0.02)
         members = self.member_pids(status)
         while True:
             _signal_groups(members.values(), signal.SIGSTOP)

@@ -59,22 +59,25 @@ def rows(tmp_path_factory, digits_data) -> Path:
     return path
 
 
+def under_way(status: dict) -> bool:
+    """Predictions partly written, by two running workers."""
+    progress = status.get("progress", {})
+    return (
+        0 < progress.get("records_predicted", 0) < progress.get("records", 0)
+        and sum(w["state"] == "running" for w in status.get("workers", [])) == 2
+    )
+
+
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory, trained, rows):
     """The prediction run with 2 workers, one killed with SIGKILL once tasks are done."""
     run = PredictRun(trained, rows, tmp_path_factory.mktemp("predict") / "out", "--workers", "2")
     run.start()
     try:
-        status = run.wait_for(
-            "predictions under way with 2 workers",
-            lambda s: (
-                s.get("progress", {}).get("records_predicted", 0) > 0
-                and sum(w["state"] == "running" for w in s.get("workers", [])) == 2
-            ),
-        )
-        progress = status["progress"]
-        victim = next(w for w in status["workers"] if w["state"] == "running")
-        os.kill(victim["pid"], signal.SIGKILL)
+        with run.held(under_way) as status:
+            progress = status["progress"]
+            victim = next(w for w in status["workers"] if w["state"] == "running")
+            os.kill(victim["pid"], signal.SIGKILL)
         assert run.wait() == 0, run.log()[-3000:]
     finally:
         run.kill_all()
@@ -193,16 +196,10 @@ def test_master_killed_mid_run_and_run_again_resumes_with_its_workers(
     again = PredictRun(trained, rows, tmp_path / "out", "--workers", "2")
     run.start()
     try:
-        status = run.wait_for(
-            "predictions under way with 2 workers",
-            lambda s: (
-                s.get("progress", {}).get("records_predicted", 0) > 0
-                and sum(w["state"] == "running" for w in s.get("workers", [])) == 2
-            ),
-        )
-        workers = run.member_pids(status)
-        run.proc.send_signal(signal.SIGKILL)
-        run.proc.wait(timeout=10)
+        with run.held(under_way) as status:
+            workers = run.member_pids(status)
+            run.proc.send_signal(signal.SIGKILL)
+            run.proc.wait(timeout=10)
         done_at_kill = status["progress"]["records_predicted"]
         assert 0 < done_at_kill < status["progress"]["records"]
 
