@@ -161,10 +161,7 @@ def test_a_deleted_master_pod_is_retried_and_adopts_the_workers(argo, s3_server,
     with argo.cluster.admin() as api:
         core = client.CoreV1Api(api)
         name, job, key = _start(argo, api, s3_server, training_data, SHORT)
-        workers = {
-            p.metadata.name: p.metadata.uid
-            for p in core.list_namespaced_pod(ns, label_selector=pods.job_selector(job)).items
-        }
+        members = core.list_namespaced_pod(ns, label_selector=pods.job_selector(job)).items
         (master,) = [
             p
             for p in step_pods(core, ns, name)
@@ -189,12 +186,29 @@ def test_a_deleted_master_pod_is_retried_and_adopts_the_workers(argo, s3_server,
         first = container_log(argo.cluster.workdir, master)
         assert "leaving workers and PS running for the next master" in first, first
         log = _master_log(argo, api, name, attempt=1)
-        for worker in workers:
-            assert worker.removeprefix(f"{job}-") in log.split("adopted", 1)[1], log
+        adopted_line = log.split("adopted", 1)[1].split("\n", 1)[0]
+        lost = [p for p in members if p.metadata.name.removeprefix(f"{job}-") not in adopted_line]
+        assert not lost, _lost_report(argo, core, lost, first, log)
         summary = read_json(s3_server, argo.bucket, f"{key}/summary.json")
         assert summary["restarts"] == {"worker": 0, "ps": 0, "master": 1}, summary["restarts"]
         assert all(e["records_trained"] == e["records_expected"] for e in summary["epochs"])
         argo.cli("delete", name)
+
+
+def _lost_report(argo, core, lost: list, first_master: str, second_master: str) -> str:
+    """Why instances were not adopted: how their pods ended, the ends of their logs, and of
+    both masters' logs."""
+    parts = [f"the first master's log, last lines:\n{first_master[-3000:]}"]
+    for pod in lost:
+        now = core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+        statuses = [(s.name, s.state.to_dict()) for s in now.status.container_statuses or []]
+        log = container_log(argo.cluster.workdir, pod)
+        parts.append(
+            f"{pod.metadata.name}: phase {now.status.phase}, containers {statuses}; "
+            f"log, last lines:\n{log[-3000:]}"
+        )
+    parts.append(f"the retried master's log:\n{second_master}")
+    return "\n\n".join(parts)
 
 
 def test_deleting_the_workflow_removes_every_object_of_the_job_within_60_s(
