@@ -16,6 +16,7 @@ from elastic_step.errors import InputError
 from elastic_step.master.config import PredictConfig
 from elastic_step.master.job import Job
 from elastic_step.master.job_record import check_same_command, command_of
+from elastic_step.master.output_owner import read_owner
 from elastic_step.master.persistence import SavedJob
 from elastic_step.master.prediction_job import PredictInput, PredictionJob
 from elastic_step.master.state_store import create_state_store
@@ -82,6 +83,9 @@ def _check_output(config: PredictConfig) -> None:
     # --state-dir, the cluster): a prediction never writes one.
     if command is None and storage.exists(OutputLayout(config.output).model_file):
         command = "train"
+    owner = read_owner(config.output) if command is None else None
+    if owner is not None:  # the job that claimed it, its state wherever it is
+        command = owner.command
     if command is not None:
         check_same_command(config.output, command, "predict")
 

@@ -136,18 +136,22 @@ class LocalBackend(Backend):
         if not os.path.exists(self._registry_path):
             return
         try:
-            recorded = json.loads(storage.read_text(self._registry_path))
-        except (OSError, ValueError) as e:
-            log.warning("ignoring unreadable instance record %s: %s", self._registry_path, e)
-            return
-        for name, entry in recorded.get("instances", {}).items():
-            if name in self._instances:
+            recorded = _read_registry(self._registry_path)
+        except OSError as e:  # not the file's fault: it is rewritten below
+            log.warning("cannot read the instance record %s: %s", self._registry_path, e)
+            recorded = []
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            # Nothing is adopted: the master starts what the job misses, and an instance
+            # left running finds itself unknown to it and exits.
+            why = f"not a record of instances ({type(e).__name__}: {e})"
+            storage.set_aside(self._registry_path, why)
+            recorded = []
+        for instance in recorded:
+            if instance.name in self._instances:
                 continue
-            if process_start_time(entry["pid"]) != entry["start_time"]:
+            if process_start_time(instance.pid) != instance.start_time:
                 continue  # gone, or the pid now belongs to another process
-            self._instances[name] = _Instance(
-                name, Role(entry["role"]), entry["index"], entry["pid"], entry["start_time"], None
-            )
+            self._instances[instance.name] = instance
         self._save_registry()
 
     def _save_registry(self) -> None:
@@ -219,3 +223,16 @@ class LocalBackend(Backend):
         # A signal the master did not send is the program's fault here: this machine has
         # no platform that preempts or evicts (the OOM killer's SIGKILL looks the same).
         return code, ExitReason.CRASHED, how
+
+
+def _read_registry(path: str) -> list[_Instance]:
+    """The instances ``path`` records; raises ValueError (and the like) naming what is
+    wrong with a file that is not such a record."""
+    recorded = json.loads(storage.read_text(path))
+    instances = []
+    for name, entry in recorded["instances"].items():
+        pid, start_time, index = entry["pid"], entry["start_time"], entry["index"]
+        if not all(type(v) is int for v in (pid, index, start_time)):
+            raise ValueError(f"instance {name}: pid, index and start_time must be integers")
+        instances.append(_Instance(name, Role(entry["role"]), index, pid, start_time, None))
+    return instances

@@ -135,8 +135,7 @@ class Schema:
         if label_kind == "class" and not isinstance(vocab, list):
             raise ValueError("a class label needs a label_vocabulary list")
         splits = {
-            str(name): [Shard(path=str(s["path"]), records=int(s["records"])) for s in shards]
-            for name, shards in obj.get("splits", {}).items()
+            str(name): [_shard(s) for s in shards] for name, shards in obj.get("splits", {}).items()
         }
         records = {str(k): int(v) for k, v in obj.get("records", {}).items()}
         return cls(
@@ -163,6 +162,16 @@ class Schema:
             return cls.from_json(storage.read_text(path))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise InputError(f"{path}: malformed schema: {type(e).__name__}: {e}") from None
+
+
+def _shard(obj: Any) -> Shard:
+    """One shard's entry: a path inside the data directory, and a record count >= 0."""
+    path, records = str(obj["path"]), obj["records"]
+    if path.startswith("/") or "://" in path or ".." in path.split("/") or not path.strip("/"):
+        raise ValueError(f"shard path {path!r} must be a relative path inside the data directory")
+    if type(records) is not int or records < 0:
+        raise ValueError(f"shard {path}: records must be an integer >= 0, got {records!r}")
+    return Shard(path=path, records=records)
 
 
 def _column(obj: Any) -> Column:

@@ -10,15 +10,22 @@ any caller.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import IO
 
 from elastic_step.errors import InputError
+
+log = logging.getLogger(__name__)
+
+#: Where :func:`set_aside` moves a bad file: a directory of this name beside it.
+SET_ASIDE_DIR = "set-aside"
 
 
 class Storage(ABC):
@@ -304,6 +311,19 @@ def atomic_directory(path: str) -> Iterator[str]:
         store.remove(tmp)
         raise
     store.publish_directory(tmp, path)
+
+
+def set_aside(path: str, why: str) -> str:
+    """Moves the bad file ``path`` into ``set-aside/`` beside it, its name prefixed with the
+    time, so that nothing reads it again and nothing deletes it; logs one line saying why
+    and where it went. Returns its new path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    destination = join(parent(path), SET_ASIDE_DIR, f"{stamp}-{uuid.uuid4().hex[:4]}-{name}")
+    makedirs(parent(destination))
+    storage_for(path).rename(path, destination)
+    log.warning("%s: %s; set aside as %s", path, why, destination)
+    return destination
 
 
 def local_temp_dir(prefix: str = "elastic-step-") -> str:

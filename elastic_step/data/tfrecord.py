@@ -14,6 +14,7 @@ All I/O goes through :mod:`elastic_step.data.storage`.
 
 from __future__ import annotations
 
+import functools
 import struct
 import uuid
 from types import TracebackType
@@ -215,6 +216,12 @@ def count_records(path: str) -> int:
     return size // 8 - 1
 
 
+@functools.lru_cache(maxsize=4096)
+def _shard_size(path: str) -> int:
+    """A shard's size; asked once per process, as a shard never changes once written."""
+    return storage.size(path)
+
+
 def read_records(path: str, start: int, end: int) -> list[bytes]:
     """Records ``[start, end)`` of shard ``path``, in order.
 
@@ -231,8 +238,14 @@ def read_records(path: str, start: int, end: int) -> list[bytes]:
     raw = storage.read_range(index_path(path), start * 8, (end - start + 1) * 8)
     offsets = np.frombuffer(raw, dtype="<u8").astype(np.int64)
     base = int(offsets[0])
-    if np.any(np.diff(offsets) < _HEADER + _FOOTER):
+    if base < 0 or np.any(np.diff(offsets) < _HEADER + _FOOTER):
         raise InputError(f"{index_path(path)}: corrupt record index near record {start}")
+    if int(offsets[-1]) > _shard_size(path):  # never ask for more than the file holds
+        raise InputError(
+            f"{path}: its index {index_path(path)} says record {end - 1} ends at byte "
+            f"{int(offsets[-1])}, but the file has {_shard_size(path)} bytes (the file is "
+            "truncated, or the index is not its own)"
+        )
     data = storage.read_range(path, base, int(offsets[-1]) - base)
     view = memoryview(data)
     records = []

@@ -75,7 +75,22 @@ class CoordinatorParams:
     train_loss_window: int = 100
 
 
-def open_coordinator(
+def open_coordinator(params: CoordinatorParams, *, saved: SavedJob, **kwargs) -> Coordinator:
+    """A new job's coordinator, or a saved one's (see :func:`_open_coordinator`). A saved
+    state whose records do not read (a field missing, of the wrong type) raises ValueError
+    saying so, not the KeyError deep in a replay."""
+    if saved.snapshot is None and not any(saved.records.values()):
+        return _open_coordinator(params, saved=saved, **kwargs)
+    try:
+        return _open_coordinator(params, saved=saved, **kwargs)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(
+            f"its saved state is damaged: a record lacks or mistypes a field "
+            f"({type(e).__name__}: {e}); move the state aside to start the job anew"
+        ) from None
+
+
+def _open_coordinator(
     params: CoordinatorParams,
     *,
     store: StateStore,
@@ -89,12 +104,16 @@ def open_coordinator(
     """A new job's coordinator (``record`` None) or a saved one's, replayed from ``saved``
     (whose job record the caller has restored and checked).
 
-    ``token`` is the store's fencing token: lease ids start above every earlier master's.
+    ``token`` is the store's fencing token: lease ids start above every earlier master's,
+    and the job settings carry it to the PS's checkpoints.
     A snapshot is taken at once: a restart always finds one, and the replayed journal is
     compacted. ``clock`` replaces both the monotonic and the wall clock, for tests.
     """
     recorder = Recorder(store)
     lease_base = token << 32
+    settings = master_pb2.JobSettings()
+    settings.CopyFrom(params.job_settings)
+    settings.fencing_token = token
     task_clock = {"clock": clock} if clock else {}
     if record is None:
         record = JobRecord(params.fixed_settings, params.membership.num_ps)
@@ -123,7 +142,7 @@ def open_coordinator(
         tasks=tasks,
         instances=instances,
         recorder=recorder,
-        settings=params.job_settings,
+        settings=settings,
         evaluate_round=params.evaluate_round,
         early_stopping=params.early_stopping,
         keep_best=params.keep_best,
@@ -329,6 +348,9 @@ class Coordinator:
                     self.copies.note_worker(request.name, request.model_version)
             elif instance.role is Role.PS:
                 self._note_ps_version(instance, request.model_version)
+            if request.failure and not self.record.error:
+                log.error("%s cannot go on: %s", request.name, request.failure)
+                self.record.set_phase(self.phase, f"{request.name}: {request.failure}")
             finished = self.phase.dismisses_instances or instance.state.ended
             if finished:
                 self.instances.dismiss(request.name)

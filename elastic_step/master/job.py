@@ -29,6 +29,7 @@ from elastic_step.master.job_kind import JobKind, RunContext
 from elastic_step.master.job_record import JobRecord, resumable_record
 from elastic_step.master.job_reporter import JobReporter
 from elastic_step.master.launch import launch_spec
+from elastic_step.master.output_owner import refuse_legacy_output
 from elastic_step.master.persistence import (
     FLUSH_TIMEOUT_S,
     SavedJob,
@@ -74,6 +75,7 @@ class Job:
         self.coordinator: Coordinator | None = None
         self._master_address = ""
         self._secret = ""
+        self._holder = f"{socket.gethostname()}:{os.getpid()}"  # of the lease and the output
 
     def _launch_spec(self, role: Role, slot: int, name: str) -> LaunchSpec:
         return launch_spec(role, slot, name, self._master_address, self._secret)
@@ -83,12 +85,8 @@ class Job:
     def run(self) -> int:
         """Runs the job to its end; returns the exit status (raises JobFailedError on failure)."""
         self.kind.check()  # before anything is written or started
+        refuse_legacy_output(self.paths)
         storage.makedirs(self.output)
-        if storage.exists(self.paths.legacy_state_file):
-            raise InputError(
-                f"{self.output} holds a job of an older elastic-step version, which cannot be "
-                "resumed; use a new --output"
-            )
         # The backend's records and logs, like the master's state, stay on local disk.
         work_dir = storage.local_path(OutputLayout(self.config.local_dir).backend_dir)
         self.backend = create_backend(
@@ -103,9 +101,8 @@ class Job:
             self.backend.close()
 
     def _run_with_lease(self) -> int:
-        owner = f"{socket.gethostname()}:{os.getpid()}"
         try:
-            token = self.store.acquire(owner, timeout_s=self.store.takeover_wait_s)
+            token = self.store.acquire(self._holder, timeout_s=self.store.takeover_wait_s)
         except StateStoreLockedError as e:
             raise InputError(f"another master is running the job in {self.output}: {e}") from e
         # From here to the end a signal is only noted: the loop acts on it, and one that
@@ -133,6 +130,7 @@ class Job:
         if record is not None and record.phase is Phase.SUCCEEDED:
             log.info("the job in %s has already finished; nothing to do", self.output)
             return 0
+        self.kind.claim_output(self.store.describe(), token, self._holder)
         self._build(saved, record, token)
         if record is not None:
             # Before serving: a call from an instance that is not adopted yet would be

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 from elastic_step.data import storage
 from elastic_step.master.config import EngineConfig
 from elastic_step.master.instance_manager import MembershipSettings
+from elastic_step.master.output_owner import OutputOwner, claim_output
 from elastic_step.model.definition import changed_since, source_digest
 from elastic_step.output_layout import OutputLayout
 
@@ -51,6 +52,18 @@ class JobKind(ABC):
         self.schema = schema
         self.definition = definition
         self.paths = OutputLayout(config.output)
+
+    def claim_output(self, state: str, token: int, master: str) -> None:
+        """Claims --output for this job, whose state is in ``state`` (see
+        :mod:`.output_owner`); OutputTakenError when it belongs to another job."""
+        owner = OutputOwner(
+            job=self.config.resolved_job_name,
+            state=state,
+            command=self.command,
+            token=token,
+            master=master,
+        )
+        claim_output(self.config.output, owner)
 
     def definition_digest(self) -> str:
         return source_digest(self.definition.source)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from elastic_step.errors import InputError
 from elastic_step.master.state_store import (
     SavedState,
     StateStore,
@@ -65,9 +66,17 @@ class SavedJob:
 
     @classmethod
     def of(cls, saved: SavedState) -> SavedJob:
+        """Raises InputError for a journal record that is not a component's record."""
         job = cls(saved.snapshot)
-        for entry in saved.records:
-            job.records[entry["c"]].append(entry["r"])
+        for n, entry in enumerate(saved.records):
+            try:
+                job.records[entry["c"]].append(entry["r"])
+            except (KeyError, TypeError) as e:
+                raise InputError(
+                    f"the job's saved state is damaged: journal record {n + 1} after the "
+                    f"snapshot is not a record of {', '.join(COMPONENTS)} ({type(e).__name__}: "
+                    f"{e}); move the state aside to start the job anew"
+                ) from None
         return job
 
     def part(self, component: str) -> dict | None:

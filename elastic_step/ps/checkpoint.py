@@ -1,12 +1,22 @@
-"""Checkpoints of one PS shard: ``version-V.npz`` files in the shard's directory (see
-:meth:`elastic_step.output_layout.OutputLayout.checkpoint_dir`).
-Tests: tests/unit/test_ps.py."""
+"""Checkpoints of one PS shard: ``version-V-tT.npz`` files in the shard's directory (see
+:meth:`elastic_step.output_layout.OutputLayout.checkpoint_dir`), V the model version and T
+the fencing token of the master whose job wrote it.
+
+The newest checkpoint is the one of the newest master, then of the highest version: a PS
+of a master that was replaced, still running, cannot win over the current master's with a
+higher version of a model that went its own way. A file that cannot be a checkpoint
+(``version-latest.npz``) or cannot be read is set aside (``set-aside/`` beside it) with one
+line, never deleted, and never read again.
+Tests: tests/unit/test_ps.py.
+"""
 
 from __future__ import annotations
 
 import io
 import logging
+import re
 import zipfile
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -14,41 +24,62 @@ from elastic_step.data import storage
 
 log = logging.getLogger(__name__)
 
+_NAME = re.compile(r"version-(\d+)(?:-t(\d+))?\.npz")
 
-def _versions(directory: str) -> list[int]:
+
+@dataclass(frozen=True, order=True)
+class _Checkpoint:
+    token: int
+    version: int
+    name: str
+
+
+def _checkpoints(directory: str) -> list[_Checkpoint]:
+    """The directory's checkpoints, oldest first; a file named like one that is not is set
+    aside. Files being written (``.tmp-``) are left alone."""
     if not storage.exists(directory):
         return []
-    names = storage.listdir(directory)
-    return sorted(
-        int(n[len("version-") : -len(".npz")])
-        for n in names
-        if n.startswith("version-") and n.endswith(".npz")
-    )
+    found = []
+    for name in storage.listdir(directory):
+        if not name.startswith("version-") or ".tmp-" in name:
+            continue
+        match = _NAME.fullmatch(name)
+        if match is None:
+            storage.set_aside(
+                storage.join(directory, name),
+                "not a checkpoint's name (version-<model version>-t<token>.npz)",
+            )
+            continue
+        found.append(_Checkpoint(int(match[2] or 0), int(match[1]), name))
+    return sorted(found)
 
 
-def _path(directory: str, version: int) -> str:
-    return storage.join(directory, f"version-{version:012d}.npz")
+def _path(directory: str, version: int, token: int) -> str:
+    return storage.join(directory, f"version-{version:012d}-t{token}.npz")
 
 
-def save(directory: str, version: int, arrays: dict[str, np.ndarray], keep: int) -> str:
+def save(directory: str, version: int, arrays: dict[str, np.ndarray], keep: int, token: int) -> str:
     """Writes a checkpoint atomically, then removes all but the newest ``keep``."""
     storage.makedirs(directory)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    path = _path(directory, version)
+    path = _path(directory, version, token)
     storage.write_bytes_atomic(path, buffer.getvalue())
-    for old in _versions(directory)[:-keep]:
-        storage.remove(_path(directory, old))
+    for old in _checkpoints(directory)[:-keep]:
+        storage.remove(storage.join(directory, old.name))
     return path
 
 
 def load_latest(directory: str) -> tuple[int, dict[str, np.ndarray]] | None:
-    """The newest readable checkpoint's version and arrays, or None when there is none."""
-    for version in reversed(_versions(directory)):
-        path = _path(directory, version)
+    """The newest readable checkpoint's version and arrays, or None when there is none.
+    One that does not parse (truncated, corrupt) is set aside, and the next newest is tried;
+    an error reading the file is raised."""
+    for checkpoint in reversed(_checkpoints(directory)):
+        path = storage.join(directory, checkpoint.name)
+        content = storage.read_bytes(path)  # an error reading is not the file's fault
         try:
-            with np.load(io.BytesIO(storage.read_bytes(path))) as data:
-                return version, {k: data[k] for k in data.files}
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # truncated, corrupt
-            log.warning("skipping unreadable checkpoint %s: %s", path, e)
+            with np.load(io.BytesIO(content)) as data:
+                return checkpoint.version, {k: data[k] for k in data.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            storage.set_aside(path, f"not a readable checkpoint ({type(e).__name__}: {e})")
     return None

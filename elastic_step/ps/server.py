@@ -9,6 +9,7 @@ Tests: tests/unit/test_ps.py, tests/unit/test_rpc_errors.py, tests/unit/test_aut
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import signal
@@ -18,7 +19,7 @@ from concurrent import futures
 import grpc
 import numpy as np
 
-from elastic_step.errors import ModelDefinitionError
+from elastic_step.errors import InputError, ModelDefinitionError
 from elastic_step.model.outer_optimizer import build_outer_optimizer
 from elastic_step.model.parameters import embedding_layers
 from elastic_step.model.tf_runtime import configure_threads
@@ -76,6 +77,21 @@ class RestorePolicy:
         return self.job_model_version == 0 or offered_version > 0
 
 
+#: Checkpoint writes that fail in a row, on errors that might pass, before the job ends.
+CHECKPOINT_ATTEMPTS = 3
+#: Errors that retrying cannot cure: the job ends at the first.
+_LASTING_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _describe(error: Exception) -> str:
+    """The error in words: "no space left on device" for a full disk."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return "no space left on device"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror[0].lower() + error.strerror[1:]
+    return str(error)
+
+
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def __init__(self, policy: RestorePolicy | None = None) -> None:
         self.shard: ParameterShard | None = None
@@ -85,6 +101,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         #: The version of the newest checkpoint this shard wrote or restored.
         self.saved_version: int | None = None
         self._refusal_logged = False
+        #: Why this shard cannot go on (a checkpoint it cannot write), for the master.
+        self.failure = ""
+        self.report_now = threading.Event()
+        self._failed_saves = 0
 
     def _ready(self, context) -> ParameterShard:
         if self.shard is None:
@@ -161,10 +181,35 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         steps = self.settings.checkpoint_steps
         if steps > 0 and version % steps == 0:
-            self.save_checkpoint()
+            self._checkpoint_at_push()
         response = ps_pb2.PushResponse(model_version=version)
         self._answer(response.pulled, version, values, pulled)
         return response
+
+    def _checkpoint_at_push(self) -> None:
+        """The checkpoint a push made due. Failing to write it does not fail the push (the
+        worker is not at fault): a full disk, or a store that refuses the write, ends the
+        job at once (:attr:`failure`, which the master hears at the next heartbeat); any
+        other error is tried again at the next checkpoint, ``CHECKPOINT_ATTEMPTS`` in a row
+        at most."""
+        directory = OutputLayout(self.settings.output_dir).checkpoint_dir(
+            self.shard.shard, self.shard.num_ps
+        )
+        try:
+            self.save_checkpoint()
+        except (OSError, InputError) as e:
+            self._failed_saves += 1
+            lasting = isinstance(e, InputError) or e.errno in _LASTING_ERRNOS
+            problem = f"cannot write a checkpoint in {directory}: {_describe(e)}"
+            if lasting or self._failed_saves >= CHECKPOINT_ATTEMPTS:
+                if not self.failure:
+                    log.error("%s", problem)
+                    self.failure = problem
+                    self.report_now.set()
+            else:
+                log.warning("%s; trying again at the next checkpoint", problem)
+        else:
+            self._failed_saves = 0
 
     def save_checkpoint(self) -> str | None:
         """Checkpoints the shard; the path, or None when this version is already saved."""
@@ -174,7 +219,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             if version == self.saved_version:
                 return None
             directory = OutputLayout(settings.output_dir).checkpoint_dir(shard.shard, shard.num_ps)
-            path = checkpoint.save(directory, version, arrays, settings.keep_checkpoints)
+            path = checkpoint.save(
+                directory, version, arrays, settings.keep_checkpoints, settings.fencing_token
+            )
             self.saved_version = version
             log.info("checkpoint saved: %s", path)
             return path
@@ -310,12 +357,16 @@ def serve(master_address: str, shard_index: int, name: str, host: str, secret: s
         servicer.shard = shard
         while True:
             reply = master.call(
-                "Heartbeat", master_pb2.HeartbeatRequest(name=name, model_version=shard.version)
+                "Heartbeat",
+                master_pb2.HeartbeatRequest(
+                    name=name, model_version=shard.version, failure=servicer.failure
+                ),
             )
             if reply.finished:
                 log.info("%s: the job is finished; exiting", name)
                 return 0
-            threading.Event().wait(HEARTBEAT_S)
+            servicer.report_now.wait(HEARTBEAT_S)  # a failure is told at once
+            servicer.report_now.clear()
     except _Stopped as e:
         return shut_down(server, servicer, name, e.signum)
     except (MasterUnreachableError, MasterRejectedError) as e:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from elastic_step.rpc import tensor_pb2 as elastic__step_dot_rpc_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65lastic_step/rpc/master.proto\x12\x0c\x65lastic_step\x1a\x1d\x65lastic_step/rpc/tensor.proto\"\x88\x01\n\x0fRegisterRequest\x12 \n\x04role\x18\x01 \x01(\x0e\x32\x12.elastic_step.Role\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05shard\x18\x03 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x03\x12\x18\n\x10waiting_for_slot\x18\x06 \x01(\x08\"\xe2\x02\n\x0bJobSettings\x12\x11\n\tmodel_def\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61ta_dir\x18\x02 \x01(\t\x12\x12\n\noutput_dir\x18\x03 \x01(\t\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x0e\n\x06num_ps\x18\x05 \x01(\x05\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x18\n\x10\x63heckpoint_steps\x18\x07 \x01(\x03\x12\x18\n\x10keep_checkpoints\x18\x08 \x01(\x05\x12\x1c\n\x14staleness_modulation\x18\t \x01(\x08\x12\x18\n\x10master_timeout_s\x18\n \x01(\x01\x12\x13\n\x0blocal_steps\x18\x0b \x01(\x05\x12\x17\n\x0fouter_optimizer\x18\x0c \x01(\t\x12\x19\n\x11predict_model_dir\x18\r \x01(\t\x12\x19\n\x11predict_parts_dir\x18\x0e \x01(\t\x12\x18\n\x10model_def_sha256\x18\x0f \x01(\t\"g\n\x10RegisterResponse\x12+\n\x08settings\x18\x01 \x01(\x0b\x32\x19.elastic_step.JobSettings\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x0f\n\x07standby\x18\x03 \x01(\x08\"\x17\n\x15GetPSAddressesRequest\":\n\x16GetPSAddressesResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x11\n\taddresses\x18\x02 \x03(\t\"u\n\x0fNextTaskRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12(\n\x06report\x18\x02 \x01(\x0b\x32\x18.elastic_step.TaskReport\x12\x13\n\x0bheld_leases\x18\x03 \x03(\x03\x12\x13\n\x0breport_only\x18\x04 \x01(\x08\"\xf6\x01\n\x04Task\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.elastic_step.Task.Kind\x12\n\n\x02id\x18\x02 \x01(\x03\x12\r\n\x05shard\x18\x03 \x01(\t\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x05\x12\x10\n\x08lease_id\x18\x07 \x01(\x03\x12\x13\n\x0b\x66irst_index\x18\x08 \x01(\x03\"Z\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x0c\n\x08\x45VALUATE\x10\x02\x12\x08\n\x04WAIT\x10\x03\x12\x0c\n\x08\x46INISHED\x10\x04\x12\x0b\n\x07PREDICT\x10\x05\"\xe1\x02\n\nTaskReport\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\x10\n\x08loss_sum\x18\x06 \x01(\x01\x12\x15\n\rexample_count\x18\x07 \x01(\x03\x12+\n\rmetric_states\x18\x08 \x03(\x0b\x32\x14.elastic_step.Tensor\x12\x10\n\x08lease_id\x18\t \x01(\x03\x12\x12\n\ntrain_loss\x18\n \x01(\x01\x12\x16\n\x0etrain_examples\x18\x0b \x01(\x03\x12\x41\n\rtrain_metrics\x18\x0c \x03(\x0b\x32*.elastic_step.TaskReport.TrainMetricsEntry\x1a\x33\n\x11TrainMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x01\x10\x02\"_\n\x10HeartbeatRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12\x14\n\x0c\x62\x61tches_done\x18\x04 \x01(\x03\"%\n\x11HeartbeatResponse\x12\x10\n\x08\x66inished\x18\x01 \x01(\x08*0\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\n\n\x06WORKER\x10\x01\x12\x06\n\x02PS\x10\x02\x32\xbd\x02\n\x06Master\x12I\n\x08Register\x12\x1d.elastic_step.RegisterRequest\x1a\x1e.elastic_step.RegisterResponse\x12[\n\x0eGetPSAddresses\x12#.elastic_step.GetPSAddressesRequest\x1a$.elastic_step.GetPSAddressesResponse\x12=\n\x08NextTask\x12\x1d.elastic_step.NextTaskRequest\x1a\x12.elastic_step.Task\x12L\n\tHeartbeat\x12\x1e.elastic_step.HeartbeatRequest\x1a\x1f.elastic_step.HeartbeatResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65lastic_step/rpc/master.proto\x12\x0c\x65lastic_step\x1a\x1d\x65lastic_step/rpc/tensor.proto\"\x88\x01\n\x0fRegisterRequest\x12 \n\x04role\x18\x01 \x01(\x0e\x32\x12.elastic_step.Role\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05shard\x18\x03 \x01(\x05\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x03\x12\x18\n\x10waiting_for_slot\x18\x06 \x01(\x08\"\xf9\x02\n\x0bJobSettings\x12\x11\n\tmodel_def\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61ta_dir\x18\x02 \x01(\t\x12\x12\n\noutput_dir\x18\x03 \x01(\t\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x0e\n\x06num_ps\x18\x05 \x01(\x05\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x18\n\x10\x63heckpoint_steps\x18\x07 \x01(\x03\x12\x18\n\x10keep_checkpoints\x18\x08 \x01(\x05\x12\x1c\n\x14staleness_modulation\x18\t \x01(\x08\x12\x18\n\x10master_timeout_s\x18\n \x01(\x01\x12\x13\n\x0blocal_steps\x18\x0b \x01(\x05\x12\x17\n\x0fouter_optimizer\x18\x0c \x01(\t\x12\x19\n\x11predict_model_dir\x18\r \x01(\t\x12\x19\n\x11predict_parts_dir\x18\x0e \x01(\t\x12\x18\n\x10model_def_sha256\x18\x0f \x01(\t\x12\x15\n\rfencing_token\x18\x10 \x01(\x03\"g\n\x10RegisterResponse\x12+\n\x08settings\x18\x01 \x01(\x0b\x32\x19.elastic_step.JobSettings\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x0f\n\x07standby\x18\x03 \x01(\x08\"\x17\n\x15GetPSAddressesRequest\":\n\x16GetPSAddressesResponse\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x11\n\taddresses\x18\x02 \x03(\t\"u\n\x0fNextTaskRequest\x12\x0e\n\x06worker\x18\x01 \x01(\t\x12(\n\x06report\x18\x02 \x01(\x0b\x32\x18.elastic_step.TaskReport\x12\x13\n\x0bheld_leases\x18\x03 \x03(\x03\x12\x13\n\x0breport_only\x18\x04 \x01(\x08\"\xf6\x01\n\x04Task\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.elastic_step.Task.Kind\x12\n\n\x02id\x18\x02 \x01(\x03\x12\r\n\x05shard\x18\x03 \x01(\t\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x05\x12\x10\n\x08lease_id\x18\x07 \x01(\x03\x12\x13\n\x0b\x66irst_index\x18\x08 \x01(\x03\"Z\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x0c\n\x08\x45VALUATE\x10\x02\x12\x08\n\x04WAIT\x10\x03\x12\x0c\n\x08\x46INISHED\x10\x04\x12\x0b\n\x07PREDICT\x10\x05\"\xe1\x02\n\nTaskReport\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\x10\n\x08loss_sum\x18\x06 \x01(\x01\x12\x15\n\rexample_count\x18\x07 \x01(\x03\x12+\n\rmetric_states\x18\x08 \x03(\x0b\x32\x14.elastic_step.Tensor\x12\x10\n\x08lease_id\x18\t \x01(\x03\x12\x12\n\ntrain_loss\x18\n \x01(\x01\x12\x16\n\x0etrain_examples\x18\x0b \x01(\x03\x12\x41\n\rtrain_metrics\x18\x0c \x03(\x0b\x32*.elastic_step.TaskReport.TrainMetricsEntry\x1a\x33\n\x11TrainMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x01\x10\x02\"p\n\x10HeartbeatRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12\x14\n\x0c\x62\x61tches_done\x18\x04 \x01(\x03\x12\x0f\n\x07\x66\x61ilure\x18\x05 \x01(\t\"%\n\x11HeartbeatResponse\x12\x10\n\x08\x66inished\x18\x01 \x01(\x08*0\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\n\n\x06WORKER\x10\x01\x12\x06\n\x02PS\x10\x02\x32\xbd\x02\n\x06Master\x12I\n\x08Register\x12\x1d.elastic_step.RegisterRequest\x1a\x1e.elastic_step.RegisterResponse\x12[\n\x0eGetPSAddresses\x12#.elastic_step.GetPSAddressesRequest\x1a$.elastic_step.GetPSAddressesResponse\x12=\n\x08NextTask\x12\x1d.elastic_step.NextTaskRequest\x1a\x12.elastic_step.Task\x12L\n\tHeartbeat\x12\x1e.elastic_step.HeartbeatRequest\x1a\x1f.elastic_step.HeartbeatResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,32 +34,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TASKREPORT_TRAINMETRICSENTRY']._loaded_options = None
   _globals['_TASKREPORT_TRAINMETRICSENTRY']._serialized_options = b'8\001'
-  _globals['_ROLE']._serialized_start=1624
-  _globals['_ROLE']._serialized_end=1672
+  _globals['_ROLE']._serialized_start=1664
+  _globals['_ROLE']._serialized_end=1712
   _globals['_REGISTERREQUEST']._serialized_start=79
   _globals['_REGISTERREQUEST']._serialized_end=215
   _globals['_JOBSETTINGS']._serialized_start=218
-  _globals['_JOBSETTINGS']._serialized_end=572
-  _globals['_REGISTERRESPONSE']._serialized_start=574
-  _globals['_REGISTERRESPONSE']._serialized_end=677
-  _globals['_GETPSADDRESSESREQUEST']._serialized_start=679
-  _globals['_GETPSADDRESSESREQUEST']._serialized_end=702
-  _globals['_GETPSADDRESSESRESPONSE']._serialized_start=704
-  _globals['_GETPSADDRESSESRESPONSE']._serialized_end=762
-  _globals['_NEXTTASKREQUEST']._serialized_start=764
-  _globals['_NEXTTASKREQUEST']._serialized_end=881
-  _globals['_TASK']._serialized_start=884
-  _globals['_TASK']._serialized_end=1130
-  _globals['_TASK_KIND']._serialized_start=1040
-  _globals['_TASK_KIND']._serialized_end=1130
-  _globals['_TASKREPORT']._serialized_start=1133
-  _globals['_TASKREPORT']._serialized_end=1486
-  _globals['_TASKREPORT_TRAINMETRICSENTRY']._serialized_start=1429
-  _globals['_TASKREPORT_TRAINMETRICSENTRY']._serialized_end=1480
-  _globals['_HEARTBEATREQUEST']._serialized_start=1488
-  _globals['_HEARTBEATREQUEST']._serialized_end=1583
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1585
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1622
-  _globals['_MASTER']._serialized_start=1675
-  _globals['_MASTER']._serialized_end=1992
+  _globals['_JOBSETTINGS']._serialized_end=595
+  _globals['_REGISTERRESPONSE']._serialized_start=597
+  _globals['_REGISTERRESPONSE']._serialized_end=700
+  _globals['_GETPSADDRESSESREQUEST']._serialized_start=702
+  _globals['_GETPSADDRESSESREQUEST']._serialized_end=725
+  _globals['_GETPSADDRESSESRESPONSE']._serialized_start=727
+  _globals['_GETPSADDRESSESRESPONSE']._serialized_end=785
+  _globals['_NEXTTASKREQUEST']._serialized_start=787
+  _globals['_NEXTTASKREQUEST']._serialized_end=904
+  _globals['_TASK']._serialized_start=907
+  _globals['_TASK']._serialized_end=1153
+  _globals['_TASK_KIND']._serialized_start=1063
+  _globals['_TASK_KIND']._serialized_end=1153
+  _globals['_TASKREPORT']._serialized_start=1156
+  _globals['_TASKREPORT']._serialized_end=1509
+  _globals['_TASKREPORT_TRAINMETRICSENTRY']._serialized_start=1452
+  _globals['_TASKREPORT_TRAINMETRICSENTRY']._serialized_end=1503
+  _globals['_HEARTBEATREQUEST']._serialized_start=1511
+  _globals['_HEARTBEATREQUEST']._serialized_end=1623
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1625
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1662
+  _globals['_MASTER']._serialized_start=1715
+  _globals['_MASTER']._serialized_end=2032
 # @@protoc_insertion_point(module_scope)

@@ -34,7 +34,7 @@ class RegisterRequest(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., shard: _Optional[int] = ..., address: _Optional[str] = ..., pid: _Optional[int] = ..., waiting_for_slot: _Optional[bool] = ...) -> None: ...
 
 class JobSettings(_message.Message):
-    __slots__ = ("model_def", "data_dir", "output_dir", "batch_size", "num_ps", "seed", "checkpoint_steps", "keep_checkpoints", "staleness_modulation", "master_timeout_s", "local_steps", "outer_optimizer", "predict_model_dir", "predict_parts_dir", "model_def_sha256")
+    __slots__ = ("model_def", "data_dir", "output_dir", "batch_size", "num_ps", "seed", "checkpoint_steps", "keep_checkpoints", "staleness_modulation", "master_timeout_s", "local_steps", "outer_optimizer", "predict_model_dir", "predict_parts_dir", "model_def_sha256", "fencing_token")
     MODEL_DEF_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_DIR_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class JobSettings(_message.Message):
     PREDICT_MODEL_DIR_FIELD_NUMBER: _ClassVar[int]
     PREDICT_PARTS_DIR_FIELD_NUMBER: _ClassVar[int]
     MODEL_DEF_SHA256_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKEN_FIELD_NUMBER: _ClassVar[int]
     model_def: str
     data_dir: str
     output_dir: str
@@ -65,7 +66,8 @@ class JobSettings(_message.Message):
     predict_model_dir: str
     predict_parts_dir: str
     model_def_sha256: str
-    def __init__(self, model_def: _Optional[str] = ..., data_dir: _Optional[str] = ..., output_dir: _Optional[str] = ..., batch_size: _Optional[int] = ..., num_ps: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_steps: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., staleness_modulation: _Optional[bool] = ..., master_timeout_s: _Optional[float] = ..., local_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., predict_model_dir: _Optional[str] = ..., predict_parts_dir: _Optional[str] = ..., model_def_sha256: _Optional[str] = ...) -> None: ...
+    fencing_token: int
+    def __init__(self, model_def: _Optional[str] = ..., data_dir: _Optional[str] = ..., output_dir: _Optional[str] = ..., batch_size: _Optional[int] = ..., num_ps: _Optional[int] = ..., seed: _Optional[int] = ..., checkpoint_steps: _Optional[int] = ..., keep_checkpoints: _Optional[int] = ..., staleness_modulation: _Optional[bool] = ..., master_timeout_s: _Optional[float] = ..., local_steps: _Optional[int] = ..., outer_optimizer: _Optional[str] = ..., predict_model_dir: _Optional[str] = ..., predict_parts_dir: _Optional[str] = ..., model_def_sha256: _Optional[str] = ..., fencing_token: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("settings", "model_version", "standby")
@@ -169,16 +171,18 @@ class TaskReport(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., model_version: _Optional[int] = ..., loss_sum: _Optional[float] = ..., example_count: _Optional[int] = ..., metric_states: _Optional[_Iterable[_Union[_tensor_pb2.Tensor, _Mapping]]] = ..., lease_id: _Optional[int] = ..., train_loss: _Optional[float] = ..., train_examples: _Optional[int] = ..., train_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("name", "model_version", "lease_id", "batches_done")
+    __slots__ = ("name", "model_version", "lease_id", "batches_done", "failure")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     BATCHES_DONE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     name: str
     model_version: int
     lease_id: int
     batches_done: int
-    def __init__(self, name: _Optional[str] = ..., model_version: _Optional[int] = ..., lease_id: _Optional[int] = ..., batches_done: _Optional[int] = ...) -> None: ...
+    failure: str
+    def __init__(self, name: _Optional[str] = ..., model_version: _Optional[int] = ..., lease_id: _Optional[int] = ..., batches_done: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("finished",)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from elastic_step.errors import ModelDefinitionError
+from elastic_step.errors import InputError, ModelDefinitionError
 from elastic_step.model.tf_runtime import configure_threads
 from elastic_step.rpc import master_pb2
 from elastic_step.rpc.auth import Credentials, MissingSecretError
@@ -297,7 +297,7 @@ class Worker:
                 self.predictor.predict(task, self._batches(stream, records))
             else:
                 self.evaluate(stream, records, report)
-        except UserCodeError as e:
+        except (UserCodeError, InputError) as e:  # the model's code, or the task's data
             log.error("%s: task %d failed: %s", self.name, task.id, e)
             report = master_pb2.TaskReport(
                 task_id=task.id, lease_id=task.lease_id, ok=False, error=str(e)

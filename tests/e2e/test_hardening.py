@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -276,3 +277,43 @@ def test_a_model_definition_changed_in_the_output_is_refused_and_fails_the_job(t
     )[:-4]
     refusals = [line for line in run.instance_log(replacement).splitlines() if "SHA-256" in line]
     assert len(refusals) == 1 and refusals[0].endswith("; exiting"), refusals
+
+    # A second job on the same output, its state elsewhere: refused before it writes there.
+    before = {p: p.stat().st_mtime_ns for p in run.output.rglob("*") if p.is_file()}
+    elsewhere = str(run.output.parent / "other-state")
+    other = train_run("--epochs", "3", "--state-dir", elsewhere, output=run.output)
+    assert other.start().wait() == 2, other.log()[-3000:]
+    (line,) = [line for line in other.log().splitlines() if "belongs to another job" in line]
+    assert f"{run.output} belongs to another job: train job es-" in line
+    assert f"its state in {run.output / 'master-state'}" in line
+    assert {p: p.stat().st_mtime_ns for p in run.output.rglob("*") if p.is_file()} == before
+
+
+def _can_mount_in_a_namespace() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = ["unshare", "--mount", "sh", "-c", "mount -t tmpfs -o size=4k tmpfs /mnt"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount_in_a_namespace(), reason="needs root and unshare --mount")
+def test_a_full_disk_under_the_checkpoints_ends_the_job_saying_so(train_run):
+    """The checkpoints on a 32 KiB tmpfs (mounted in a namespace of the job's own): the PS
+    cannot write one; no worker crashes for it, and the job ends naming the full disk."""
+    run = train_run("--epochs", "3", "--checkpoint-steps", "2")
+    checkpoints = run.output / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    mount = 'mount -t tmpfs -o size=32k tmpfs "$0" && exec "$@"'
+    run.argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount,
+                str(checkpoints), *run.argv]  # fmt: skip
+    assert run.start().wait() == 1, run.log()[-3000:]
+    failed = [line for line in run.log().splitlines() if "the job failed" in line]
+    assert len(failed) == 1, run.log()[-3000:]
+    assert failed[0].endswith(
+        f"the job failed: ps-0: cannot write a checkpoint in {checkpoints / 'ps-0-of-1'}: "
+        "no space left on device"
+    )
+    assert run.summary()["restarts"]["worker"] == 0  # a full disk is not a worker's fault
+    ps_log = run.instance_log("ps-0")
+    assert "no space left on device" in ps_log and "Traceback" not in ps_log
+    assert not any(checkpoints.iterdir())  # the mount went with the namespace

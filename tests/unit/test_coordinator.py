@@ -12,6 +12,7 @@ import pytest
 from fake_backend import FakeBackend, FakeClock
 
 from elastic_step.backends.api import ExitReason, LaunchSpec, Role
+from elastic_step.errors import InputError
 from elastic_step.master import reports
 from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open_coordinator
 from elastic_step.master.instance_manager import MembershipSettings
@@ -405,6 +406,19 @@ def test_a_ps_lost_before_a_checkpoint_fails_the_job_once_no_worker_holds_a_copy
     assert "no live worker holds a copy" in error
 
 
+def test_a_failure_a_ps_reports_ends_the_job_with_its_reason_once(master, clock) -> None:
+    coordinator = master.coordinator
+    beat(master, "ps-0", 3)
+    assert coordinator.record.error is None
+    failure = "cannot write a checkpoint in /out/checkpoints/ps-0-of-1: no space left on device"
+    request = master_pb2.HeartbeatRequest(name="ps-0", model_version=4, failure=failure)
+    master.stub("ps-0").Heartbeat(request, timeout=TIMEOUT_S)
+    assert coordinator.record.error == f"ps-0: {failure}"
+    request.failure = "something later"  # the first reason is the one the job ends with
+    master.stub("ps-0").Heartbeat(request, timeout=TIMEOUT_S)
+    assert coordinator.record.error == f"ps-0: {failure}"
+
+
 def test_a_ps_refilled_by_a_worker_holding_a_copy_is_restored(master, clock) -> None:
     coordinator = master.coordinator
     clock.now += 5
@@ -532,3 +546,33 @@ def test_a_standby_waits_until_a_worker_dies_then_trains_in_its_slot(tmp_path, c
         assert coordinator.instances.promotions == 1
     finally:
         master.close()
+
+
+# -- a damaged saved state --
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ({"c": "tasks", "r": {"op": "lease", "task": 0}}, "its saved state is damaged"),
+        ({"c": "tasks", "r": {"op": "done", "task": "x", "version": None}}, "is damaged"),
+        (
+            {"c": "chef", "r": {}},
+            "after the snapshot is not a record of job, tasks, instances (KeyError: 'chef')",
+        ),
+        ({"r": {}}, "is not a record of job, tasks, instances"),
+    ],
+    ids=["a field missing", "fields mistyped", "no such component", "no component"],
+)
+def test_a_journal_record_that_does_not_read_is_one_clear_error(
+    tmp_path, clock, bad: dict, says: str
+) -> None:
+    first = Master(tmp_path, clock)
+    first.start_instances()
+    first.store.append(bad)
+    first.close()
+    with pytest.raises((InputError, ValueError)) as raised:
+        Master(tmp_path, clock)
+    message = str(raised.value)
+    assert says in message and "\n" not in message
+    assert "move the state aside to start the job anew" in message

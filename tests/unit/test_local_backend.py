@@ -231,3 +231,30 @@ def test_a_command_that_cannot_start_is_a_backend_error(tmp_path: Path, procs: P
         backend.launch(spec)
     assert backend.list_instances() == []
     assert backend.next_events(0.2) == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        '{"job_name": "j"}',
+        '{"instances": {"worker-0": {"pid": 1, "role": "worker", "index": 0}}}',
+        '{"instances": {"worker-0": {"pid": "1", "start_time": 1, "role": "w", "index": 0}}}',
+        '{"instances": {"worker-0": {"pid": 1, "start_time": 1, "role": "chef", "index": 0}}}',
+        "[]",
+    ],
+    ids=["not json", "no instances", "a field missing", "a string pid", "a bad role", "a list"],
+)
+def test_a_malformed_instance_record_is_set_aside_with_one_line_and_nothing_adopted(
+    procs: Processes, tmp_path: Path, content: str, caplog
+) -> None:
+    (tmp_path / "instances.json").write_text(content)
+    with caplog.at_level("WARNING"):
+        backend = procs.backend(tmp_path)
+    assert backend.list_instances() == []
+    (kept,) = (tmp_path / "set-aside").iterdir()
+    assert kept.name.endswith("instances.json") and kept.read_text() == content
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "instances.json: not a record of instances" in line and str(kept) in line
+    # A new record in its place, for the next master.
+    assert json.loads((tmp_path / "instances.json").read_text())["instances"] == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -262,3 +263,28 @@ def test_schema_load_errors(tmp_path: Path) -> None:
     (tmp_path / "schema.json").write_text('{"label": "y"}')
     with pytest.raises(InputError, match=r"schema\.json: malformed schema"):
         Schema.load(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("shard", "problem"),
+    [
+        ({"path": "../../etc/passwd", "records": 3}, "must be a relative path inside"),
+        ({"path": "/etc/passwd", "records": 3}, "must be a relative path inside"),
+        ({"path": "s3://other/x", "records": 3}, "must be a relative path inside"),
+        ({"path": "train/part-0", "records": -1}, "records must be an integer >= 0, got -1"),
+        ({"path": "train/part-0", "records": "12"}, "records must be an integer >= 0, got '12'"),
+    ],
+)
+def test_a_schema_s_shards_stay_inside_the_data_directory(
+    tmp_path: Path, shard: dict, problem: str
+) -> None:
+    schema = {
+        "label": "y",
+        "label_kind": "numeric",
+        "columns": [],
+        "splits": {"train": [{"path": "train/part-1", "records": 2}, shard]},
+    }
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    with pytest.raises(InputError, match=r"schema\.json: malformed schema") as raised:
+        Schema.load(str(tmp_path))
+    assert problem in str(raised.value) and "\n" not in str(raised.value)

@@ -3,6 +3,8 @@ rules, checkpoints (and the final one on SIGTERM), staleness."""
 
 from __future__ import annotations
 
+import errno
+import io
 import logging
 import os
 import queue
@@ -446,7 +448,7 @@ def test_a_checkpoint_comes_before_any_worker(start_cluster: StartCluster) -> No
     shapes = {n: TableShape(t.rows, t.dim, t.dtype) for n, t in tables.items()}
     assert trained.initialize(dense, shapes, rows, 30)
     trained.push({BIAS: np.ones(2, np.float32)}, {}, 30)
-    checkpoint.save(directory, *trained.state_arrays(), keep=2)
+    checkpoint.save(directory, *trained.state_arrays(), keep=2, token=1)
 
     assert policy.restore(cluster.shard(0), directory) == 31
     client = cluster.client()
@@ -482,13 +484,65 @@ def test_servicer_checkpoints_every_n_versions_and_keeps_newest(
     for shard in range(2):
         directory = tmp_path / "checkpoints" / f"ps-{shard}-of-2"
         assert _ckpt_dir(cluster, shard) == str(directory)
-        assert os.listdir(directory) == ["version-000000000002.npz"]
+        assert os.listdir(directory) == ["version-000000000002-t0.npz"]
     for _ in range(5):  # versions 3..7: checkpoints at 4 and 6
         client.push({}, {})
     for shard in range(2):
         names = sorted(os.listdir(tmp_path / "checkpoints" / f"ps-{shard}-of-2"))
-        assert names == ["version-000000000004.npz", "version-000000000006.npz"]
+        assert names == ["version-000000000004-t0.npz", "version-000000000006-t0.npz"]
         assert checkpoint.load_latest(_ckpt_dir(cluster, shard))[0] == 6
+
+
+def test_a_checkpoint_that_cannot_be_written_fails_no_push_and_a_full_disk_ends_the_job(
+    start_cluster: StartCluster, monkeypatch, caplog
+) -> None:
+    """An error that may pass is tried again at the next checkpoint; a full disk is a
+    failure the PS tells the master at once (a real full disk: tests/e2e/test_hardening.py)."""
+    cluster = start_cluster(num_ps=1, checkpoint_steps=1)
+    client = cluster.client()
+    client.initialize(*_params(), model_version=0)
+    servicer = cluster.servicers[0]
+    errors = [OSError(errno.EIO, "Input/output error"), None, OSError(errno.ENOSPC, "x")]
+    real_save = checkpoint.save
+
+    def save(*args, **kwargs):
+        error = errors.pop(0) if errors else None
+        if error is not None:
+            raise error
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save", save)
+    with caplog.at_level(logging.WARNING):
+        client.push({}, {})  # EIO: the push is answered, the checkpoint tried again later
+        assert servicer.failure == "" and not servicer.report_now.is_set()
+        client.push({}, {})  # written
+        assert servicer.saved_version == 2
+        client.push({}, {})  # the disk is full
+    assert client.model_version == 3  # every push was applied and answered
+    assert servicer.failure == (
+        f"cannot write a checkpoint in {_ckpt_dir(cluster, 0)}: no space left on device"
+    )
+    assert servicer.report_now.is_set()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].endswith("input/output error; trying again at the next checkpoint")
+    assert lines[1] == servicer.failure and len(lines) == 2
+
+
+def test_checkpoint_errors_that_may_pass_end_the_job_after_three_in_a_row(
+    start_cluster: StartCluster, monkeypatch
+) -> None:
+    cluster = start_cluster(num_ps=1, checkpoint_steps=1)
+    client = cluster.client()
+    client.initialize(*_params(), model_version=0)
+
+    def save(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(checkpoint, "save", save)
+    for pushes in range(1, 4):
+        assert cluster.servicers[0].failure == "", pushes
+        client.push({}, {})
+    assert cluster.servicers[0].failure.endswith(": input/output error")
 
 
 def test_no_checkpoints_when_steps_is_zero(start_cluster: StartCluster, tmp_path: Path) -> None:
@@ -575,40 +629,106 @@ def test_checkpoint_restores_values_version_and_per_row_optimizer_state(
         assert not np.allclose(other[2][TABLE], expected[2][TABLE], rtol=1e-6, atol=1e-7)
 
 
-def _save_three(directory: str) -> None:
+def _save_three(directory: str, token: int = 1) -> None:
     for version in (1, 2, 3):
-        checkpoint.save(directory, version, {"dense/x": np.full(4, version, np.float32)}, keep=5)
+        x = {"dense/x": np.full(4, version, np.float32)}
+        checkpoint.save(directory, version, x, keep=5, token=token)
+
+
+def _set_aside(directory: Path) -> list[str]:
+    aside = directory / "set-aside"
+    return sorted(p.name for p in aside.iterdir()) if aside.exists() else []
 
 
 def test_checkpoint_save_keeps_newest_and_load_latest(tmp_path: Path) -> None:
     directory = str(tmp_path / "ck")
     assert checkpoint.load_latest(directory) is None
     _save_three(directory)
-    checkpoint.save(directory, 4, {"dense/x": np.full(4, 4, np.float32)}, keep=2)
-    assert sorted(os.listdir(directory)) == ["version-000000000003.npz", "version-000000000004.npz"]
+    checkpoint.save(directory, 4, {"dense/x": np.full(4, 4, np.float32)}, keep=2, token=1)
+    names = sorted(os.listdir(directory))
+    assert names == ["version-000000000003-t1.npz", "version-000000000004-t1.npz"]
     version, arrays = checkpoint.load_latest(directory)
     assert version == 4
     np.testing.assert_array_equal(arrays["dense/x"], np.full(4, 4, np.float32))
 
 
-def test_corrupt_newest_checkpoint_is_skipped(tmp_path: Path) -> None:
+def test_a_newer_masters_checkpoint_wins_over_a_higher_version_of_an_older_one(
+    tmp_path: Path,
+) -> None:
+    """A PS of a replaced master, still running, writes on; the current master's PS, at a
+    lower version, holds the model the job goes on with."""
+    directory = str(tmp_path / "ck")
+    _save_three(directory, token=2)
+    checkpoint.save(directory, 9, {"dense/x": np.full(4, 9, np.float32)}, keep=5, token=1)
+    version, arrays = checkpoint.load_latest(directory)
+    assert version == 3 and arrays["dense/x"][0] == 3
+    # The oldest by (token, version) go first, the stale version 9 before all.
+    checkpoint.save(directory, 4, {"dense/x": np.full(4, 4, np.float32)}, keep=3, token=2)
+    names = sorted(os.listdir(directory))
+    assert names == [f"version-00000000000{v}-t2.npz" for v in (2, 3, 4)]
+
+
+def test_a_checkpoint_of_an_older_version_without_a_token_counts_as_token_0(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "ck"
+    directory.mkdir()
+    buffer = io.BytesIO()
+    np.savez(buffer, **{"dense/x": np.zeros(4, np.float32)})
+    (directory / "version-000000000007.npz").write_bytes(buffer.getvalue())
+    assert checkpoint.load_latest(str(directory))[0] == 7
+    _save_three(str(directory), token=1)
+    assert checkpoint.load_latest(str(directory))[0] == 3
+
+
+def test_a_corrupt_newest_checkpoint_is_set_aside_and_the_next_loaded(
+    tmp_path: Path, caplog
+) -> None:
     directory = str(tmp_path / "ck")
     _save_three(directory)
-    (tmp_path / "ck" / "version-000000000003.npz").write_bytes(b"not a checkpoint at all")
-    version, arrays = checkpoint.load_latest(directory)
+    (tmp_path / "ck" / "version-000000000003-t1.npz").write_bytes(b"not a checkpoint at all")
+    with caplog.at_level(logging.WARNING):
+        version, arrays = checkpoint.load_latest(directory)
     assert version == 2
     np.testing.assert_array_equal(arrays["dense/x"], np.full(4, 2, np.float32))
+    (kept,) = _set_aside(tmp_path / "ck")
+    assert kept.endswith("version-000000000003-t1.npz")
+    assert (tmp_path / "ck" / "set-aside" / kept).read_bytes() == b"not a checkpoint at all"
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "not a readable checkpoint" in line and "set aside as" in line
+    # Read once: the next load does not meet it again.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert checkpoint.load_latest(directory)[0] == 2
+    assert not caplog.records
 
 
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
-def test_truncated_or_empty_newest_checkpoint_is_skipped(tmp_path: Path, damage: str) -> None:
+def test_truncated_or_empty_newest_checkpoint_is_set_aside(tmp_path: Path, damage: str) -> None:
     directory = str(tmp_path / "ck")
     _save_three(directory)
-    newest = tmp_path / "ck" / "version-000000000003.npz"
+    newest = tmp_path / "ck" / "version-000000000003-t1.npz"
     data = newest.read_bytes()
     newest.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"")
     saved = checkpoint.load_latest(directory)
     assert saved is not None and saved[0] == 2
+    assert len(_set_aside(tmp_path / "ck")) == 1
+
+
+def test_a_stray_file_named_like_a_checkpoint_is_set_aside_not_crashed_on(
+    tmp_path: Path, caplog
+) -> None:
+    directory = tmp_path / "ck"
+    _save_three(str(directory))
+    (directory / "version-latest.npz").write_bytes(b"someone's copy")
+    (directory / "notes.txt").write_text("not ours, not named like ours: left alone")
+    with caplog.at_level(logging.WARNING):
+        assert checkpoint.load_latest(str(directory))[0] == 3
+    (kept,) = _set_aside(directory)
+    assert kept.endswith("version-latest.npz")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "version-latest.npz: not a checkpoint's name" in line
+    assert (directory / "notes.txt").exists()
 
 
 # -- stopping: the final checkpoint --

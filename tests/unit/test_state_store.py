@@ -4,6 +4,7 @@ it passes the StateStore contract (tests/contracts/state_store_contract.py)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import selectors
 import shutil
@@ -28,6 +29,7 @@ from elastic_step.master.state_store import (
     create_state_store,
     replay,
 )
+from elastic_step.master.state_store import journal as journal_module
 
 WAIT_S = 10.0  # the most any wait below takes; all of them normally take milliseconds
 
@@ -152,6 +154,37 @@ def test_a_damaged_last_record_ends_the_replay_and_the_next_owner_writes_after_i
     store.append(record(99))
     store.close()
     assert FileStateStore(str(directory)).load() == SavedState(None, [*before, record(99)])
+
+
+def test_damage_mid_journal_sets_aside_the_rest_and_later_segments_never_deletes_them(
+    directory: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sizes = write_one_by_one(directory, 5)
+    (journal,) = segments(directory)
+    later = directory / journal_module.segment_name(6)
+    later.write_bytes(journal_module.encode_frame(6, record(5)))
+    data = bytearray(journal.read_bytes())
+    data[sizes[2] + 20] ^= 0xFF  # inside record 3 of 5: a bad CRC, good records after it
+    journal.write_bytes(bytes(data))
+    past = bytes(data[sizes[2] :])
+
+    with caplog.at_level(logging.INFO, logger="elastic_step"):
+        store = owner(directory)
+    assert journal.stat().st_size == sizes[2] and not later.exists()
+    aside = sorted((directory / "set-aside").iterdir())
+    assert [p.name.split("-", 1)[1] for p in aside] == [
+        f"{journal.name}.from-byte-{sizes[2]}",
+        later.name,
+    ]
+    assert aside[0].read_bytes() == past
+    assert aside[1].read_bytes() == journal_module.encode_frame(6, record(5))
+    (line,) = [r.getMessage() for r in caplog.records if "journal ended" in r.getMessage()]
+    assert f"set aside its {len(past)} bytes from there and 1 later segment(s)" in line
+    assert "resumes after record 2" in line
+    store.append(record(99))
+    store.close()
+    loaded = FileStateStore(str(directory)).load()
+    assert loaded == SavedState(None, [record(0), record(1), record(99)])
 
 
 def test_a_record_out_of_sequence_ends_the_replay(directory: Path) -> None:

@@ -137,8 +137,22 @@ def test_corrupt_length_checksum_is_detected(shard: str) -> None:
 def test_truncated_shard_is_detected(shard: str) -> None:
     data = storage.read_bytes(shard)
     storage.write_bytes_atomic(shard, data[:-10])
-    with pytest.raises(InputError, match="file ends early"):
+    with pytest.raises(InputError, match=r"ends at byte \d+, but the file has \d+ bytes"):
         read_records(shard, 45, 50)
+
+
+def test_an_index_that_points_past_the_shard_asks_for_no_more_than_the_file_holds(
+    shard: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    offsets = np.frombuffer(storage.read_bytes(index_path(shard)), dtype="<u8").copy()
+    offsets[-1] = 2**60  # a corrupt index asking for an exabyte
+    storage.write_bytes_atomic(index_path(shard), offsets.tobytes())
+    asked: list[int] = []
+    real = storage.read_range
+    monkeypatch.setattr(storage, "read_range", lambda p, o, n: asked.append(n) or real(p, o, n))
+    with pytest.raises(InputError, match=rf"{shard}: its index .* ends at byte {2**60}, but"):
+        read_records(shard, 40, len(RECORDS))
+    assert max(asked) < 1000  # only the index's offsets were read
 
 
 def test_missing_or_bad_index(shard: str) -> None:

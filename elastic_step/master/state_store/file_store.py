@@ -21,7 +21,9 @@ import logging
 import os
 import secrets
 import threading
+import time
 
+from elastic_step.data.storage import SET_ASIDE_DIR
 from elastic_step.master.state_store.api import (
     SavedState,
     StateStoreError,
@@ -40,6 +42,7 @@ from elastic_step.master.state_store.local_files import (
 from elastic_step.master.state_store.replay import (
     SNAPSHOT_FILE,
     SNAPSHOT_FORMAT,
+    Cut,
     Replay,
     read_directory,
 )
@@ -98,24 +101,41 @@ class FileStateStore(CommittedStore):
         return next_seq
 
     def _cut(self, replay: Replay) -> None:
+        """Ends the journal at the cut. A torn last record is an ordinary crash, and goes;
+        past any other damage, what follows is set aside (``set-aside/``), never deleted."""
         cut = replay.cut
+        ordinary = not cut.dropped and "torn" in cut.problem
+        aside = "" if ordinary else f"; set aside {self._set_aside_past(cut)}"
         with open(cut.path, "r+b") as f:
             f.truncate(cut.offset)
             os.fsync(f.fileno())
-        for path in cut.dropped:
-            os.remove(path)
-        # A torn last record is an ordinary crash; anything else is damage worth a warning.
-        level = logging.INFO if not cut.dropped and "torn" in cut.problem else logging.WARNING
         log.log(
-            level,
+            logging.INFO if ordinary else logging.WARNING,
             "%s: the journal ended in %s at byte %d; truncated it there%s. "
             "The state resumes after record %d",
             cut.path,
             cut.problem,
             cut.offset,
-            f" and dropped {len(cut.dropped)} later segment(s)" if cut.dropped else "",
+            aside,
             replay.last_seq,
         )
+
+    def _set_aside_past(self, cut: Cut) -> str:
+        """Moves what lies past the cut into ``set-aside/``: the rest of its segment, and
+        the later segments; says where it went."""
+        aside = os.path.join(self._dir, SET_ASIDE_DIR)
+        os.makedirs(aside, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        with open(cut.path, "rb") as f:
+            f.seek(cut.offset)
+            rest = f.read()
+        name = f"{stamp}-{os.path.basename(cut.path)}.from-byte-{cut.offset}"
+        write_atomic(os.path.join(aside, name), rest)
+        for path in cut.dropped:
+            os.replace(path, os.path.join(aside, f"{stamp}-{os.path.basename(path)}"))
+        fsync_dir(aside)
+        later = f" and {len(cut.dropped)} later segment(s)" if cut.dropped else ""
+        return f"its {len(rest)} bytes from there{later} in {aside}"
 
     # -- reading --
 
