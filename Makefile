@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed
 
-.PHONY: setup browser demo test test-unit test-e2e test-k8s test-argo cluster argo kfp kfp-ui mlmd mariadb lint format proto clean \
+.PHONY: setup lock browser demo test test-unit test-e2e test-k8s test-argo cluster argo kfp kfp-ui mlmd mariadb lint format proto clean \
 	components bench bench-throughput bench-embedding bench-master bench-goodput \
 	bench-preprocess bench-k8s bench-kfp
 
@@ -15,9 +15,19 @@ $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip >/dev/null
 	$(BIN)/python -m pip install -q --disable-pip-version-check uv==$(UV_VERSION)
-	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -r requirements.lock
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python --require-hashes \
+		-r requirements.lock
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
+
+# Both locks, with hashes: requirements.lock (everything, for development and the tests) from
+# requirements.in, and requirements-image.lock (what the image installs) from
+# requirements-image.in at the same versions. Versions already locked stay.
+lock: $(STAMP)
+	$(BIN)/uv pip compile -q --python-version 3.11 --generate-hashes requirements.in \
+		-o requirements.lock
+	$(BIN)/uv pip compile -q --python-version 3.11 --generate-hashes requirements-image.in \
+		-c requirements.lock -o requirements-image.lock
 
 demo: $(STAMP)
 	$(BIN)/elastic-step demo
