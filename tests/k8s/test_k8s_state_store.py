@@ -384,12 +384,46 @@ def test_a_damaged_record_ends_the_replay_and_the_next_owner_writes_after_it(
     before = [record(i) for i in range(3)]
     assert make().load() == SavedState(None, before)
 
-    store = owner(make)  # cuts the journal there: record 4's and 5's keys go
+    after = client.CoreV1Api(sa_api).read_namespaced_config_map(chunk, ns).data
+    store = owner(make)  # cuts the journal there: record 4's and 5's keys go, set aside
     data = client.CoreV1Api(sa_api).read_namespaced_config_map(chunk, ns).data
     assert sorted(data) == [f"{seq:020d}" for seq in (1, 2, 3)]
     store.append(record(99))
     store.close()
     assert make().load() == SavedState(None, [*before, record(99)])
+    # What followed the damage is kept, out of the state and of the sweep, never deleted.
+    owner(make).close()  # another takeover sweeps what the head does not name
+    (aside,) = part_names(sa_api, ns, job, "set-aside")
+    assert aside == f"{chunk}-set-aside-t2"
+    kept = client.CoreV1Api(sa_api).read_namespaced_config_map(aside, ns).data
+    assert kept == {key: after[key] for key in (f"{4:020d}", f"{5:020d}")}
+
+
+def test_damage_in_an_early_chunk_sets_the_later_chunks_aside_never_deletes_them(
+    make, sa_api, cluster, job
+) -> None:
+    ns = cluster.namespace
+    kube = replace(FAST, journal_chunk_bytes=1024, object_bytes=4096)
+    store = owner(make, kube=kube)
+    for i in range(60):
+        store.append(record(i))
+        if i % 10 == 9:
+            store.flush(WAIT_S)
+    store.close()
+    journal = head_of(sa_api, ns, job)["journal"]
+    assert len(journal) >= 3
+    first, later = journal[0]["name"], [e["name"] for e in journal[1:]]
+    core = client.CoreV1Api(sa_api)
+    keys = sorted(core.read_namespaced_config_map(first, ns).data)
+    core.patch_namespaced_config_map(first, ns, {"data": {keys[0]: '{"op": "task_d'}})
+    kept = {name: core.read_namespaced_config_map(name, ns).data for name in later}
+
+    owner(make, kube=kube).close()  # cuts the journal in its first chunk
+    owner(make, kube=kube).close()  # another takeover sweeps what the head does not name
+    assert [e["name"] for e in head_of(sa_api, ns, job)["journal"]] == [first]
+    assert part_names(sa_api, ns, job, "set-aside") >= set(later)
+    for name, data in kept.items():
+        assert core.read_namespaced_config_map(name, ns).data == data
 
 
 # -- the lease --

@@ -22,7 +22,7 @@ from elastic_step.master.state_store.api import StateStoreError
 
 JOB_LABEL = "elastic-step/job"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-PART_LABEL = "elastic-step/state"  # head, snapshot or journal
+PART_LABEL = "elastic-step/state"  # head, snapshot, journal, or set-aside (by a repair)
 TOKEN_LABEL = "elastic-step/state-token"  # the token of the owner that created it
 
 

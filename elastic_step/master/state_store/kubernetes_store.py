@@ -101,6 +101,9 @@ from elastic_step.master.state_store.kube_snapshot import KubeSnapshots
 
 log = logging.getLogger("elastic_step.master.state_store")
 
+#: The part label of journal ConfigMaps a repair set aside: kept, never read, never swept.
+SET_ASIDE = "set-aside"
+
 HEAD_FORMAT = 1
 #: The API server refuses a ConfigMap whose data exceeds this.
 MAX_OBJECT_DATA = 1024 * 1024
@@ -392,21 +395,43 @@ class KubernetesStateStore(CommittedStore):
         head = self._head
         chunks = list(replay.chunks)
         keep = cut.index
+        aside = []
         if cut.key is not None:
             keep += 1
             name = head.journal[cut.index]["name"]
+            aside += self._set_aside_past(name, chunks[cut.index], cut)
             chunks[cut.index] = self._journal.cut_chunk(name, chunks[cut.index], cut)
         dropped = [entry["name"] for entry in head.journal[keep:]]
+        for name in dropped:  # out of the sweep's reach: it deletes only state parts
+            self._api.patch_configmap(name, {"metadata": {"labels": {PART_LABEL: SET_ASIDE}}})
+        aside += dropped
         if dropped:
             self._commit_head(replace(head, rv=None, journal=head.journal[:keep]))
         log.warning(
             "%s: the journal ended in %s; cut it there%s. The state resumes after record %d",
             self.describe(),
             cut.problem,
-            f" and dropped chunk(s) {', '.join(dropped)}" if dropped else "",
+            f"; set aside what followed in ConfigMap(s) {', '.join(aside)} (labelled "
+            f"{PART_LABEL}={SET_ASIDE})"
+            if aside
+            else "",
             replay.last_seq,
         )
         return chunks[:keep]
+
+    def _set_aside_past(self, name: str, chunk: dict, cut: Cut) -> list[str]:
+        """Copies what chunk ``name`` holds past the cut into a ConfigMap labelled
+        ``set-aside``, before the cut removes it; its name, or none when nothing follows."""
+        data = data_of(chunk)
+        rest = {key: value for key, value in data.items() if key > cut.key}
+        lines = data[cut.key].split("\n")[cut.good :]
+        if lines:
+            rest[cut.key] = "\n".join(lines)
+        if not rest:
+            return []
+        copy = f"{name}-set-aside-t{self._objects.token}"
+        self._objects.create(copy, SET_ASIDE, rest)
+        return [copy]
 
     def _sweep(self) -> None:
         """Deletes the snapshot parts and journal chunks the head does not name: what crashes
