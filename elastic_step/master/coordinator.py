@@ -212,9 +212,11 @@ class Coordinator:
                     f"{request.name} registered as {what}, but was launched as "
                     f"{instance.role.value} slot {instance.slot}"
                 )
+            if role is Role.PS:
+                self._check_ps_address(instance.name, request.shard, request.address)
             self.instances.note_pid(instance.name, request.pid)
             if role is Role.PS:
-                self.record.set_ps_address(request.shard, request.address)
+                self.record.set_ps_address(request.shard, request.address, instance.name)
                 log.info(
                     "%s serves PS shard %d at %s", request.name, request.shard, request.address
                 )
@@ -226,6 +228,17 @@ class Coordinator:
                 self.instances.note_standby_ready(instance.name)
             return master_pb2.RegisterResponse(
                 settings=self._settings, model_version=self.tasks.model_version, standby=standby
+            )
+
+    def _check_ps_address(self, name: str, shard: int, address: str) -> None:
+        """A PS gives its address once: registering again (an answer lost on the way) must
+        give the same. Otherwise the holder of a PS's credentials could point the workers'
+        pushes, and the master's pull of the final model, at a server of its own."""
+        given = self.record.ps_addresses[shard]
+        if self.record.ps_servers[shard] == name and given and address != given:
+            raise CallerError(
+                f"{name} serves PS shard {shard} at {given}; it cannot move to {address} "
+                "(a live PS's address does not change)"
             )
 
     def ps_addresses(self) -> list[str]:

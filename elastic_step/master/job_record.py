@@ -48,6 +48,9 @@ class JobRecord:
     phase: Phase = Phase.STARTING
     error: str | None = None
     ps_addresses: list[str] = field(default_factory=list)
+    #: The instance that gave each shard's address ("" when none did, or the record is
+    #: older): its address cannot be changed (see Coordinator.register).
+    ps_servers: list[str] = field(default_factory=list)
     #: Evaluation rounds, sorted by (epoch, round id): see :meth:`add_evaluation`.
     evaluations: list[dict] = field(default_factory=list)
     #: One entry per PS restart: its shard, the job's model version when it was lost, the
@@ -76,6 +79,8 @@ class JobRecord:
     def __post_init__(self) -> None:
         if not self.ps_addresses:
             self.ps_addresses = [""] * self.num_ps
+        if not self.ps_servers:
+            self.ps_servers = [""] * self.num_ps
         self._journal: Callable[[dict], None] = lambda record: None
 
     def attach(self, journal: Callable[[dict], None]) -> None:
@@ -86,9 +91,12 @@ class JobRecord:
     def set_phase(self, phase: Phase, error: str | None = None) -> None:
         self._change({"op": "phase", "phase": phase.value, "error": error})
 
-    def set_ps_address(self, shard: int, address: str) -> None:
-        if self.ps_addresses[shard] != address:
-            self._change({"op": "ps_address", "shard": shard, "address": address})
+    def set_ps_address(self, shard: int, address: str, instance: str = "") -> None:
+        """The shard's address, given by PS ``instance`` ("" when the shard has none)."""
+        if (self.ps_addresses[shard], self.ps_servers[shard]) != (address, instance):
+            self._change(
+                {"op": "ps_address", "shard": shard, "address": address, "instance": instance}
+            )
 
     def add_evaluation(self, entry: dict) -> None:
         self._change({"op": "evaluation", "entry": entry})
@@ -151,6 +159,7 @@ class JobRecord:
             self.phase, self.error = Phase(record["phase"]), record["error"]
         elif op == "ps_address":
             self.ps_addresses[record["shard"]] = record["address"]
+            self.ps_servers[record["shard"]] = record.get("instance", "")
         elif op == "evaluation":
             if any(e["round"] == record["entry"]["round"] for e in self.evaluations):
                 return

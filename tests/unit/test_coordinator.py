@@ -210,6 +210,30 @@ def test_register_must_match_the_slot_the_instance_was_launched_for(master) -> N
     assert master.coordinator.ps_addresses() == ["a:1"]
 
 
+def test_a_live_ps_cannot_move_its_address_not_even_after_a_master_restart(tmp_path, clock) -> None:
+    master = Master(tmp_path, clock)
+    master.start_instances()
+    ps = master.stub("ps-0")
+
+    def register(address: str):
+        request = master_pb2.RegisterRequest(role=master_pb2.PS, name="ps-0", address=address)
+        return ps.Register(request, timeout=TIMEOUT_S)
+
+    register("127.0.0.9:5000")
+    register("127.0.0.9:5000")  # again, as after a lost answer: the same address is fine
+    assert code_of(lambda: register("203.0.113.7:5000")) == grpc.StatusCode.PERMISSION_DENIED
+    assert master.coordinator.ps_addresses() == ["127.0.0.9:5000"]
+    master.close()
+
+    again = Master(tmp_path, clock)  # the next master: the rule comes with the state
+    try:
+        ps = again.stub("ps-0")
+        assert code_of(lambda: register("203.0.113.7:5000")) == (grpc.StatusCode.PERMISSION_DENIED)
+        assert again.coordinator.ps_addresses() == ["127.0.0.9:5000"]
+    finally:
+        again.close()
+
+
 # -- fencing, malformed reports, progress --
 
 
