@@ -237,25 +237,23 @@ def _refusing(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHand
 
 
 def _unread(data: bytes) -> bool:
-    """A refused call's message is never parsed: a large one costs no parsing and no copy.
-    (Not None: grpc takes None for a message that failed to parse.)"""
+    """What a refused call's message would be parsed with, if it were ever read (it is not:
+    see :func:`_like`). Not None: grpc takes None for a message that failed to parse."""
     return True
 
 
 def _like(handler: grpc.RpcMethodHandler, behaviour) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as ``handler`` running ``behaviour``, which never reads the
-    request: it is not parsed."""
+    """A handler answering as ``handler`` would, running ``behaviour``, which never reads the
+    request. It takes the request as a stream, whatever the method: the server then receives
+    no message until the behaviour asks for one, which it never does. A large message is
+    neither received nor parsed; on the wire a unary request looks the same."""
     serializers = {
         "request_deserializer": _unread,
         "response_serializer": handler.response_serializer,
     }
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(behaviour, **serializers)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(behaviour, **serializers)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(behaviour, **serializers)
-    return grpc.unary_unary_rpc_method_handler(behaviour, **serializers)
+        return grpc.stream_stream_rpc_method_handler(behaviour, **serializers)
+    return grpc.stream_unary_rpc_method_handler(behaviour, **serializers)
 
 
 def caller_name(context: grpc.ServicerContext) -> str:
