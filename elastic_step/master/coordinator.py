@@ -75,22 +75,7 @@ class CoordinatorParams:
     train_loss_window: int = 100
 
 
-def open_coordinator(params: CoordinatorParams, *, saved: SavedJob, **kwargs) -> Coordinator:
-    """A new job's coordinator, or a saved one's (see :func:`_open_coordinator`). A saved
-    state whose records do not read (a field missing, of the wrong type) raises ValueError
-    saying so, not the KeyError deep in a replay."""
-    if saved.snapshot is None and not any(saved.records.values()):
-        return _open_coordinator(params, saved=saved, **kwargs)
-    try:
-        return _open_coordinator(params, saved=saved, **kwargs)
-    except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(
-            f"its saved state is damaged: a record lacks or mistypes a field "
-            f"({type(e).__name__}: {e}); move the state aside to start the job anew"
-        ) from None
-
-
-def _open_coordinator(
+def open_coordinator(
     params: CoordinatorParams,
     *,
     store: StateStore,
@@ -102,7 +87,31 @@ def _open_coordinator(
     clock: Callable[[], float] | None = None,
 ) -> Coordinator:
     """A new job's coordinator (``record`` None) or a saved one's, replayed from ``saved``
-    (whose job record the caller has restored and checked).
+    (whose job record the caller has restored and checked); see :func:`_open`. A saved
+    state whose records do not read (a field missing or mistyped) raises ValueError saying
+    so, not the KeyError deep in a replay."""
+    try:
+        return _open(params, store, saved, record, token, backend, spec_for, clock)
+    except (KeyError, TypeError, AttributeError) as e:
+        if saved.snapshot is None and not any(saved.records.values()):
+            raise  # nothing was replayed: not the state's fault
+        raise ValueError(
+            f"its saved state is damaged: a record lacks or mistypes a field "
+            f"({type(e).__name__}: {e}); move the state aside to start the job anew"
+        ) from None
+
+
+def _open(
+    params: CoordinatorParams,
+    store: StateStore,
+    saved: SavedJob,
+    record: JobRecord | None,
+    token: int,
+    backend: Backend,
+    spec_for: SpecFactory,
+    clock: Callable[[], float] | None,
+) -> Coordinator:
+    """What :func:`open_coordinator` does, any error raised as it comes.
 
     ``token`` is the store's fencing token: lease ids start above every earlier master's,
     and the job settings carry it to the PS's checkpoints.
