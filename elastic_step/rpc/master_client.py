@@ -1,7 +1,8 @@
 """How workers and PS call the master.
 
 A master that died comes back (the same ``train`` command, run again) on the same address:
-while it is away (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``) a call is retried with capped
+while it is away (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, or ``CANCELLED``: a master that
+stops, handing the job over, cancels the calls in flight) a call is retried with capped
 exponential backoff until ``timeout_s`` has passed without an answer
 (:class:`MasterUnreachableError`). Any other status is the master's answer, and retrying
 would not change it: :class:`MasterRejectedError` carries its message, and the caller exits.
@@ -20,7 +21,14 @@ from elastic_step.rpc.auth import Credentials, authenticated_channel
 
 log = logging.getLogger(__name__)
 
-_RETRIED = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# CANCELLED: only a server that stops cancels a call here (no client cancels its own), and
+# an answer lost that way is a case the master handles: the report again is ignored as stale,
+# the task in the lost answer goes back to the queue (see NextTaskRequest.held_leases).
+_RETRIED = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+}
 CALL_TIMEOUT_S = 10.0
 #: How often workers and PS heartbeat the master (its liveness deadlines count in these).
 HEARTBEAT_S = 2.0

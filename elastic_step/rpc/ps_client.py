@@ -31,9 +31,14 @@ CHANNEL_OPTIONS = [
 ]
 
 
-# The statuses of a shard that is away or starting; a relaunched shard without parameters
-# answers UNAVAILABLE too (see ps/server.py).
-_UNAVAILABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# The statuses of a shard that is away, starting or stopping (a stopping server cancels the
+# calls in flight); a relaunched shard without parameters answers UNAVAILABLE too (see
+# ps/server.py).
+_UNAVAILABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+}
 
 
 class PSUnavailableError(Exception):

@@ -200,11 +200,15 @@ def _lost_report(argo, core, lost: list, first_master: str, second_master: str) 
     both masters' logs."""
     parts = [f"the first master's log, last lines:\n{first_master[-3000:]}"]
     for pod in lost:
-        now = core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
-        statuses = [(s.name, s.state.to_dict()) for s in now.status.container_statuses or []]
+        try:
+            now = core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+            statuses = [(s.name, s.state.to_dict()) for s in now.status.container_statuses or []]
+            phase = now.status.phase
+        except client.ApiException as e:  # the master deletes the pods of the lost
+            phase, statuses = f"gone ({e.status})", []
         log = container_log(argo.cluster.workdir, pod)
         parts.append(
-            f"{pod.metadata.name}: phase {now.status.phase}, containers {statuses}; "
+            f"{pod.metadata.name}: phase {phase}, containers {statuses}; "
             f"log, last lines:\n{log[-3000:]}"
         )
     parts.append(f"the retried master's log:\n{second_master}")
