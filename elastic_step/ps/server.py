@@ -192,13 +192,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         job at once (:attr:`failure`, which the master hears at the next heartbeat); any
         other error is tried again at the next checkpoint, ``CHECKPOINT_ATTEMPTS`` in a row
         at most."""
-        directory = OutputLayout(self.settings.output_dir).checkpoint_dir(
-            self.shard.shard, self.shard.num_ps
-        )
         try:
             self.save_checkpoint()
         except (OSError, InputError) as e:
             self._failed_saves += 1
+            directory = OutputLayout(self.settings.output_dir).checkpoint_dir(
+                self.shard.shard, self.shard.num_ps
+            )
             lasting = isinstance(e, InputError) or e.errno in _LASTING_ERRNOS
             problem = f"cannot write a checkpoint in {directory}: {_describe(e)}"
             if lasting or self._failed_saves >= CHECKPOINT_ATTEMPTS:
