@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup lock browser demo test test-unit test-e2e test-k8s test-argo cluster argo kfp kfp-ui mlmd mariadb lint format proto clean \
 	components bench bench-throughput bench-embedding bench-master bench-goodput \
-	bench-preprocess bench-preauth bench-k8s bench-kfp
+	bench-preprocess bench-preauth bench-tls bench-k8s bench-kfp
 
 setup: $(STAMP)
 
@@ -101,7 +101,7 @@ components: $(STAMP)
 	$(BIN)/python -m pipelines.render
 
 # Benchmarks print their figures (see bench/README.md); none fails on a missed target.
-bench: bench-throughput bench-embedding bench-master bench-goodput bench-preprocess bench-preauth
+bench: bench-throughput bench-embedding bench-master bench-goodput bench-preprocess bench-preauth bench-tls
 
 bench-throughput: $(STAMP)
 	$(BIN)/python bench/throughput.py
@@ -114,6 +114,10 @@ bench-master: $(STAMP)
 
 bench-preauth: $(STAMP)
 	$(BIN)/python bench/preauth_rss.py
+
+# What mutual TLS costs: each elastic run of bench-throughput again with --tls on.
+bench-tls: $(STAMP)
+	$(BIN)/python bench/throughput.py --only elastic --tls-cost
 
 bench-goodput: $(STAMP)
 	$(BIN)/python bench/goodput.py

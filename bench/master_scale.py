@@ -14,7 +14,7 @@ Two processes, no TensorFlow in either:
 - **the bench** (this file, run plainly): a ``grpc.aio`` client running one coroutine per
   simulated worker (plus one for its heartbeats, every ``HEARTBEAT_S`` as a real worker) and
   one for the simulated PS, each with its own channel and its own credentials
-  (``auth.Credentials.for_instance``, from the secret in its launch spec). A worker calls
+  (``auth.Credentials.from_env``, from the token in its launch spec). A worker calls
   Register, GetPSAddresses, then NextTask; it "trains" each task for ``--task-seconds``
   (+/-20 %) while its next NextTask, reporting the task before (with its lease id), fetches
   the next one, as a real worker does. The bench starts a simulated instance whenever the
@@ -152,6 +152,7 @@ def _master_main(config: dict) -> int:
     from elastic_step.master.config import TrainConfig
     from elastic_step.master.coordinator import CoordinatorParams
     from elastic_step.master.job import Job
+    from elastic_step.master.job_keys import JobKeys
     from elastic_step.master.job_reporter import JobReporter
     from elastic_step.master.persistence import SavedJob
     from elastic_step.master.servicer import MasterServicer
@@ -572,7 +573,9 @@ def _master_main(config: dict) -> int:
             os.fsync = counted_fsync
             code = None
             try:
-                self._secret = self.store.job_secret()
+                self._keys = JobKeys(
+                    self.store.job_secret(), self.config.resolved_job_name, tls=False
+                )
                 saved = SavedJob.of(self.store.load())
                 self.backend = SimBackend()
                 self._build(saved, None, token)
@@ -659,7 +662,7 @@ class Sim:
         self.role = role
         self.slot = slot
         self.pid = pid
-        # A worker gets its own token, a PS the secret: as the master launches them.
+        # Each gets its own token, as the master launches them.
         self.credentials = auth.Credentials.from_env(name, credentials)
         self.lease = 0
         self.batches = 0

@@ -30,9 +30,10 @@ from concurrent import futures
 import grpc
 from elastic_step.ps.server import ParameterServerServicer
 from elastic_step.rpc import auth, ps_pb2_grpc
+from elastic_step.rpc.tokens import TokenSigner
 from elastic_step.rpc.ps_client import CHANNEL_OPTIONS
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS,
-                     interceptors=[auth.AuthInterceptor({SECRET!r})])
+                     interceptors=[auth.AuthInterceptor(TokenSigner({SECRET!r}).verify_key)])
 ps_pb2_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(), server)
 print(server.add_insecure_port("127.0.0.1:0"), flush=True)
 server.start()
@@ -63,7 +64,9 @@ def run_case(authenticated: bool, calls: int, mib: int) -> dict[str, float]:
         payload = big.SerializeToString()
         if authenticated:
             credentials = auth.Credentials.for_instance(SECRET, "worker-0")
-            channel = auth.authenticated_channel(address, credentials, options=CHANNEL_OPTIONS)
+            channel = auth.authenticated_channel(
+                address, credentials, server_role="ps", options=CHANNEL_OPTIONS
+            )
         else:
             channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         expected = grpc.StatusCode.UNAVAILABLE if authenticated else grpc.StatusCode.UNAUTHENTICATED

@@ -101,8 +101,8 @@ def prepare_data(args, data_dir: str) -> None:
 # -- run A: elastic-step train --
 
 
-def run_elastic(args, data_dir: str, local_steps: int) -> dict:
-    output = os.path.join(args.workdir, f"elastic-run-k{local_steps}")
+def run_elastic(args, data_dir: str, local_steps: int, tls: str = "off") -> dict:
+    output = os.path.join(args.workdir, f"elastic-run-k{local_steps}-tls-{tls}")
     shutil.rmtree(output, ignore_errors=True)  # a leftover job would be resumed, not rerun
     command = [
         *elastic_step_command(),
@@ -129,6 +129,8 @@ def run_elastic(args, data_dir: str, local_steps: int) -> dict:
         str(args.seed),
         "--local-steps",
         str(local_steps),
+        "--tls",
+        tls,
     ]
     log("elastic: " + " ".join(command))
     started = time.perf_counter()
@@ -153,9 +155,13 @@ def run_elastic(args, data_dir: str, local_steps: int) -> dict:
     if not rate:
         raise SystemExit(f"{output}/summary.json has no examples_per_second: {summary}")
     accuracy = (summary.get("metrics") or {}).get("accuracy")
-    log(f"elastic K={local_steps}: {rate:.0f} examples/s (job {wall:.1f}s, accuracy {accuracy})")
+    log(
+        f"elastic K={local_steps} TLS {tls}: {rate:.0f} examples/s (job {wall:.1f}s, "
+        f"accuracy {accuracy})"
+    )
     return {
         "local_steps": local_steps,
+        "tls": tls,
         "examples_per_second": rate,
         "job_wall_s": round(wall, 2),
         "model_version": summary.get("model_version"),
@@ -443,6 +449,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["elastic", "keras", "pss"],
         help="run just one side (no ratio is printed)",
     )
+    parser.add_argument(
+        "--tls-cost",
+        action="store_true",
+        help="run each elastic run again with --tls on (mutual TLS between master, worker "
+        "and PS), right after the one without, and print the ratio with / without",
+    )
     parser.add_argument("--pss-child", metavar="OUT.json", help=argparse.SUPPRESS)
     parser.add_argument("-v", "--verbose", action="store_true", help="show all training logs")
     return parser.parse_args(argv)
@@ -482,6 +494,11 @@ def main(argv: list[str] | None = None) -> int:
         for k in local_steps:
             results["elastic_runs"].append(run_elastic(args, data_dir, k))
             loads[f"after_elastic_k{k}"] = load_average()
+            if args.tls_cost:
+                results.setdefault("elastic_tls_runs", []).append(
+                    run_elastic(args, data_dir, k, tls="on")
+                )
+                loads[f"after_elastic_k{k}_tls"] = load_average()
         results["elastic"] = results["elastic_runs"][-1]
     while run_keras_side and len(keras_runs) < max(1, args.keras_runs):
         keras_runs.append(run_keras(args, data_dir))
@@ -537,6 +554,12 @@ def main(argv: list[str] | None = None) -> int:
 
     for run in results.get("elastic_runs", []):
         row(f"elastic-step train, K={run['local_steps']} (1 w, 1 PS)", run)
+    tls_runs = results.get("elastic_tls_runs", [])
+    for plain, tls in zip(results.get("elastic_runs", [])[: len(tls_runs)], tls_runs, strict=True):
+        row(f"  ... with mutual TLS, K={tls['local_steps']}", tls)
+        tls_ratio = tls["examples_per_second"] / plain["examples_per_second"]
+        label = f"  ratio TLS / plain, K={tls['local_steps']}"
+        print(f"{label:<40}{tls_ratio:>12.3f}")
     if "pss" in results:
         row("TF ParameterServerStrategy (1 w, 1 PS)", results["pss"])
     if "keras" in results:

@@ -320,6 +320,17 @@ def _add_job_flags(p: argparse.ArgumentParser, *, ps: bool) -> None:
         help="serve Prometheus metrics at http://HOST:N/metrics, where HOST is where the "
         "master listens (0: any free port, named in status.json; default: no endpoint)",
     )
+    from elastic_step.master.config import TLS_CHOICES
+
+    g.add_argument(
+        "--tls",
+        choices=TLS_CHOICES,
+        default="auto",
+        help=f"mutual TLS between the master and its {members}, "
+        "under a certificate authority the master makes for the job: only the job's own "
+        "instances connect, and no one on the network reads the traffic (default auto: on "
+        "with --backend kubernetes, off for local processes)",
+    )
     add_kubernetes_flags(p, ps=ps)
 
 
@@ -341,6 +352,7 @@ def _job_settings(args: argparse.Namespace) -> dict:
         "job_name": args.job_name,
         "state_dir": args.state_dir,
         "metrics_port": args.metrics_port,
+        "tls": args.tls,
     }
 
 

@@ -47,6 +47,7 @@ def dry_run(config: TrainConfig, options, out: TextIO | None = None) -> int:
     and reads neither the data nor the model definition."""
     from elastic_step.backends import kubernetes_pods
     from elastic_step.backends.kubernetes_options import KubernetesOptions
+    from elastic_step.master.job_keys import JobKeys
     from elastic_step.master.launch import planned_specs
 
     options = options or KubernetesOptions()
@@ -63,7 +64,7 @@ def dry_run(config: TrainConfig, options, out: TextIO | None = None) -> int:
         ps=config.ps,
         workers=config.workers,
         master_address=address,
-        secret=kubernetes_pods.SECRET_PLACEHOLDER,
+        keys=JobKeys(kubernetes_pods.SECRET_PLACEHOLDER, job, tls=config.uses_tls),
     )
     objects = kubernetes_pods.plan_job_objects(
         job, options, specs, port, namespace=namespace, image=options.image

@@ -2,12 +2,12 @@
 Service, and the master's own pod.
 
 **Objects.** The job has a Secret ``<job>-secret`` (the values of each
-``LaunchSpec.secret_env`` under ``<instance>.<VARIABLE>``, which the pod reads with
-``secretKeyRef``: no secret value is ever in a pod spec or a log; an ended instance's keys are
-removed) and a headless Service ``<job>-master`` that selects the pod labelled
-``elastic-step/master: <job>``. The master labels its own pod so (and takes the label off any
-older master pod), so instances reach ``<job>-master.<namespace>.svc:<port>`` whichever pod
-the master runs in now. The manifests are built in ``kubernetes_pods.py``.
+``LaunchSpec.secret_env`` under ``<VARIABLE>.<hash>``, which the pod reads with
+``secretKeyRef``: no secret value is ever in a pod spec or a log; a key goes when the last
+instance that read it has ended) and a headless Service ``<job>-master`` that selects the pod
+labelled ``elastic-step/master: <job>``. The master labels its own pod so (and takes the
+label off any older master pod), so instances reach ``<job>-master.<namespace>.svc:<port>``
+whichever pod the master runs in now. The manifests are built in ``kubernetes_pods.py``.
 
 **Ownership.** Pods, the Service and the Secret are never owned by the master's pod: the
 garbage collector would delete them when that pod is replaced, which is exactly when a new
@@ -87,6 +87,9 @@ class JobObjects:
         self._owner: dict[str, Any] | None = None
         #: What the job's Secret holds, as this master put it there.
         self._secret_values: dict[str, str] = {}
+        # Which instances this master launched read each key (a key shared by a role's
+        # instances goes only when the last of them has ended).
+        self._secret_users: dict[str, set[str]] = {}
         self._secret_made = False
         self._listen_host: str | None = None
 
@@ -175,8 +178,10 @@ class JobObjects:
 
     def ensure_secret(self, spec: LaunchSpec) -> None:
         """Puts the instance's secret values into the job's Secret, before its pod exists."""
-        values = {pods.secret_key(spec.name, k): v for k, v in spec.secret_env.items()}
+        values = {pods.secret_key(k, v): v for k, v in spec.secret_env.items()}
         with self._setup_lock:
+            for key in values:
+                self._secret_users.setdefault(key, set()).add(spec.name)
             if all(self._secret_values.get(k) == v for k, v in values.items()):
                 return
             body = pods.build_secret(self._job, self._namespace, values, self._owner)
@@ -210,24 +215,30 @@ class JobObjects:
         started), so that the Secret does not grow with every replacement."""
         if spec is None or not spec.secret_env:
             return  # adopted: its keys go with the Secret at the end of the job
-        keys = [pods.secret_key(spec.name, k) for k in spec.secret_env]
         with self._setup_lock:
-            if not any(k in self._secret_values for k in keys):
+            keys = []
+            for key in (pods.secret_key(k, v) for k, v in spec.secret_env.items()):
+                users = self._secret_users.get(key, set())
+                users.discard(spec.name)
+                if not users and self._secret_values.pop(key, None) is not None:
+                    self._secret_users.pop(key, None)
+                    keys.append(key)
+            if not keys:
                 return
-            for key in keys:
-                self._secret_values.pop(key, None)
-        try:
-            self._kube.call(
-                "patch",
-                "secrets",
-                self._kube.core.patch_namespaced_secret,
-                pods.secret_name(self._job),
-                self._namespace,
-                {"data": dict.fromkeys(keys)},
-            )
-        except KubeCallError as e:
-            if not e.not_found:
-                log.warning("%s", e)
+            # Under the lock: a key shared with an instance being launched must not be
+            # taken out after that launch put it back.
+            try:
+                self._kube.call(
+                    "patch",
+                    "secrets",
+                    self._kube.core.patch_namespaced_secret,
+                    pods.secret_name(self._job),
+                    self._namespace,
+                    {"data": dict.fromkeys(keys)},
+                )
+            except KubeCallError as e:
+                if not e.not_found:
+                    log.warning("%s", e)
 
     # -- the master's pod and its Service --
 

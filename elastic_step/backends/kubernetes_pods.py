@@ -7,7 +7,7 @@ the same objects. Names and labels:
   ``elastic-step/job``, ``elastic-step/role``, ``elastic-step/index``,
   ``elastic-step/instance`` and ``app.kubernetes.io/managed-by: elastic-step``;
 - the job's Secret ``<job>-secret``: the values of each instance's ``LaunchSpec.secret_env``,
-  under the keys ``<instance>.<VARIABLE>`` (credentials differ per instance);
+  under the keys ``<VARIABLE>.<hash of the value>`` (see :func:`secret_key`);
 - the headless Service ``<job>-master``, selecting the pod labelled
   ``elastic-step/master: <job>`` (the current master);
 - the owner ConfigMap ``<job>-owner``, when nothing else owns the job (see
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -68,10 +69,12 @@ def owner_name(job_name: str) -> str:
     return f"{job_name}-owner"
 
 
-def secret_key(instance: str, variable: str) -> str:
-    """The key of the job's Secret that holds ``variable`` for ``instance``: credentials may
-    differ per instance (each worker has its own token)."""
-    return f"{instance}.{variable}"
+def secret_key(variable: str, value: str) -> str:
+    """The key of the job's Secret that holds ``value`` of ``variable``. Named by the value:
+    what every instance of a role shares (its certificate) is kept once, and what differs
+    (each instance's token) once per instance, so the Secret stays far below its 1 MiB
+    limit with a thousand workers."""
+    return f"{variable}.{hashlib.sha256(value.encode()).hexdigest()[:20]}"
 
 
 def storage_secret_env(secret: str) -> list[dict[str, Any]]:
@@ -366,11 +369,11 @@ def build_pod(
             "valueFrom": {
                 "secretKeyRef": {
                     "name": secret_name(job_name),
-                    "key": secret_key(spec.name, variable),
+                    "key": secret_key(variable, value),
                 }
             },
         }
-        for variable in spec.secret_env
+        for variable, value in spec.secret_env.items()
     ]
     own_names = {e["name"] for e in own_env}
     main["env"] = own_env + [e for e in main.get("env") or [] if e["name"] not in own_names]
@@ -466,7 +469,9 @@ def plan_job_objects(
     PS and worker pods."""
     owner_object = build_owner(job_name, namespace)
     owner = owner_reference("v1", "ConfigMap", owner_name(job_name), PLACEHOLDER_UID)
-    keys = [secret_key(spec.name, variable) for spec in specs for variable in spec.secret_env]
+    keys = list(
+        dict.fromkeys(secret_key(k, v) for spec in specs for k, v in spec.secret_env.items())
+    )
     objects = [
         owner_object,
         placeholder_secret(job_name, namespace, keys, owner),

@@ -158,6 +158,10 @@ _JOB: dict[str, Deviation | tuple[Deviation, ...]] = {
         "local directory that outlives it"
     ),
     "--namespace": LeftOut("the job's pods run in the step's own namespace"),
+    "--tls": LeftOut(
+        "a step's pods always talk mutual TLS (auto, with pods): the pipeline's pods share "
+        "a network with other tenants"
+    ),
     "--kubeconfig": LeftOut("a step reaches its own cluster, from inside it"),
     "--image": OwnDefault(IMAGE, "Argo: also the image of the step itself", (ARGO,)),
     "--worker-cpu": OwnDefault("1", _ARGO_RESOURCES, (ARGO,)),

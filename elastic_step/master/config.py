@@ -39,6 +39,9 @@ FIXED_SETTINGS = {
 }
 
 
+TLS_CHOICES = ("auto", "on", "off")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """What every job of the engine runs with: where it writes, its workers and their
@@ -70,6 +73,8 @@ class EngineConfig:
     state_dir: str | None = None
     #: Serve Prometheus metrics on this port (0: any free one); None: no endpoint.
     metrics_port: int | None = None
+    #: Mutual TLS between master, PS and workers: "on", "off", or "auto" (on with pods).
+    tls: str = "auto"
 
     def __post_init__(self) -> None:
         _at_least(
@@ -90,6 +95,8 @@ class EngineConfig:
                 "--port": self.port,
             },
         )
+        if self.tls not in TLS_CHOICES:
+            raise InputError(f"--tls must be one of {', '.join(TLS_CHOICES)}, got {self.tls!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise InputError(f"--metrics-port must be in 0..65535, got {self.metrics_port}")
         if self.job_name is not None and not JOB_NAME.fullmatch(self.job_name):
@@ -123,6 +130,12 @@ class EngineConfig:
         ):
             if seconds <= 0:
                 raise InputError(f"{flag} must be > 0 seconds, got {seconds}")
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether the job's traffic is mutual TLS: ``--tls``, where "auto" is on for the
+        kubernetes backend (pods talk over a network others share) and off for local."""
+        return self.tls == "on" or (self.tls == "auto" and self.backend == "kubernetes")
 
     @property
     def resolved_job_name(self) -> str:

@@ -25,6 +25,7 @@ from elastic_step.data import storage
 from elastic_step.errors import InputError, JobFailedError
 from elastic_step.master import reports
 from elastic_step.master.coordinator import Coordinator, open_coordinator
+from elastic_step.master.job_keys import JobKeys
 from elastic_step.master.job_kind import JobKind, RunContext
 from elastic_step.master.job_record import JobRecord, resumable_record
 from elastic_step.master.job_reporter import JobReporter
@@ -46,7 +47,6 @@ from elastic_step.master.state_store import (
 )
 from elastic_step.master.teardown import STOP_GRACE_S, TICK_S, stop_all, wait_until_gone
 from elastic_step.output_layout import OutputLayout
-from elastic_step.rpc import auth
 
 log = logging.getLogger("elastic_step.master")
 
@@ -74,11 +74,11 @@ class Job:
         self.backend: Backend | None = None
         self.coordinator: Coordinator | None = None
         self._master_address = ""
-        self._secret = ""
+        self._keys: JobKeys | None = None  # from the job's secret, once the lease is held
         self._holder = f"{socket.gethostname()}:{os.getpid()}"  # of the lease and the output
 
     def _launch_spec(self, role: Role, slot: int, name: str) -> LaunchSpec:
-        return launch_spec(role, slot, name, self._master_address, self._secret)
+        return launch_spec(role, slot, name, self._master_address, self._keys.instance_env(name))
 
     # -- the run --
 
@@ -124,7 +124,9 @@ class Job:
         return status
 
     def _run(self, token: int) -> int:
-        self._secret = self.store.job_secret()
+        self._keys = JobKeys(
+            self.store.job_secret(), self.config.resolved_job_name, tls=self.config.uses_tls
+        )
         saved = SavedJob.of(self.store.load())
         record = resumable_record(saved, self.output, self.kind.fixed_settings())
         if record is not None and record.phase is Phase.SUCCEEDED:
@@ -170,7 +172,7 @@ class Job:
         self._context = RunContext(
             coordinator=self.coordinator,
             store=self.store,
-            credentials=auth.Credentials.for_instance(self._secret, auth.MASTER_NAME),
+            credentials=self._keys.master_credentials(),
             paths=self.paths,
         )
         self.kind.prepare_output(new=record is None)
@@ -181,7 +183,7 @@ class Job:
         """Starts the gRPC server (and the metrics endpoint) where instances reach it."""
         host = self.backend.listen_host()  # loopback for local processes
         server, port = start_master_server(
-            self.coordinator, self._secret, host, self.coordinator.record.port or self.config.port
+            self.coordinator, self._keys, host, self.coordinator.record.port or self.config.port
         )
         self._master_address = self.reporter.master_address = self.backend.advertise_master(port)
         if self.config.metrics_port is not None:

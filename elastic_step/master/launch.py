@@ -7,18 +7,18 @@ import sys
 
 from elastic_step.backends import Role
 from elastic_step.backends.api import LaunchSpec
-from elastic_step.rpc import auth
+from elastic_step.master.job_keys import JobKeys
 
 
-def launch_spec(role: Role, slot: int, name: str, master_address: str, secret: str) -> LaunchSpec:
-    """What the backend is asked to start for instance ``name`` of ``role`` in ``slot``."""
+def launch_spec(
+    role: Role, slot: int, name: str, master_address: str, credentials: dict[str, str]
+) -> LaunchSpec:
+    """What the backend is asked to start for instance ``name`` of ``role`` in ``slot``, with
+    ``credentials`` (its secret environment: see ``JobKeys.instance_env``)."""
     if role is Role.PS:
         args = ["ps", "--master", master_address, "--shard", str(slot), "--name", name]
-        # A PS checks every caller's token, so it holds the secret.
-        credentials = {auth.SECRET_ENV: secret}
     else:
         args = ["worker", "--master", master_address, "--name", name]
-        credentials = {auth.TOKEN_ENV: auth.token_for(secret, name)}
     return LaunchSpec(
         name,
         role,
@@ -28,11 +28,12 @@ def launch_spec(role: Role, slot: int, name: str, master_address: str, secret: s
     )
 
 
-def planned_specs(*, ps: int, workers: int, master_address: str, secret: str) -> list[LaunchSpec]:
+def planned_specs(*, ps: int, workers: int, master_address: str, keys: JobKeys) -> list[LaunchSpec]:
     """The instances a new job starts with: every PS shard, then the first ``workers``
     workers, under the names the instance manager gives them (for ``--dry-run``)."""
-    specs = [launch_spec(Role.PS, s, f"ps-{s}", master_address, secret) for s in range(ps)]
-    specs += [
-        launch_spec(Role.WORKER, s, f"worker-{s}", master_address, secret) for s in range(workers)
+    names = [(Role.PS, s, f"ps-{s}") for s in range(ps)]
+    names += [(Role.WORKER, s, f"worker-{s}") for s in range(workers)]
+    return [
+        launch_spec(role, slot, name, master_address, keys.instance_env(name))
+        for role, slot, name in names
     ]
-    return specs

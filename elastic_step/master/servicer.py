@@ -23,10 +23,12 @@ import grpc
 
 from elastic_step.errors import InputError
 from elastic_step.master.coordinator import CallerError, Coordinator
+from elastic_step.master.job_keys import JobKeys
 from elastic_step.master.state_store import StateStoreError
 from elastic_step.master.task_manager import InvalidReportError
 from elastic_step.rpc import master_pb2, master_pb2_grpc
-from elastic_step.rpc.auth import AsyncAuthInterceptor, caller_name
+from elastic_step.rpc.auth import AsyncAuthInterceptor, add_port, caller_name, caller_token
+from elastic_step.rpc.tokens import TokenSigner
 
 log = logging.getLogger("elastic_step.master")
 
@@ -65,8 +67,9 @@ def _handler(method):
 
 
 class MasterServicer(master_pb2_grpc.MasterServicer):
-    def __init__(self, coordinator: Coordinator) -> None:
+    def __init__(self, coordinator: Coordinator, signer: TokenSigner) -> None:
         self._coordinator = coordinator
+        self._signer = signer
 
     @_handler
     def Register(self, request, context):
@@ -83,8 +86,11 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
 
     @_handler
     def Heartbeat(self, request, context):
-        finished = self._coordinator.heartbeat(caller_name(context), request)
-        return master_pb2.HeartbeatResponse(finished=finished)
+        name = caller_name(context)
+        finished = self._coordinator.heartbeat(name, request)
+        # A token past half its life is replaced here, long before it expires.
+        token = self._signer.renewal(name, caller_token(context))
+        return master_pb2.HeartbeatResponse(finished=finished, token=token)
 
 
 class MasterServer:
@@ -93,9 +99,9 @@ class MasterServer:
     #: How long starting may take before it is given up.
     START_TIMEOUT_S = 30.0
 
-    def __init__(self, coordinator: Coordinator, secret: str) -> None:
+    def __init__(self, coordinator: Coordinator, keys: JobKeys) -> None:
         self._coordinator = coordinator
-        self._secret = secret
+        self._keys = keys
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="master-grpc", daemon=True
@@ -114,9 +120,11 @@ class MasterServer:
             raise InputError(f"cannot listen on port {port}: {e}") from e
 
     async def _start(self, host: str, port: int) -> int:
-        server = grpc.aio.server(interceptors=[AsyncAuthInterceptor(self._secret)])
-        master_pb2_grpc.add_MasterServicer_to_server(MasterServicer(self._coordinator), server)
-        bound = server.add_insecure_port(f"{host}:{port}")
+        keys = self._keys
+        server = grpc.aio.server(interceptors=[AsyncAuthInterceptor(keys.verify_key)])
+        servicer = MasterServicer(self._coordinator, keys.signer)
+        master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
+        bound = add_port(server, f"{host}:{port}", keys.tls("master"))
         await server.start()
         self._server = server
         return bound
@@ -138,12 +146,12 @@ class MasterServer:
 
 
 def start_master_server(
-    coordinator: Coordinator, secret: str, host: str, port: int
+    coordinator: Coordinator, keys: JobKeys, host: str, port: int
 ) -> tuple[MasterServer, int]:
     """The master's gRPC server, started on ``host:port`` (port 0: a free one), with every
-    call authenticated by the job's secret; and the port it took, recorded in the job's
-    record for the next master."""
-    server = MasterServer(coordinator, secret)
+    call authenticated by a token the master signed (and with TLS, under the job's CA); and
+    the port it took, recorded in the job's record for the next master."""
+    server = MasterServer(coordinator, keys)
     bound = server.start(host, port)
     with coordinator.lock:
         coordinator.record.set_port(bound)

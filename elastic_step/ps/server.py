@@ -298,7 +298,14 @@ def initial_tables(definition, seed: int) -> TableInitializer:
     return initial
 
 
-def serve(master_address: str, shard_index: int, name: str, host: str, secret: str) -> int:
+def serve(
+    master_address: str,
+    shard_index: int,
+    name: str,
+    host: str,
+    credentials: auth.Credentials,
+    verify_key: str,
+) -> int:
     """Runs the PS until the job is finished (0), the master is gone or rejects it (1), or a
     stop signal (128 + signal)."""
     from elastic_step.data.schema import Schema
@@ -308,12 +315,12 @@ def serve(master_address: str, shard_index: int, name: str, host: str, secret: s
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
         options=CHANNEL_OPTIONS,
-        interceptors=[auth.AuthInterceptor(secret)],
+        interceptors=[auth.AuthInterceptor(verify_key)],
     )
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
-    port = server.add_insecure_port(f"{host}:0")
+    port = auth.add_port(server, f"{host}:0", credentials.tls)
     address = f"{host}:{port}"
-    master = MasterClient(master_address, auth.Credentials.for_instance(secret, name))
+    master = MasterClient(master_address, credentials)
     # Signal handlers can only be set in the main thread (a PS process runs serve() there).
     in_main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, _on_stop_signal) for sig in _STOP_SIGNALS if in_main}
@@ -365,6 +372,7 @@ def serve(master_address: str, shard_index: int, name: str, host: str, secret: s
             if reply.finished:
                 log.info("%s: the job is finished; exiting", name)
                 return 0
+            credentials.renew(reply.token)
             servicer.report_now.wait(HEARTBEAT_S)  # a failure is told at once
             servicer.report_now.clear()
     except _Stopped as e:
@@ -392,9 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     # Before TensorFlow runs anything: thread pools sized to the container's CPU limit.
     configure_threads()
     try:
-        secret = auth.secret_from_env()
-    except auth.MissingSecretError as e:
+        # A PS checks its callers' tokens with the master's public key; it holds no key
+        # that makes one, so the user's code that it runs cannot either.
+        credentials = auth.Credentials.from_env(args.name)
+        verify_key = auth.verify_key_from_env()
+    except auth.MissingCredentialsError as e:
         log.error("%s: %s; exiting", args.name, e)
         return 1
     host = os.environ.get("ELASTIC_STEP_HOST", "127.0.0.1")
-    return serve(args.master, args.shard, args.name, host, secret)
+    return serve(args.master, args.shard, args.name, host, credentials, verify_key)

@@ -1,34 +1,40 @@
 """Who is calling: every gRPC call between the master, the PS and the workers is authenticated.
 
-The master makes one secret per job (:func:`new_secret`), persists it, and gives it to every
-instance it launches in the environment variable :data:`SECRET_ENV`, never in argv. An
-instance proves its name with ``token_for(secret, name)``, an HMAC-SHA256 of the name: the
-client side adds both to the metadata of every call (:func:`authenticated_channel`); the
-server side (:class:`AuthInterceptor`) answers a call without a valid pair with
-``UNAUTHENTICATED`` before any handler runs. Handlers read the verified name with
-:func:`caller_name`. The master calls the PS as :data:`MASTER_NAME`.
+The master makes one secret per job (:func:`new_secret`), persists it, and keeps it: from it
+it derives the key that signs instance tokens (:mod:`elastic_step.rpc.tokens`) and, with
+TLS, the job's CA (:mod:`elastic_step.rpc.tls`). Every instance it launches gets, in its
+environment and never in argv, its own token (:data:`TOKEN_ENV`), the public key that checks
+tokens (:data:`VERIFY_KEY_ENV`) and, with TLS, its role's certificate. The client side adds
+the name and token to the metadata of every call (:func:`authenticated_channel`); the server
+side (:class:`AuthInterceptor`) answers a call without a valid pair with ``UNAUTHENTICATED``
+before any handler runs, and before its message is read. Handlers read the verified name
+with :func:`caller_name`. The master calls the PS as :data:`MASTER_NAME`.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
-import hmac
 import logging
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import grpc
 
+from elastic_step.rpc.tls import TlsFiles, server_name
+from elastic_step.rpc.tokens import TokenSigner, TokenVerifier
+
 log = logging.getLogger(__name__)
 
-#: The environment variable that carries the job's secret to the PS, which check callers.
-SECRET_ENV = "ELASTIC_STEP_JOB_SECRET"
-#: The environment variable that carries a worker its own token, and nothing more: the
-#: user's code runs in workers, and must not be able to act as another instance.
+#: The environment variable that carries an instance its own token, and nothing more: the
+#: user's code runs in workers and PS, and must not be able to act as another instance.
 TOKEN_ENV = "ELASTIC_STEP_TOKEN"
+#: The public key that checks tokens (hex): a PS checks its callers with it.
+VERIFY_KEY_ENV = "ELASTIC_STEP_VERIFY_KEY"
+#: With TLS: the job CA's certificate, and the instance's role's certificate and key (PEM).
+TLS_CA_ENV = "ELASTIC_STEP_TLS_CA"
+TLS_CERT_ENV = "ELASTIC_STEP_TLS_CERT"
+TLS_KEY_ENV = "ELASTIC_STEP_TLS_KEY"
 #: The identity of the master when it calls the PS.
 MASTER_NAME = "master"
 # Metadata keys: lowercase ASCII, and no "-bin" suffix, as gRPC wants for text values.
@@ -38,8 +44,8 @@ TOKEN_KEY = "elastic-step-token"
 _MAX_LOGGED_NAME = 80
 
 
-class MissingSecretError(Exception):
-    """The job's secret is not in this process's environment."""
+class MissingCredentialsError(Exception):
+    """This instance's credentials are not in its environment."""
 
 
 def new_secret() -> str:
@@ -47,50 +53,89 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
-def token_for(secret: str, name: str) -> str:
-    """The token that proves ``name``: HMAC-SHA256(secret, name), hex."""
-    return hmac.new(secret.encode(), name.encode(), hashlib.sha256).hexdigest()
+def role_of(name: str) -> str:
+    """The role whose certificate instance ``name`` holds: master, ps or worker."""
+    if name == MASTER_NAME:
+        return "master"
+    return "ps" if name.startswith("ps-") else "worker"
 
 
-def secret_from_env(environ: Mapping[str, str] | None = None) -> str:
-    """The job's secret from :data:`SECRET_ENV`; :class:`MissingSecretError` if unset or empty."""
-    secret = (os.environ if environ is None else environ).get(SECRET_ENV, "")
-    if not secret:
-        raise MissingSecretError(
-            f"{SECRET_ENV} is not set: the master gives the job's secret to every "
-            "instance it launches; workers and PS cannot run without it"
+def _required(environ: Mapping[str, str], variable: str) -> str:
+    value = environ.get(variable, "")
+    if not value:
+        raise MissingCredentialsError(
+            f"{variable} is not set: the master gives every instance it launches its "
+            "credentials; workers and PS cannot run without them"
         )
-    return secret
+    return value
 
 
-@dataclass(frozen=True)
+def verify_key_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """The key that checks tokens, from :data:`VERIFY_KEY_ENV`."""
+    return _required(os.environ if environ is None else environ, VERIFY_KEY_ENV)
+
+
 class Credentials:
-    """A caller's name and the token that proves it. The token is left out of ``repr``."""
+    """A caller's name and the token that proves it, and with TLS its role's certificate.
 
-    name: str
-    token: str = field(repr=False)
+    The token is renewed in place (:meth:`renew`): channels made with these credentials send
+    the newest one. Neither the token nor the key is in ``repr``."""
+
+    def __init__(self, name: str, token: str, tls: TlsFiles | None = None) -> None:
+        self.name = name
+        self.token = token
+        self.tls = tls
+
+    def __repr__(self) -> str:
+        return f"Credentials(name={self.name!r}, tls={self.tls is not None})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Credentials):
+            return NotImplemented
+        return (self.name, self.token, self.tls) == (other.name, other.token, other.tls)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: renewed in place
 
     @classmethod
-    def for_instance(cls, secret: str, name: str) -> Credentials:
-        return cls(name, token_for(secret, name))
+    def for_instance(cls, secret: str, name: str, tls: TlsFiles | None = None) -> Credentials:
+        """Credentials for ``name``, minted from the job's secret (the master's side)."""
+        return cls(name, TokenSigner(secret).token(name), tls)
 
     @classmethod
     def from_env(cls, name: str, environ: Mapping[str, str] | None = None) -> Credentials:
-        """Credentials for ``name``: its token from :data:`TOKEN_ENV`, or one made from the
-        secret in the environment (see :func:`secret_from_env`)."""
+        """Credentials for ``name`` from the environment the master gave this instance: its
+        token, and with TLS its role's certificate. :class:`MissingCredentialsError` when
+        the token is missing."""
         environ = os.environ if environ is None else environ
-        token = environ.get(TOKEN_ENV, "")
-        if token:
-            return cls(name, token)
-        if not environ.get(SECRET_ENV):
-            raise MissingSecretError(
-                f"neither {TOKEN_ENV} nor {SECRET_ENV} is set: the master gives every "
-                "instance it launches its credentials; a worker cannot run without them"
+        token = _required(environ, TOKEN_ENV)
+        tls = None
+        if environ.get(TLS_CA_ENV):
+            tls = TlsFiles(
+                _required(environ, TLS_CA_ENV).encode(),
+                _required(environ, TLS_CERT_ENV).encode(),
+                _required(environ, TLS_KEY_ENV).encode(),
             )
-        return cls.for_instance(secret_from_env(environ), name)
+        return cls(name, token, tls)
+
+    def renew(self, token: str) -> None:
+        """Sends ``token`` from now on (the master's fresher one)."""
+        if token:
+            self.token = token
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return ((NAME_KEY, self.name), (TOKEN_KEY, self.token))
+
+
+class MintedCredentials(Credentials):
+    """The master's own credentials: it holds the signer, and renews its token itself."""
+
+    def __init__(self, signer: TokenSigner, name: str, tls: TlsFiles | None = None) -> None:
+        super().__init__(name, signer.token(name), tls)
+        self._signer = signer
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        self.renew(self._signer.renewal(self.name, self.token))
+        return super().metadata()
 
 
 # -- the client side --
@@ -115,7 +160,7 @@ class _CredentialsInterceptor(
     """Adds the caller's name and token to the metadata of every call."""
 
     def __init__(self, credentials: Credentials) -> None:
-        self._metadata = credentials.metadata()
+        self._credentials = credentials
 
     def _details(self, details: grpc.ClientCallDetails) -> _CallDetails:
         # Drop any name or token the caller set itself: exactly one pair goes out.
@@ -123,7 +168,7 @@ class _CredentialsInterceptor(
         return _CallDetails(
             details.method,
             details.timeout,
-            (*keep, *self._metadata),
+            (*keep, *self._credentials.metadata()),
             details.credentials,
             details.wait_for_ready,
             details.compression,
@@ -143,48 +188,67 @@ class _CredentialsInterceptor(
 
 
 def authenticated_channel(
-    address: str, credentials: Credentials, options: list | None = None
+    address: str,
+    credentials: Credentials,
+    *,
+    server_role: str,
+    options: list | None = None,
 ) -> grpc.Channel:
     """A channel to ``address`` whose every call carries ``credentials``.
 
-    Plain TCP: the token proves the caller's name to a server that holds the secret; it does
-    not hide the traffic.
+    With TLS in the credentials, the channel is encrypted, shows the role's certificate,
+    and connects only to a server that holds ``server_role``'s certificate of the job's CA.
+    Without, it is plain TCP: the token proves the caller's name, and hides nothing.
     """
-    channel = grpc.insecure_channel(address, options=options)
+    if credentials.tls is None:
+        channel = grpc.insecure_channel(address, options=options)
+    else:
+        override = [("grpc.ssl_target_name_override", server_name(server_role))]
+        channel = grpc.secure_channel(
+            address, credentials.tls.channel_credentials(), options=[*(options or []), *override]
+        )
     return grpc.intercept_channel(channel, _CredentialsInterceptor(credentials))
+
+
+def add_port(server, address: str, tls: TlsFiles | None) -> int:
+    """Listens on ``address`` (``host:port``; port 0 for a free one), with TLS when ``tls``
+    is given; the port taken. Works for grpc's thread and asyncio servers alike."""
+    if tls is None:
+        return server.add_insecure_port(address)
+    return server.add_secure_port(address, tls.server_credentials())
 
 
 # -- the server side --
 
 
 class _Gate:
-    """The check that both server interceptors make: a name, and its token under the secret."""
+    """The check that both server interceptors make: a name, and its token, signed by the
+    master and not expired."""
 
-    def __init__(self, secret: str) -> None:
-        if not secret:
-            raise ValueError(f"{type(self).__name__} needs the job's secret; got an empty one")
-        self._secret = secret
+    def __init__(self, verify_key: str) -> None:
+        if not verify_key:
+            raise ValueError(f"{type(self).__name__} needs the job's verify key; got an empty one")
+        self._verifier = TokenVerifier(verify_key)
 
     def problem(self, handler_call_details) -> str | None:
-        """Why the call is refused (logged as one warning, never with a token or the secret),
-        or None when it carries valid credentials."""
+        """Why the call is refused (logged as one warning, never with a token), or None when
+        it carries valid credentials."""
         name, token = _credentials_of(handler_call_details.invocation_metadata)
-        expected = token_for(self._secret, name) if name else ""
-        # compare_digest on bytes: constant time, and no TypeError on non-ASCII input.
-        if name and token and hmac.compare_digest(expected.encode(), token.encode()):
-            return None
-        if not name:
+        if name and token:
+            wrong = self._verifier.problem(name, token)
+            if wrong is None:
+                return None
+            problem = f"caller {name[:_MAX_LOGGED_NAME]!r} with {wrong}"
+        elif not name:
             problem = "no caller name" if not token else "a token but no caller name"
-        elif not token:
-            problem = f"caller {name[:_MAX_LOGGED_NAME]!r} without a token"
         else:
-            problem = f"caller {name[:_MAX_LOGGED_NAME]!r} with a wrong token"
+            problem = f"caller {name[:_MAX_LOGGED_NAME]!r} without a token"
         log.warning("refused %s: %s", handler_call_details.method, problem)
         return problem
 
 
 class AuthInterceptor(_Gate, grpc.ServerInterceptor):
-    """Lets through only calls whose token matches their name under the job's secret.
+    """Lets through only calls whose token, signed by the master, proves their name.
 
     Any other call is answered ``UNAUTHENTICATED`` without running its handler, and logged
     as one warning that names the method and the claimed name (never a token or the secret).
@@ -266,3 +330,8 @@ def caller_name(context: grpc.ServicerContext) -> str:
     if not name:
         raise LookupError("the call carries no caller name: the server lacks AuthInterceptor")
     return name
+
+
+def caller_token(context: grpc.ServicerContext) -> str:
+    """The token the caller sent (verified, on a server with the interceptor)."""
+    return _credentials_of(context.invocation_metadata())[1]

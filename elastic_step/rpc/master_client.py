@@ -54,7 +54,7 @@ class MasterClient:
     def __init__(self, address: str, credentials: Credentials, timeout_s: float = 300.0) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = authenticated_channel(address, credentials)
+        self._channel = authenticated_channel(address, credentials, server_role="master")
         self._stub = master_pb2_grpc.MasterStub(self._channel)
 
     def call(self, method: str, request):

@@ -185,7 +185,9 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model_version: _Optional[int] = ..., lease_id: _Optional[int] = ..., batches_done: _Optional[int] = ..., failure: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("finished",)
+    __slots__ = ("finished", "token")
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     finished: bool
-    def __init__(self, finished: _Optional[bool] = ...) -> None: ...
+    token: str
+    def __init__(self, finished: _Optional[bool] = ..., token: _Optional[str] = ...) -> None: ...

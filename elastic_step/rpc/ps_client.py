@@ -118,7 +118,8 @@ class PSClient:
         self.num_ps = len(addresses)
         self._timeout = timeout_s
         self._channels = [
-            authenticated_channel(a, credentials, options=CHANNEL_OPTIONS) for a in addresses
+            authenticated_channel(a, credentials, server_role="ps", options=CHANNEL_OPTIONS)
+            for a in addresses
         ]
         self.traffic = traffic or Traffic()
         self._methods = [

@@ -34,7 +34,7 @@ import numpy as np
 from elastic_step.errors import InputError, ModelDefinitionError
 from elastic_step.model.tf_runtime import configure_threads
 from elastic_step.rpc import master_pb2
-from elastic_step.rpc.auth import Credentials, MissingSecretError
+from elastic_step.rpc.auth import Credentials, MissingCredentialsError
 from elastic_step.rpc.master_client import (
     HEARTBEAT_S,
     MasterClient,
@@ -345,6 +345,7 @@ class Worker:
                 return
             if reply.finished:
                 self.finished.set()
+            self.credentials.renew(reply.token)  # the master's channel and the PS's share it
             time.sleep(HEARTBEAT_S)
 
     # -- tasks --
@@ -422,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_threads()
     try:
         credentials = Credentials.from_env(args.name)
-    except MissingSecretError as e:
+    except MissingCredentialsError as e:
         log.error("%s: %s; exiting", args.name, e)
         return 1
     worker = Worker(MasterClient(args.master, credentials), args.name, credentials)

@@ -77,7 +77,10 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
             assert (
                 env["ELASTIC_STEP_CPU_LIMIT"].value_from.resource_field_ref.resource == "limits.cpu"
             )
-            assert env["ELASTIC_STEP_JOB_SECRET"].value_from.secret_key_ref.name == f"{job}-secret"
+            # Its own token and the PS's certificate (mutual TLS: on with pods), no job secret.
+            for variable in ("ELASTIC_STEP_TOKEN", "ELASTIC_STEP_TLS_CERT", "ELASTIC_STEP_TLS_KEY"):
+                assert env[variable].value_from.secret_key_ref.name == f"{job}-secret"
+            assert "ELASTIC_STEP_JOB_SECRET" not in env
             # Someone deletes a worker's pod: not its fault, replaced.
             core.delete_namespaced_pod(f"{job}-worker-0", ns)
             assert master.wait(timeout=300) == 0, log_path.read_text()[-3000:]
@@ -192,7 +195,7 @@ def test_a_master_pod_replaced_mid_job_is_found_again_by_its_service(
     clean_namespace(cluster, ns)
 
 
-# Calls each RPC of the master, by its Service name, with no credentials.
+# Calls each RPC of the master, by its Service name, with no credentials: plain TCP.
 STRANGER = """
 import sys, grpc
 from elastic_step.rpc import master_pb2, master_pb2_grpc
@@ -213,7 +216,8 @@ for method, request in calls:
 
 
 def _strangers_are_refused(cluster, core: client.CoreV1Api, ns: str, master: str) -> None:
-    """A pod without the job's Secret reaches the master's port and is refused every call."""
+    """A pod without the job's Secret reaches the master's port and gets no call through:
+    with mutual TLS (on with pods) it cannot even complete a connection."""
     name = f"stranger-{new_job_name()}"
     command = [sys.executable, "-c", STRANGER, master]
     env = [{"name": "PYTHONPATH", "value": str(REPO)}]
@@ -229,7 +233,7 @@ def _strangers_are_refused(cluster, core: client.CoreV1Api, ns: str, master: str
     words = [line.split() for line in log.splitlines()]
     codes = dict(w for w in words if len(w) == 2 and w[0] in methods)
     assert pod.status.phase == "Succeeded", log
-    assert codes == dict.fromkeys(methods, "UNAUTHENTICATED"), log
+    assert codes == dict.fromkeys(methods, "UNAVAILABLE"), log
 
 
 def _exists(core: client.CoreV1Api, name: str, ns: str) -> bool:

@@ -1,10 +1,8 @@
-"""Authentication of gRPC calls: job secret, per-instance tokens, the client interceptor and the
-server interceptor, over real gRPC servers on 127.0.0.1."""
+"""Authentication of gRPC calls: signed, expiring per-instance tokens, the client interceptor
+and the server interceptor, over real gRPC servers on 127.0.0.1."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 from collections.abc import Iterator
 from concurrent import futures
@@ -14,14 +12,17 @@ import keras
 import numpy as np
 import pytest
 
+from elastic_step.master.job_keys import JobKeys
 from elastic_step.ps.server import ParameterServerServicer
 from elastic_step.ps.shard import ParameterShard
-from elastic_step.rpc import auth, master_pb2, master_pb2_grpc, ps_pb2, ps_pb2_grpc
+from elastic_step.rpc import auth, master_pb2, master_pb2_grpc, ps_pb2, ps_pb2_grpc, tokens
 from elastic_step.rpc.auth import AuthInterceptor, Credentials
 from elastic_step.rpc.master_client import MasterClient, MasterRejectedError
 from elastic_step.rpc.ps_client import PSClient, PSError
+from elastic_step.rpc.tokens import TokenSigner, TokenVerifier
 
 SECRET = auth.new_secret()
+VERIFY_KEY = TokenSigner(SECRET).verify_key
 WORKER = "worker-3"
 PS_SERVICE = "elastic_step.ParameterServer"
 MASTER_SERVICE = "elastic_step.Master"
@@ -42,7 +43,7 @@ def ps_server() -> Iterator[tuple[ParameterServerServicer, str]]:
     servicer.settings = master_pb2.JobSettings(num_ps=1, keep_checkpoints=1)
     servicer.shard = ParameterShard(0, 1, keras.optimizers.SGD(0.1))
     server, address = _serve(
-        ps_pb2_grpc.add_ParameterServerServicer_to_server, servicer, [AuthInterceptor(SECRET)]
+        ps_pb2_grpc.add_ParameterServerServicer_to_server, servicer, [AuthInterceptor(VERIFY_KEY)]
     )
     yield servicer, address
     server.stop(None).wait()
@@ -66,7 +67,7 @@ class _NamesMaster(master_pb2_grpc.MasterServicer):
 def master_server() -> Iterator[tuple[_NamesMaster, str]]:
     servicer = _NamesMaster()
     server, address = _serve(
-        master_pb2_grpc.add_MasterServicer_to_server, servicer, [AuthInterceptor(SECRET)]
+        master_pb2_grpc.add_MasterServicer_to_server, servicer, [AuthInterceptor(VERIFY_KEY)]
     )
     yield servicer, address
     server.stop(None).wait()
@@ -79,12 +80,49 @@ def _auth_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 # -- secret and tokens --
 
 
-def test_token_is_hmac_sha256_of_the_name() -> None:
-    expected = hmac.new(SECRET.encode(), WORKER.encode(), hashlib.sha256).hexdigest()
-    assert auth.token_for(SECRET, WORKER) == expected
-    assert auth.token_for(SECRET, "worker-4") != expected
-    assert auth.token_for(auth.new_secret(), WORKER) != expected
-    assert Credentials.for_instance(SECRET, WORKER) == Credentials(WORKER, expected)
+def test_a_token_proves_its_name_until_it_expires() -> None:
+    now = [1_000_000.0]
+    signer = TokenSigner(SECRET, lifetime_s=100, clock=lambda: now[0])
+    verifier = TokenVerifier(signer.verify_key, clock=lambda: now[0])
+    token = signer.token(WORKER)
+    assert verifier.problem(WORKER, token) is None
+    assert verifier.problem("worker-4", token) == "a wrong token"
+    assert verifier.problem(WORKER, token[:-2] + "00") == "a wrong token"
+    stranger = TokenSigner(auth.new_secret(), clock=lambda: now[0])
+    assert verifier.problem(WORKER, stranger.token(WORKER)) == "a wrong token"
+    for malformed in ("", "abc", "12.zz", f"99999999999999.{token.split('.')[1]}"):
+        assert verifier.problem(WORKER, malformed) == "a wrong token"
+    # A later expiry with the old signature is not the token that was signed.
+    later = f"{int(token.split('.')[0]) + 1000}.{token.split('.')[1]}"
+    assert verifier.problem(WORKER, later) == "a wrong token"
+    now[0] += 100
+    assert verifier.problem(WORKER, token) == "an expired token"
+
+
+def test_a_token_is_renewed_past_half_its_life() -> None:
+    now = [1_000_000.0]
+    signer = TokenSigner(SECRET, lifetime_s=100, clock=lambda: now[0])
+    token = signer.token(WORKER)
+    now[0] += 49
+    assert signer.renewal(WORKER, token) == ""
+    now[0] += 2
+    fresh = signer.renewal(WORKER, token)
+    assert tokens.expires_at(fresh) == tokens.expires_at(token) + 51
+    # The master's own credentials renew themselves.
+    minted = auth.MintedCredentials(signer, auth.MASTER_NAME)
+    first = minted.token
+    now[0] += 51
+    assert dict(minted.metadata())[auth.TOKEN_KEY] != first
+
+
+def test_keys_come_from_the_secret_alone() -> None:
+    """A restarted master signs with the same key, and its instances still trust it."""
+    assert TokenSigner(SECRET).verify_key == TokenSigner(SECRET).verify_key
+    assert TokenSigner(SECRET).verify_key != TokenSigner(auth.new_secret()).verify_key
+    with pytest.raises(ValueError, match="secret"):
+        TokenSigner("")
+    with pytest.raises(ValueError, match="64 hex digits"):
+        TokenVerifier("not-a-key")
 
 
 def test_new_secrets_are_random_256_bit_hex() -> None:
@@ -93,21 +131,19 @@ def test_new_secrets_are_random_256_bit_hex() -> None:
     assert len(first) == 64 and int(first, 16) >= 0
 
 
-def test_secret_from_the_environment() -> None:
-    env = {auth.SECRET_ENV: SECRET}
-    assert auth.secret_from_env(env) == SECRET
-    assert Credentials.from_env(WORKER, env) == Credentials.for_instance(SECRET, WORKER)
-    for missing in ({}, {auth.SECRET_ENV: ""}):
-        with pytest.raises(auth.MissingSecretError, match=f"nor {auth.SECRET_ENV} is set"):
-            Credentials.from_env(WORKER, missing)
-
-
-def test_a_worker_gets_only_its_own_token_and_proves_its_name_with_it() -> None:
-    token = auth.token_for(SECRET, WORKER)
-    credentials = Credentials.from_env(WORKER, {auth.TOKEN_ENV: token})
-    assert credentials == Credentials.for_instance(SECRET, WORKER)
-    # The token proves nothing else: another name with it is refused by the PS's check.
-    assert Credentials("ps-0", token) != Credentials.for_instance(SECRET, "ps-0")
+def test_an_instance_gets_its_token_and_the_verify_key_and_no_secret() -> None:
+    keys = JobKeys(SECRET, "job", tls=False)
+    for name in ("ps-0", WORKER):
+        env = keys.instance_env(name)
+        assert set(env) == {auth.TOKEN_ENV, auth.VERIFY_KEY_ENV}
+        assert SECRET not in env.values()
+        credentials = Credentials.from_env(name, env)
+        assert credentials.name == name and credentials.tls is None
+        assert TokenVerifier(auth.verify_key_from_env(env)).problem(name, credentials.token) is None
+    with pytest.raises(auth.MissingCredentialsError, match=f"{auth.TOKEN_ENV} is not set"):
+        Credentials.from_env(WORKER, {})
+    tls_env = JobKeys(SECRET, "job", tls=True).instance_env(WORKER)
+    assert Credentials.from_env(WORKER, tls_env).tls is not None
 
 
 def test_token_is_not_in_the_repr() -> None:
@@ -135,14 +171,18 @@ BAD_CALLERS = {
     "wrong token": ((auth.NAME_KEY, WORKER), (auth.TOKEN_KEY, "0" * 64)),
     "another name's token": (
         (auth.NAME_KEY, WORKER),
-        (auth.TOKEN_KEY, auth.token_for(SECRET, "worker-4")),
+        (auth.TOKEN_KEY, TokenSigner(SECRET).token("worker-4")),
     ),
     "another secret's token": (
         (auth.NAME_KEY, WORKER),
-        (auth.TOKEN_KEY, auth.token_for(auth.new_secret(), WORKER)),
+        (auth.TOKEN_KEY, TokenSigner(auth.new_secret()).token(WORKER)),
+    ),
+    "an expired token": (
+        (auth.NAME_KEY, WORKER),
+        (auth.TOKEN_KEY, TokenSigner(SECRET, lifetime_s=-1).token(WORKER)),
     ),
     "name without token": ((auth.NAME_KEY, WORKER),),
-    "token without name": ((auth.TOKEN_KEY, auth.token_for(SECRET, WORKER)),),
+    "token without name": ((auth.TOKEN_KEY, TokenSigner(SECRET).token(WORKER)),),
     "short token": ((auth.NAME_KEY, WORKER), (auth.TOKEN_KEY, "abc")),
 }
 
@@ -263,8 +303,8 @@ def test_the_master_identity_calls_the_ps(ps_server: tuple[ParameterServerServic
         forged.close()
 
 
-def test_empty_secret_is_refused() -> None:
-    with pytest.raises(ValueError, match="secret"):
+def test_empty_verify_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="verify key"):
         AuthInterceptor("")
 
 
@@ -290,7 +330,7 @@ def test_a_large_unauthenticated_push_is_refused_without_being_parsed() -> None:
     )
     server = grpc.server(
         futures.ThreadPoolExecutor(8),
-        interceptors=[AuthInterceptor(SECRET)],
+        interceptors=[AuthInterceptor(VERIFY_KEY)],
         options=CHANNEL_OPTIONS,
     )
     server.add_generic_rpc_handlers((handler,))
@@ -307,7 +347,10 @@ def test_a_large_unauthenticated_push_is_refused_without_being_parsed() -> None:
                 assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert parsed == []  # eight 64 MiB messages, none parsed
         channel = auth.authenticated_channel(
-            address, Credentials.for_instance(SECRET, WORKER), options=CHANNEL_OPTIONS
+            address,
+            Credentials.for_instance(SECRET, WORKER),
+            server_role="ps",
+            options=CHANNEL_OPTIONS,
         )
         with channel:
             with pytest.raises(grpc.RpcError) as answered:

@@ -16,6 +16,7 @@ from elastic_step.errors import InputError
 from elastic_step.master import reports
 from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open_coordinator
 from elastic_step.master.instance_manager import MembershipSettings
+from elastic_step.master.job_keys import JobKeys
 from elastic_step.master.job_record import JobRecord
 from elastic_step.master.job_view import JobView
 from elastic_step.master.persistence import SavedJob
@@ -90,7 +91,8 @@ class Master:
             clock=clock,
         )
         self.secret = self.store.job_secret()
-        self.server, port = start_master_server(self.coordinator, self.secret, "127.0.0.1", 0)
+        keys = JobKeys(self.secret, "job", tls=False)
+        self.server, port = start_master_server(self.coordinator, keys, "127.0.0.1", 0)
         self.address = f"127.0.0.1:{port}"
         self.channels: list[grpc.Channel] = []
 
@@ -104,7 +106,7 @@ class Master:
 
     def stub(self, name: str, secret: str | None = None) -> master_pb2_grpc.MasterStub:
         credentials = auth.Credentials.for_instance(secret or self.secret, name)
-        channel = auth.authenticated_channel(self.address, credentials)
+        channel = auth.authenticated_channel(self.address, credentials, server_role="master")
         self.channels.append(channel)
         return master_pb2_grpc.MasterStub(channel)
 

@@ -5,8 +5,10 @@ the Secret, the master Service, the owner, and --dry-run's output."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
+from collections import Counter
 
 import pytest
 import yaml
@@ -90,12 +92,12 @@ def test_every_pod_meets_the_restricted_pod_security_standard() -> None:
 
 
 def test_the_environment_refers_to_the_secret_and_never_holds_its_value() -> None:
-    p = pod(launch(env={"PLAIN": "x"}, secret_env={"ELASTIC_STEP_JOB_SECRET": "hunter2"}))
+    p = pod(launch(env={"PLAIN": "x"}, secret_env={"ELASTIC_STEP_TOKEN": "hunter2"}))
     assert "hunter2" not in json.dumps(p)
     env = env_of(p)
-    assert env["ELASTIC_STEP_JOB_SECRET"] == {
-        "secretKeyRef": {"name": "job-1-secret", "key": "worker-3.ELASTIC_STEP_JOB_SECRET"}
-    }
+    # Keyed by the value, so what a role's instances share is kept once.
+    key = "ELASTIC_STEP_TOKEN." + hashlib.sha256(b"hunter2").hexdigest()[:20]
+    assert env["ELASTIC_STEP_TOKEN"] == {"secretKeyRef": {"name": "job-1-secret", "key": key}}
     assert env["ELASTIC_STEP_INSTANCE"] == "worker-3"
     assert env["ELASTIC_STEP_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["ELASTIC_STEP_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -310,12 +312,21 @@ def test_dry_run_prints_every_object_of_the_start_without_a_cluster(monkeypatch)
         ("Pod", "job-1-worker-1"),
     ]
     placeholder = "<generated when the job starts>"
-    assert objects[1]["stringData"] == {
-        "ps-0.ELASTIC_STEP_JOB_SECRET": placeholder,
-        "ps-1.ELASTIC_STEP_JOB_SECRET": placeholder,
-        "worker-0.ELASTIC_STEP_TOKEN": placeholder,
-        "worker-1.ELASTIC_STEP_TOKEN": placeholder,
+    keys = objects[1]["stringData"]
+    assert set(keys.values()) == {placeholder}
+    # A token per instance; the verify key, and the CA's certificate, once; a certificate
+    # and key per role (TLS is on with pods).
+    assert Counter(key.split(".")[0] for key in keys) == {
+        "ELASTIC_STEP_TOKEN": 4,
+        "ELASTIC_STEP_VERIFY_KEY": 1,
+        "ELASTIC_STEP_TLS_CA": 1,
+        "ELASTIC_STEP_TLS_CERT": 2,
+        "ELASTIC_STEP_TLS_KEY": 2,
     }
+    for instance in objects[3:]:
+        refs = [e["valueFrom"]["secretKeyRef"]["key"] for e in main_container(instance)["env"]
+                if "secretKeyRef" in e.get("valueFrom", {})]  # fmt: skip
+        assert len(refs) == 5 and set(refs) <= set(keys)
     worker = objects[6]
     assert main_container(worker)["command"][-4:] == [
         "--master",

@@ -24,6 +24,7 @@ import keras
 import numpy as np
 import pytest
 
+from elastic_step.master.job_keys import JobKeys
 from elastic_step.output_layout import OutputLayout
 from elastic_step.ps import checkpoint
 from elastic_step.ps.server import ParameterServerServicer, RestorePolicy, shut_down
@@ -32,12 +33,14 @@ from elastic_step.ps.shard import ParameterShard, TableShape
 from elastic_step.rpc import auth, master_pb2, master_pb2_grpc, placement, ps_pb2_grpc
 from elastic_step.rpc.auth import AuthInterceptor, Credentials
 from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, TableSpec
+from elastic_step.rpc.tokens import TokenSigner
 
 LR = 0.1
 # With 2 shards, crc32 puts "dense/kernel" on shard 1 and "dense_1/bias" on shard 0.
 KERNEL, BIAS, TABLE = "dense/kernel", "dense_1/bias", "emb/embeddings"
 TABLE_ROWS, TABLE_DIM = 7, 3
 SECRET = auth.new_secret()
+VERIFY_KEY = TokenSigner(SECRET).verify_key
 WORKER = Credentials.for_instance(SECRET, "worker-0")
 
 
@@ -110,7 +113,7 @@ def start_cluster(tmp_path: Path) -> Iterator[StartCluster]:
                 i, num_ps, optimizer(), staleness_modulation, _initial_table
             )
             server = grpc.server(
-                futures.ThreadPoolExecutor(4), interceptors=[AuthInterceptor(SECRET)]
+                futures.ThreadPoolExecutor(4), interceptors=[AuthInterceptor(VERIFY_KEY)]
             )
             ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
             port = server.add_insecure_port("127.0.0.1:0")
@@ -803,7 +806,7 @@ def job_master(tmp_path: Path) -> Iterator[tuple[_JobMaster, str]]:
         master_timeout_s=30,
     )
     servicer = _JobMaster(settings)
-    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[AuthInterceptor(SECRET)])
+    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[AuthInterceptor(VERIFY_KEY)])
     master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -819,7 +822,7 @@ def test_sigterm_to_a_ps_process_writes_a_final_checkpoint(
 
     env = {
         **os.environ,
-        auth.SECRET_ENV: SECRET,
+        **JobKeys(SECRET, "job", tls=False).instance_env("ps-0"),
         "PYTHONPATH": str(Path(elastic_step.__file__).parents[1]),
         "ELASTIC_STEP_HOST": "127.0.0.1",
     }
@@ -858,7 +861,7 @@ def test_sigterm_to_a_ps_process_writes_a_final_checkpoint(
     np.testing.assert_allclose(saved[1]["dense/dense/kernel"], [[0.8], [0.8]], rtol=1e-6)
     output = log_path.read_text()
     assert "SIGTERM received" in output
-    assert SECRET not in output and auth.token_for(SECRET, "ps-0") not in output
+    assert SECRET not in output and env[auth.TOKEN_ENV] not in output
     assert SECRET not in " ".join(argv)
 
 
@@ -869,7 +872,8 @@ def test_ps_exits_1_when_the_master_rejects_it(
 ) -> None:
     master, address = job_master
     master.reject = "ps-9 is not an instance of this job"
-    monkeypatch.setenv(auth.SECRET_ENV, SECRET)
+    for variable, value in JobKeys(SECRET, "job", tls=False).instance_env("ps-9").items():
+        monkeypatch.setenv(variable, value)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     assert ps_main(["--master", address, "--shard", "0", "--name", "ps-9"]) == 1
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -880,14 +884,14 @@ def test_ps_exits_1_when_the_master_rejects_it(
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
 
 
-def test_ps_without_the_secret_exits_1(
+def test_ps_without_its_credentials_exits_1(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delenv(auth.SECRET_ENV, raising=False)
+    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
     assert ps_main(["--master", "127.0.0.1:1", "--shard", "0", "--name", "ps-0"]) == 1
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
-        f"ps-0: {auth.SECRET_ENV} is not set: the master gives the job's secret to every "
-        "instance it launches; workers and PS cannot run without it; exiting"
+        f"ps-0: {auth.TOKEN_ENV} is not set: the master gives every instance it launches its "
+        "credentials; workers and PS cannot run without them; exiting"
     ]
 
 

@@ -16,6 +16,7 @@ import keras
 import pytest
 
 from elastic_step.data.schema import Column, Schema
+from elastic_step.master.job_keys import JobKeys
 from elastic_step.ps.server import ParameterServerServicer, RestorePolicy
 from elastic_step.ps.shard import ParameterShard
 from elastic_step.rpc import auth, master_pb2, master_pb2_grpc, ps_pb2_grpc
@@ -25,6 +26,7 @@ from elastic_step.rpc.master_client import (
     MasterRejectedError,
     MasterUnreachableError,
 )
+from elastic_step.rpc.tokens import TokenSigner
 from elastic_step.worker.worker import main as worker_main
 
 SECRET = auth.new_secret()
@@ -82,7 +84,8 @@ class _Master(master_pb2_grpc.MasterServicer):
 
 
 def _serve(add, servicer) -> tuple[grpc.Server, str]:
-    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[AuthInterceptor(SECRET)])
+    interceptor = AuthInterceptor(TokenSigner(SECRET).verify_key)
+    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[interceptor])
     add(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -204,7 +207,8 @@ def test_retries_back_off_and_give_up_after_the_timeout(master: tuple[_Master, s
 
 @pytest.fixture
 def worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(auth.SECRET_ENV, SECRET)
+    for variable, value in JobKeys(SECRET, "job", tls=False).instance_env(WORKER).items():
+        monkeypatch.setenv(variable, value)
 
 
 def test_worker_exits_1_when_the_master_rejects_it(
@@ -264,13 +268,10 @@ def test_worker_waits_for_a_ps_with_backoff_then_gives_up(
     assert 3 <= servicer.calls["GetPSAddresses"] <= 5
 
 
-def test_worker_without_the_secret_exits_1(
+def test_worker_without_its_credentials_exits_1(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delenv(auth.SECRET_ENV, raising=False)
     monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
     assert worker_main(["--master", "127.0.0.1:1", "--name", WORKER]) == 1
     assert len(_errors(caplog)) == 1
-    assert _errors(caplog)[0].startswith(
-        f"{WORKER}: neither {auth.TOKEN_ENV} nor {auth.SECRET_ENV} is set"
-    )
+    assert _errors(caplog)[0].startswith(f"{WORKER}: {auth.TOKEN_ENV} is not set")
