@@ -100,6 +100,8 @@ def elastic_step_pipeline(
     # No set_retry: KFP retries every failure, a bad setting's exit status 2 too, and not a
     # deleted pod; KFP's Retry of the run resumes the job instead (README, "Retries").
     for job in (train, predict):
+        # Runs a master: manifests/network-policy.yaml lets it reach its job's PS.
+        kubernetes.add_pod_label(job, "elastic-step/master", "true")
         # The master reads its inputs and writes its outputs at their object-store URIs
         # itself (its workers, in other pods, cannot see the launcher's local copies), so it
         # needs the store's credentials too; minio:// finds KFP's own store by its default

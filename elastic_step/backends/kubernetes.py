@@ -265,6 +265,9 @@ class KubernetesBackend(Backend):
             )
         service, secret = pods.service_name(self._job), pods.secret_name(self._job)
         attempt("delete", "services", core.delete_namespaced_service, service, ns)
+        # Its EndpointSlice: no controller removes a slice that the master wrote itself.
+        discovery = self._kube.discovery
+        attempt("delete", "endpointslices", discovery.delete_namespaced_endpoint_slice, service, ns)
         attempt("delete", "secrets", core.delete_namespaced_secret, secret, ns)
         owner = self._objects.owner
         if owner is not None:

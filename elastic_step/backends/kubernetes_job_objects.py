@@ -4,10 +4,11 @@ Service, and the master's own pod.
 **Objects.** The job has a Secret ``<job>-secret`` (the values of each
 ``LaunchSpec.secret_env`` under ``<VARIABLE>.<hash>``, which the pod reads with
 ``secretKeyRef``: no secret value is ever in a pod spec or a log; a key goes when the last
-instance that read it has ended) and a headless Service ``<job>-master`` that selects the pod
-labelled ``elastic-step/master: <job>``. The master labels its own pod so (and takes the
-label off any older master pod), so instances reach ``<job>-master.<namespace>.svc:<port>``
-whichever pod the master runs in now. The manifests are built in ``kubernetes_pods.py``.
+instance that read it has ended) and a headless Service ``<job>-master`` with no selector,
+whose EndpointSlice of the same name holds the current master pod's IP: each master writes
+its own there when it starts serving, so instances reach
+``<job>-master.<namespace>.svc:<port>`` whichever pod the master runs in now, and no pod is
+ever patched. The manifests are built in ``kubernetes_pods.py``.
 
 **Ownership.** Pods, the Service and the Secret are never owned by the master's pod: the
 garbage collector would delete them when that pod is replaced, which is exactly when a new
@@ -22,7 +23,8 @@ master must adopt them. They are owned by the run's object, found from the maste
 Owner references are not controller references and do not block the owner's deletion. The
 job's state on the cluster (its Lease and state ConfigMaps) has the same owner, so a
 stopped job resumes, and only deleting the run (or the owner ConfigMap) forgets it: the
-backend's ``remove_job_objects`` removes the Service and the Secret, never the owner.
+backend's ``remove_job_objects`` removes the Service, its EndpointSlice and the Secret,
+never the owner.
 
 **The master's pod.** Found by ``ELASTIC_STEP_POD_NAME`` (set it from the downward API
 ``metadata.name``), else ``KFP_POD_NAME``, else the hostname when in a pod. The master
@@ -243,65 +245,49 @@ class JobObjects:
     # -- the master's pod and its Service --
 
     def advertise(self, port: int) -> str:
-        """Labels the master's pod, makes the Service select it on ``port``; its address."""
+        """Makes the Service name the master's pod on ``port``; its address."""
         self.ensure_setup()
-        self._label_master_pod()
         self._ensure_service(port)
+        self._ensure_endpoints(self.listen_host(), port)
         return f"{pods.service_name(self._job)}.{self._namespace}.svc:{port}"
 
-    def _label_master_pod(self) -> None:
-        core = self._kube.core
-        label = pods.LABEL_MASTER
-        labelled = self._kube.call(
-            "list",
-            "pods",
-            core.list_namespaced_pod,
-            self._namespace,
-            label_selector=f"{label}={self._job}",
-            retry_for_s=30,
-        )
-        for pod in labelled.get("items") or []:
-            name = pod["metadata"]["name"]
-            if name != self._master_pod:
-                # An earlier master's pod: the Service must select only this one.
-                try:
-                    self._kube.call(
-                        "patch",
-                        "pods",
-                        core.patch_namespaced_pod,
-                        name,
-                        self._namespace,
-                        {"metadata": {"labels": {label: None}}},
-                    )
-                except KubeCallError as e:
-                    if not e.not_found:
-                        raise
+    def _ensure_endpoints(self, address: str, port: int) -> None:
+        """Writes this master's pod IP into the Service's EndpointSlice: the name follows
+        the master from pod to pod with no pod label, so the master needs no pod patch."""
+        body = pods.build_master_endpoints(self._job, self._namespace, address, port, self._owner)
+        discovery = self._kube.discovery
+        if self._created("endpointslices", discovery.create_namespaced_endpoint_slice, body):
+            return
+        # An earlier master's: point it here. A list body is sent as a JSON patch, which
+        # replaces the endpoints and ports rather than merging them.
         self._kube.call(
             "patch",
-            "pods",
-            core.patch_namespaced_pod,
-            self._master_pod,
+            "endpointslices",
+            discovery.patch_namespaced_endpoint_slice,
+            pods.service_name(self._job),
             self._namespace,
-            {"metadata": {"labels": {label: self._job}}},
+            [
+                {"op": "replace", "path": "/endpoints", "value": body["endpoints"]},
+                {"op": "replace", "path": "/ports", "value": body["ports"]},
+            ],
             retry_for_s=30,
         )
+
+    def _created(self, resource: str, create, body: dict[str, Any]) -> bool:
+        """Creates ``body``; False when an object of its name is there already."""
+        try:
+            self._kube.call("create", resource, create, self._namespace, body, retry_for_s=30)
+        except KubeCallError as e:
+            if not e.already_exists:
+                raise
+            return False
+        return True
 
     def _ensure_service(self, port: int) -> None:
         core = self._kube.core
         body = pods.build_master_service(self._job, self._namespace, port, self._owner)
-        try:
-            self._kube.call(
-                "create",
-                "services",
-                core.create_namespaced_service,
-                self._namespace,
-                body,
-                retry_for_s=30,
-            )
+        if self._created("services", core.create_namespaced_service, body):
             return
-        except KubeCallError as e:
-            if not e.already_exists:
-                raise
         name = pods.service_name(self._job)
         existing = self._kube.call(
             "get", "services", core.read_namespaced_service, name, self._namespace
@@ -311,21 +297,15 @@ class JobObjects:
         def ports(items: list[dict[str, Any]]) -> list[tuple]:
             return [(p.get("name"), p.get("port"), p.get("targetPort")) for p in items]
 
-        if spec.get("selector") == wanted["selector"] and ports(spec.get("ports") or []) == ports(
-            wanted["ports"]
-        ):
+        if not spec.get("selector") and ports(spec.get("ports") or []) == ports(wanted["ports"]):
             return
-        # A list body is sent as a JSON patch: the ports are replaced, not merged.
+        # A list body is sent as a JSON patch: the ports are replaced, not merged; a selector
+        # (an older master's Service chose its pod by label) is removed.
+        patch = [{"op": "replace", "path": "/spec/ports", "value": wanted["ports"]}]
+        if spec.get("selector"):
+            patch.append({"op": "remove", "path": "/spec/selector"})
         self._kube.call(
-            "patch",
-            "services",
-            core.patch_namespaced_service,
-            name,
-            self._namespace,
-            [
-                {"op": "replace", "path": "/spec/ports", "value": wanted["ports"]},
-                {"op": "replace", "path": "/spec/selector", "value": wanted["selector"]},
-            ],
+            "patch", "services", core.patch_namespaced_service, name, self._namespace, patch
         )
 
     def listen_host(self) -> str:

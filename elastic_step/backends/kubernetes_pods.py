@@ -8,8 +8,8 @@ the same objects. Names and labels:
   ``elastic-step/instance`` and ``app.kubernetes.io/managed-by: elastic-step``;
 - the job's Secret ``<job>-secret``: the values of each instance's ``LaunchSpec.secret_env``,
   under the keys ``<VARIABLE>.<hash of the value>`` (see :func:`secret_key`);
-- the headless Service ``<job>-master``, selecting the pod labelled
-  ``elastic-step/master: <job>`` (the current master);
+- the headless Service ``<job>-master`` and its EndpointSlice, which holds the current
+  master's pod IP (the master writes it: no pod is patched);
 - the owner ConfigMap ``<job>-owner``, when nothing else owns the job (see
   kubernetes_job_objects.py).
 
@@ -41,7 +41,8 @@ LABEL_JOB = "elastic-step/job"
 LABEL_ROLE = "elastic-step/role"
 LABEL_INDEX = "elastic-step/index"
 LABEL_INSTANCE = "elastic-step/instance"
-#: On the current master's own pod; the master Service selects it.
+#: On a pod that runs a master, set when the pod is made (the Argo templates set it; with
+#: KFP, ``kubernetes.add_pod_label``): what manifests/network-policy.yaml admits to the PS.
 LABEL_MASTER = "elastic-step/master"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 #: The name of the container that runs the worker or PS.
@@ -422,18 +423,48 @@ def placeholder_secret(
 def build_master_service(
     job_name: str, namespace: str | None, port: int, owner: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """A headless Service whose name resolves to the current master pod's IP."""
+    """A headless Service whose name resolves to the current master pod's IP: it selects no
+    pod; the master writes its own address into the EndpointSlice of the same name
+    (:func:`build_master_endpoints`), so no pod is ever patched."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(service_name(job_name), namespace, job_labels(job_name), owner),
         "spec": {
             "clusterIP": "None",
-            "selector": {LABEL_MASTER: job_name},
             "ports": [{"name": "grpc", "port": port, "targetPort": port, "protocol": "TCP"}],
-            # The name must resolve as soon as the master pod has an IP, probe or not.
-            "publishNotReadyAddresses": True,
         },
+    }
+
+
+#: The label that ties an EndpointSlice to its Service, and the one that tells the
+#: EndpointSlice controller that someone else manages it.
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SLICE_MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+
+
+def build_master_endpoints(
+    job_name: str,
+    namespace: str | None,
+    address: str,
+    port: int,
+    owner: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The EndpointSlice of the master's Service: the current master's ``address`` (its
+    pod's IP) on ``port``."""
+    name = service_name(job_name)
+    labels = {
+        **job_labels(job_name),
+        SERVICE_NAME_LABEL: name,
+        SLICE_MANAGED_BY_LABEL: f"{MANAGED_BY}.io",
+    }
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": _metadata(name, namespace, labels, owner),
+        "addressType": "IPv6" if ":" in address else "IPv4",
+        "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+        "ports": [{"name": "grpc", "port": port, "protocol": "TCP"}],
     }
 
 

@@ -31,6 +31,7 @@ from hera.workflows import (
 )
 from hera.workflows.models import ValueFrom
 
+from elastic_step.backends.kubernetes_pods import LABEL_MASTER
 from elastic_step.components import IMAGE
 from elastic_step.components.identity import ARGO_JOB_NAME
 from elastic_step.components.parameters import (
@@ -176,9 +177,15 @@ def _pod_template() -> RawArtifact:
     return RawArtifact(name="pod-template", path=f"{INPUTS}/pod-template.yaml", data="{}\n")
 
 
+#: On the pod of a step that runs a master: manifests/network-policy.yaml admits such pods
+#: to the job's PS (the master pulls the model from them), and only the jobs' pods to them.
+_MASTER_LABELS = {LABEL_MASTER: "true"}
+
+
 def _elastic_train() -> Container:
     return Container(
         name="elastic-train",
+        labels=_MASTER_LABELS,
         image=_value("image"),
         command=["elastic-step"],
         args=_job_args(
@@ -289,6 +296,7 @@ def _evaluate() -> Container:
 def _batch_predict() -> Container:
     return Container(
         name="batch-predict",
+        labels=_MASTER_LABELS,
         image=_value("image"),
         command=["elastic-step"],
         args=_job_args(

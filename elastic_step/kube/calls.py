@@ -96,6 +96,8 @@ class KubeError(ElasticStepError):
             hint = RBAC_HINT
             if "PodSecurity" in self.detail:
                 hint = "the namespace's Pod Security admission refused it"
+            elif "admission-policy.yaml" in self.detail:
+                hint = "elastic-step's admission policy refused it"
             why = f"forbidden: {self.detail} ({hint})"
         else:
             why = f"HTTP {self.status}: {self.detail}"
@@ -177,6 +179,7 @@ class KubeCalls:
         self.retry_for_s = retry_for_s
         self.core = client.CoreV1Api(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
+        self.discovery = client.DiscoveryV1Api(api_client)
 
     def call(
         self,

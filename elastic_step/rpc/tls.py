@@ -139,25 +139,13 @@ class JobCA:
         return TlsFiles(self.cert.public_bytes(pem), cert.public_bytes(pem), _pem(key))
 
 
-_CA_USAGE = x509.KeyUsage(
-    digital_signature=False,
-    content_commitment=False,
-    key_encipherment=False,
-    data_encipherment=False,
-    key_agreement=False,
-    key_cert_sign=True,
-    crl_sign=True,
-    encipher_only=False,
-    decipher_only=False,
-)
-_LEAF_USAGE = x509.KeyUsage(
-    digital_signature=True,
-    content_commitment=False,
-    key_encipherment=False,
-    data_encipherment=False,
-    key_agreement=False,
-    key_cert_sign=False,
-    crl_sign=False,
-    encipher_only=False,
-    decipher_only=False,
-)
+def _key_usage(*granted: str) -> x509.KeyUsage:
+    names = (
+        "digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
+        "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only",
+    )  # fmt: skip
+    return x509.KeyUsage(**{name: name in granted for name in names})
+
+
+_CA_USAGE = _key_usage("key_cert_sign", "crl_sign")
+_LEAF_USAGE = _key_usage("digital_signature")

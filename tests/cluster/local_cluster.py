@@ -296,6 +296,8 @@ def start_cluster(
         admin_kubeconfig = Path(info["admin_kubeconfig"])
         with config.new_client_from_config(config_file=str(admin_kubeconfig)) as admin:
             _apply(admin, REPO / "manifests" / "priority-classes.yaml")
+            # As shipped: the master's account writes only elastic-step's objects.
+            _apply(admin, REPO / "manifests" / "admission-policy.yaml")
         sa_kubeconfig = add_namespace(
             admin_kubeconfig, NAMESPACE, workdir / "elastic-step-master.kubeconfig"
         )

@@ -14,6 +14,14 @@ from kubernetes import client, watch
 # Shared with the cluster's start (tests/cluster, put on sys.path by conftest.py).
 from local_cluster import container_log, wait_for  # noqa: F401 - the tests import them from here
 
+#: The labels of the tests' own pods. The tests create them as the elastic-step-master
+#: ServiceAccount, which manifests/admission-policy.yaml holds to the pods of a job.
+TEST_POD_LABELS = {
+    "app": "elastic-step-test",
+    "app.kubernetes.io/managed-by": "elastic-step",
+    "elastic-step/job": "kubelet-test",
+}
+
 
 def pod_manifest(
     name: str,
@@ -36,7 +44,7 @@ def pod_manifest(
         spec["priorityClassName"] = priority_class
     if grace is not None:
         spec["terminationGracePeriodSeconds"] = grace
-    metadata: dict[str, Any] = {"name": name, "labels": {"app": "elastic-step-test"}}
+    metadata: dict[str, Any] = {"name": name, "labels": dict(TEST_POD_LABELS)}
     if owner:
         metadata["ownerReferences"] = [owner]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
@@ -107,7 +115,7 @@ def python_pod(
     if resources:
         container["resources"] = resources
     body_spec: dict[str, Any] = {"restartPolicy": "Never", "containers": [container], **spec}
-    metadata = {"name": name, "labels": {"app": "elastic-step-test", **(labels or {})}}
+    metadata = {"name": name, "labels": {**TEST_POD_LABELS, **(labels or {})}}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body_spec}
 
 

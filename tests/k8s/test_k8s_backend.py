@@ -443,18 +443,24 @@ def test_the_master_service_follows_the_master_pod(admin, restricted, new_backen
     assert first.listen_host() == admin.read_namespaced_pod(master_pod, ns).status.pod_ip
     assert first.advertise_master(5000) == f"{job}-master.{ns}.svc:5000"
     service = admin.read_namespaced_service(f"{job}-master", ns)
-    assert service.spec.cluster_ip == "None"
-    assert service.spec.selector == {pods.LABEL_MASTER: job}
-    assert admin.read_namespaced_pod(master_pod, ns).metadata.labels[pods.LABEL_MASTER] == job
+    assert service.spec.cluster_ip == "None" and not service.spec.selector
+    discovery = client.DiscoveryV1Api(admin.api_client)
+
+    def endpoints() -> tuple[list[str], list[int]]:
+        found = discovery.read_namespaced_endpoint_slice(f"{job}-master", ns)
+        return [a for e in found.endpoints for a in e.addresses], [p.port for p in found.ports]
+
+    first_ip = admin.read_namespaced_pod(master_pod, ns).status.pod_ip
+    assert endpoints() == ([first_ip], [5000])
+    labels = admin.read_namespaced_pod(master_pod, ns).metadata.labels or {}
+    assert pods.LABEL_MASTER not in labels  # no pod is patched
 
     # A restarted master, in another pod and on another port: the Service follows it.
     second_pod = start_master_pod(admin, ns)
     second = new_backend(job, master=second_pod)
     assert second.advertise_master(5001) == f"{job}-master.{ns}.svc:5001"
-    assert pods.LABEL_MASTER not in (
-        admin.read_namespaced_pod(master_pod, ns).metadata.labels or {}
-    )
-    assert admin.read_namespaced_pod(second_pod, ns).metadata.labels[pods.LABEL_MASTER] == job
+    second_ip = admin.read_namespaced_pod(second_pod, ns).status.pod_ip
+    assert endpoints() == ([second_ip], [5001])
     ports = admin.read_namespaced_service(f"{job}-master", ns).spec.ports
     assert [(p.port, p.target_port) for p in ports] == [(5001, 5001)]
 

@@ -107,7 +107,7 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
 
         assert "closing the state store failed" not in log, log[-3000:]
         started = time.monotonic()
-        idle = {"pods": [], "services": [], "secrets": [f"{job}-state-secret"]}
+        idle = {"pods": [], "services": [], "secrets": []}
         poll("nothing of the job running", lambda: _job_objects(core, ns, job) == idle, timeout=20)
         assert time.monotonic() - started < 20
         # Its state stays with its owner (a finished job is not run twice); deleting the
@@ -298,7 +298,7 @@ def test_a_stopped_job_keeps_its_state_and_the_same_command_resumes_it(
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
         job, argv, master = _start_master_pod_job(cluster, core, ns, digits, output)
-        stopped = {"pods": [], "services": [], "secrets": [f"{job}-state-secret"]}
+        stopped = {"pods": [], "services": [], "secrets": []}
         for attempt, how in enumerate(("SIGTERM", "delete"), start=1):
             pod = core.read_namespaced_pod(master, ns)
             if how == "SIGTERM":

@@ -15,7 +15,12 @@ OBJECT_FILES = sorted(p for p in MANIFESTS.glob("*.yaml") if p.name != "kustomiz
 def test_the_kustomization_lists_the_shared_manifests() -> None:
     kustomization = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])
-    assert listed == {"rbac.yaml", "priority-classes.yaml", "network-policy.yaml"}
+    assert listed == {
+        "rbac.yaml",
+        "priority-classes.yaml",
+        "network-policy.yaml",
+        "admission-policy.yaml",
+    }
     assert all((MANIFESTS / name).is_file() for name in listed)
 
 

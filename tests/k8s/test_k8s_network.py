@@ -140,7 +140,7 @@ def test_pods_listen_on_their_own_ip_and_find_each_other_by_service_name(cluster
     core.create_namespaced_service(
         ns,
         {
-            "metadata": {"name": svc},
+            "metadata": {"name": svc, "labels": {"app.kubernetes.io/managed-by": "elastic-step"}},
             "spec": {"clusterIP": "None", "selector": {"app": app}, "ports": [{"port": PORT}]},
         },
     )

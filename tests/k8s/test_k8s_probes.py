@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import uuid
 
-from k8s_helpers import container_log, field_env, wait_for, wait_running
+from k8s_helpers import TEST_POD_LABELS, container_log, field_env, wait_for, wait_running
 from kubernetes import client
 
 LATE_FLAG = """
@@ -45,7 +45,7 @@ def test_readiness_probes_gate_the_ready_condition(cluster, sa_api) -> None:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "elastic-step-test"}},
+        "metadata": {"name": name, "labels": dict(TEST_POD_LABELS)},
         "spec": {
             "restartPolicy": "Never",
             "initContainers": [

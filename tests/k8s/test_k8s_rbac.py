@@ -21,7 +21,7 @@ def test_role_allows_what_the_master_needs(cluster, sa_api) -> None:
     assert _status(lambda: core.list_namespaced_pod(ns)) == 200
     assert _status(lambda: core.list_namespaced_event(ns)) == 200
     service = {
-        "metadata": {"name": "ps-0"},
+        "metadata": {"name": "ps-0", "labels": {"app.kubernetes.io/managed-by": "elastic-step"}},
         "spec": {"clusterIP": "None", "ports": [{"port": 2222}], "selector": {"app": "ps"}},
     }
     core.create_namespaced_service(ns, service)

@@ -30,6 +30,7 @@ from elastic_step.master.state_store import (
     StateStoreLockedError,
     create_state_store,
 )
+from elastic_step.master.state_store.kube_configmaps import MANAGED_BY_LABEL
 from elastic_step.master.state_store.kubernetes_store import (
     JOB_LABEL,
     PART_LABEL,
@@ -141,7 +142,9 @@ def test_every_object_carries_the_labels_and_the_owner_reference_and_is_collecte
 ) -> None:
     core = client.CoreV1Api(sa_api)
     ns = cluster.namespace
-    job_owner = core.create_namespaced_config_map(ns, {"metadata": {"name": f"{job}-owner"}})
+    job_owner = core.create_namespaced_config_map(
+        ns, {"metadata": {"name": f"{job}-owner", "labels": {MANAGED_BY_LABEL: "elastic-step"}}}
+    )
     reference = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -612,3 +615,29 @@ def test_the_job_secret_is_a_secret_not_in_the_state(cluster, sa_api) -> None:
         cluster.namespace, label_selector="elastic-step/job=secret-job"
     )
     assert configmaps.items and all(secret not in str(cm.data) for cm in configmaps.items)
+    # Derived from the namespace's key by the job's name: another job has another secret,
+    # and no Secret holds either.
+    other = KubernetesStateStore("other-job", cluster.namespace, api_client=sa_api)
+    assert other.job_secret() not in ("", secret)
+    other.close()
+
+
+def test_a_namespace_key_without_a_usable_key_is_one_clear_error(cluster, admin_api) -> None:
+    ns = "es-bad-keys"
+    core = client.CoreV1Api(admin_api)
+    core.create_namespace({"metadata": {"name": ns}})
+    try:
+        core.create_namespaced_secret(
+            ns, {"metadata": {"name": "elastic-step-keys"}, "stringData": {"key": "short"}}
+        )
+        store = KubernetesStateStore("a-job", ns, api_client=admin_api)
+        with pytest.raises(StateStoreError, match="its key has 5 characters; elastic-step wants"):
+            store.job_secret()
+        core.replace_namespaced_secret(
+            "elastic-step-keys", ns, {"metadata": {"name": "elastic-step-keys"}, "data": {}}
+        )
+        with pytest.raises(StateStoreError, match=r"has no key 'key'.*kubectl create secret"):
+            store.job_secret()
+        store.close()
+    finally:
+        core.delete_namespace(ns)

@@ -6,7 +6,14 @@ import sys
 import uuid
 from pathlib import Path
 
-from k8s_helpers import container_log, last_json_line, python_pod, wait_for, wait_terminal
+from k8s_helpers import (
+    TEST_POD_LABELS,
+    container_log,
+    last_json_line,
+    python_pod,
+    wait_for,
+    wait_terminal,
+)
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -127,7 +134,7 @@ def test_secret_configmap_emptydir_downward_api_and_subpath(cluster, sa_api, adm
         "subpath": "a: 1\n",
         "app_dir": ["config.yaml"],
         "from_init": "hello from init",
-        "labels": 'app="elastic-step-test"',
+        "labels": "\n".join(f'{k}="{v}"' for k, v in sorted(TEST_POD_LABELS.items())),
         "podname": name,
         "write_secret": "EROFS",
         "write_config": "EROFS",

@@ -158,6 +158,10 @@ def test_errors_name_verb_resource_and_namespace_in_one_line(clock) -> None:
         'User "sa" cannot get (the master\'s Role lacks it: see manifests/rbac.yaml)'
     )
     assert info.value.forbidden and not info.value.capacity
+    policy = "elastic-step-master may delete only ... (manifests/admission-policy.yaml)"
+    with pytest.raises(KubeError) as info:
+        api().call("delete", "pods", scripted(refusal(403, "Forbidden", policy)), object_name="x")
+    assert str(info.value).endswith("(elastic-step's admission policy refused it)")
     with pytest.raises(KubeError) as info:
         api().call("patch", "leases", scripted(refusal(401, "Unauthorized", "Unauthorized")))
     assert str(info.value) == (

@@ -21,6 +21,7 @@ from elastic_step.backends.kubernetes_options import (
     Volume,
 )
 from elastic_step.backends.kubernetes_pods import (
+    build_master_endpoints,
     build_master_service,
     build_owner,
     build_pod,
@@ -281,9 +282,16 @@ def test_the_secret_the_service_and_the_owner() -> None:
     service = build_master_service("job-1", "ml", 5000, OWNER)
     assert service["metadata"]["name"] == "job-1-master"
     assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["selector"] == {"elastic-step/master": "job-1"}
+    assert "selector" not in service["spec"]  # the master writes its own address
     assert service["spec"]["ports"][0]["port"] == 5000
-    assert service["spec"]["publishNotReadyAddresses"] is True
+    endpoints = build_master_endpoints("job-1", "ml", "10.0.0.7", 5000, OWNER)
+    assert endpoints["metadata"]["name"] == "job-1-master"
+    assert endpoints["metadata"]["labels"]["kubernetes.io/service-name"] == "job-1-master"
+    assert endpoints["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "elastic-step"
+    assert endpoints["addressType"] == "IPv4"
+    assert endpoints["endpoints"] == [{"addresses": ["10.0.0.7"], "conditions": {"ready": True}}]
+    assert endpoints["ports"] == [{"name": "grpc", "port": 5000, "protocol": "TCP"}]
+    assert build_master_endpoints("job-1", "ml", "fd00::7", 1, None)["addressType"] == "IPv6"
     owner = build_owner("job-1", "ml")
     assert (owner["kind"], owner["metadata"]["name"]) == ("ConfigMap", "job-1-owner")
     assert "ownerReferences" not in owner["metadata"]

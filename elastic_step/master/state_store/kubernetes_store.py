@@ -13,6 +13,9 @@ when one is given (deleting the owner then garbage-collects them)::
                                                           (kube_snapshot.py)
     ConfigMap  <job>-state-journal-<first seq>-t<token>   a journal chunk (kube_journal.py)
 
+and one Secret shared by the namespace's jobs, never deleted: ``elastic-step-keys``, the key
+from which each job's secret is derived (:meth:`KubernetesStateStore.job_secret`).
+
 The head names everything that counts::
 
     {"format": 1, "token": T, "generation": G,
@@ -65,6 +68,8 @@ errors, tests/unit/test_state_store.py and tests/unit/test_kube_calls.py.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import logging
 import re
 import secrets
@@ -89,6 +94,7 @@ from elastic_step.master.state_store.group_commit import GroupCommitter, Pending
 from elastic_step.master.state_store.journal import encode_json
 from elastic_step.master.state_store.kube_configmaps import (
     JOB_LABEL,
+    MANAGED_BY_LABEL,
     PART_LABEL,
     StateConfigMaps,
     data_of,
@@ -103,6 +109,8 @@ log = logging.getLogger("elastic_step.master.state_store")
 
 #: The part label of journal ConfigMaps a repair set aside: kept, never read, never swept.
 SET_ASIDE = "set-aside"
+#: The namespace's key: the one Secret the master reads (see manifests/rbac.yaml).
+KEYS_SECRET = "elastic-step-keys"
 
 HEAD_FORMAT = 1
 #: The API server refuses a ConfigMap whose data exceeds this.
@@ -282,21 +290,36 @@ class KubernetesStateStore(CommittedStore):
         return self._job
 
     def job_secret(self) -> str:
-        metadata: dict = {
-            "name": f"{self._job}-state-secret",
-            "labels": dict(self._objects.labels),
-        }
-        if self._objects.owner_references:
-            metadata["ownerReferences"] = self._objects.owner_references
+        """The job's secret, derived from the namespace's key (:data:`KEYS_SECRET`) and the
+        job's name: the master may read that one Secret and no other (manifests/rbac.yaml
+        names it), and the first master of the namespace makes it. So the masters of one
+        namespace can derive each other's secrets: a namespace is one tenant."""
         body = {
             "apiVersion": "v1",
             "kind": "Secret",
-            "metadata": metadata,
+            "metadata": {
+                "name": KEYS_SECRET,
+                "labels": {MANAGED_BY_LABEL: "elastic-step"},
+            },
             "type": "Opaque",
-            "stringData": {"secret": secrets.token_hex(32)},
+            "stringData": {"key": secrets.token_hex(32)},
         }
-        secret = self._api.get_or_create_secret(body)
-        return base64.b64decode(secret["data"]["secret"]).decode()
+        made = self._api.get_or_create_secret(body)
+        try:
+            key = base64.b64decode((made.get("data") or {})["key"]).decode()
+        except (KeyError, ValueError) as e:
+            raise StateStoreError(
+                f"Secret {KEYS_SECRET} in namespace {self._namespace} has no key 'key': "
+                "elastic-step derives each job's secret from it (make it with "
+                f"kubectl create secret generic {KEYS_SECRET} "
+                '--from-literal=key="$(openssl rand -hex 32)")'
+            ) from e
+        if len(key) < 32:
+            raise StateStoreError(
+                f"Secret {KEYS_SECRET} in namespace {self._namespace}: its key has "
+                f"{len(key)} characters; elastic-step wants at least 32 (random)"
+            )
+        return hmac.new(key.encode(), f"job {self._job}".encode(), hashlib.sha256).hexdigest()
 
     @property
     def takeover_wait_s(self) -> float:
