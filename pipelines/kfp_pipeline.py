@@ -97,6 +97,10 @@ def elastic_step_pipeline(
     # The image, set once: every step runs in it, and the workers and PS in the step's own.
     for task in (data, train, evaluation, predict):
         task.set_container_image(image)
+    # Requests, so that no step's pod is BestEffort (first to be evicted; refused where the
+    # namespace asks for requests). A master needs little: its workers and PS do the work.
+    for task, cpu in ((data, "500m"), (train, "250m"), (evaluation, "500m"), (predict, "250m")):
+        task.set_cpu_request(cpu).set_memory_request("1Gi")
     # No set_retry: KFP retries every failure, a bad setting's exit status 2 too, and not a
     # deleted pod; KFP's Retry of the run resumes the job instead (README, "Retries").
     for job in (train, predict):

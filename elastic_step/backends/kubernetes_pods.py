@@ -47,6 +47,8 @@ LABEL_MASTER = "elastic-step/master"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 #: The name of the container that runs the worker or PS.
 CONTAINER = "main"
+#: The emptyDir on /tmp, the one writable place of a worker or PS pod besides its volumes.
+TMP_VOLUME = "tmp"
 ISTIO_INJECT = "sidecar.istio.io/inject"
 SECRET_PLACEHOLDER = "<generated when the job starts>"
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
@@ -225,9 +227,17 @@ def _defaults(job_name: str, role: Role) -> dict[str, Any]:
                 "securityContext": {
                     "allowPrivilegeEscalation": False,
                     "capabilities": {"drop": ["ALL"]},
+                    # Nothing writes into the image: the user's code cannot change what
+                    # the next process of the pod runs.
+                    "readOnlyRootFilesystem": True,
                 },
+                # What TensorFlow, Keras and the user's code write goes to /tmp, which is the
+                # pod's own; HOME too (Keras's cache).
+                "env": [{"name": "HOME", "value": "/tmp"}],
+                "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],
             }
         ],
+        "volumes": [{"name": TMP_VOLUME, "emptyDir": {}}],
     }
     if role is Role.PS:
         # Spread the shards over nodes, so that one node's network does not carry them all.

@@ -22,14 +22,17 @@ from __future__ import annotations
 from hera.workflows import (
     Artifact,
     Container,
+    EmptyDirVolume,
+    Env,
     FieldEnv,
     NoneArchiveStrategy,
     Parameter,
     RawArtifact,
+    Resources,
     RetryStrategy,
     WorkflowTemplate,
 )
-from hera.workflows.models import ValueFrom
+from hera.workflows.models import Capabilities, SeccompProfile, SecurityContext, ValueFrom
 
 from elastic_step.backends.kubernetes_pods import LABEL_MASTER
 from elastic_step.components import IMAGE
@@ -50,6 +53,32 @@ SUMMARY_FILE = f"{OUTPUTS}/summary.json"
 #: Retries of a step that runs a job (train, predict); a retry resumes the job. Bad input
 #: (exit 2) is not retried.
 JOB_RETRIES = 2
+
+
+def _hardened(*, cpu: str, memory: str) -> dict:
+    """What every step's container runs with: the restricted Pod Security Standard (non-root,
+    no privilege, no capability, the runtime's seccomp profile), a read-only image with an
+    emptyDir on /tmp (HOME there too: what the step writes besides its outputs), and
+    resource requests, so that the pod is not BestEffort, first to be evicted."""
+    return {
+        "security_context": SecurityContext(
+            run_as_non_root=True,
+            allow_privilege_escalation=False,
+            read_only_root_filesystem=True,
+            capabilities=Capabilities(drop=["ALL"]),
+            seccomp_profile=SeccompProfile(type="RuntimeDefault"),
+        ),
+        "volumes": [EmptyDirVolume(name="tmp", mount_path="/tmp")],
+        "resources": Resources(cpu_request=cpu, memory_request=memory),
+    }
+
+
+#: The environment of every step: see :func:`_hardened`.
+_STEP_ENV = [Env(name="HOME", value="/tmp")]
+#: A master needs little CPU (the workers and PS do the work); preprocess and evaluate run
+#: TensorFlow themselves.
+_MASTER_STEP = {"cpu": "250m", "memory": "1Gi"}
+_WORK_STEP = {"cpu": "500m", "memory": "1Gi"}
 
 
 def _value(name: str) -> str:
@@ -86,6 +115,8 @@ def _preprocess() -> Container:
     return Container(
         name="preprocess",
         image=_value("image"),
+        env=_STEP_ENV,
+        **_hardened(**_WORK_STEP),
         command=["elastic-step"],
         args=[
             "preprocess",
@@ -201,7 +232,8 @@ def _elastic_train() -> Container:
             *_flags("staleness-modulation", "local-steps", "outer-optimizer"),
             *_flags("early-stopping", "keep-best", *_JOB_LIMITS),
         ),
-        env=_master_env(),
+        env=[*_master_env(), *_STEP_ENV],
+        **_hardened(**_MASTER_STEP),
         retry_strategy=_job_retries(),
         inputs=[
             # The model definition: a Python file from any artifact source, raw text too.
@@ -261,6 +293,8 @@ def _evaluate() -> Container:
     return Container(
         name="evaluate",
         image=_value("image"),
+        env=_STEP_ENV,
+        **_hardened(**_WORK_STEP),
         command=["elastic-step"],
         args=[
             "evaluate",
@@ -307,7 +341,8 @@ def _batch_predict() -> Container:
             *_flags("records-per-task", "image", "worker-cpu", "worker-memory", "worker-gpu"),
             *_flags(*_JOB_LIMITS),
         ),
-        env=_master_env(),
+        env=[*_master_env(), *_STEP_ENV],
+        **_hardened(**_MASTER_STEP),
         retry_strategy=_job_retries(),
         inputs=[
             _pod_template(),

@@ -855,6 +855,9 @@ class ProcessKubelet:
                 "argv": argv,
                 "env": env,
                 "error_file": str(container.error_file),
+                "read_only_root": bool(
+                    (spec.get("securityContext") or {}).get("readOnlyRootFilesystem")
+                ),
                 **run_as(run.pod["spec"], spec),
             }
             plan_file = run.pod_dir / f"{name}.plan.json"

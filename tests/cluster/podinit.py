@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import socket
@@ -87,6 +88,8 @@ class Root:
         # Targets of directory volumes: creating entries there writes into the volume,
         # as a container runtime does for nested mount paths.
         self.volumes: list[str] = []
+        #: Host paths under /tmp bound back into the container's /tmp (see _private_tmp).
+        self.kept: list[str] = []
         self.stashes = 0
 
     def build(self, mountpoint: str) -> None:
@@ -192,15 +195,26 @@ def setup(plan: dict) -> None:
         if plan.get("private_tmp")
         else (lambda path: path)
     )
-    for item in plan.get("mounts", []):
+    # Parents before children, as a runtime mounts them: an emptyDir on /tmp does not hide
+    # an artifact mounted at /tmp/inputs/x.
+    mounts = sorted(plan.get("mounts", []), key=lambda m: os.path.normpath(m["target"]).count("/"))
+    for item in mounts:
         try:
             root.bind(host(item["source"]), item["target"], bool(item.get("readOnly")))
         except OSError as err:
             raise OSError(f"mounting {item['source']} at {item['target']}: {err}") from err
+    # The host paths kept under /tmp stand for volumes the tests share with their pods: a
+    # volume mounted over them (an emptyDir on /tmp) must not hide them.
+    targets = [os.path.normpath(m["target"]) for m in mounts]
+    for path in root.kept:
+        if any(path.startswith(t.rstrip("/") + "/") for t in targets):
+            root.bind(host(path), path, False)
     if plan.get("private_tmp"):
         umount_detach(HOST_TMP)  # the binds made from it stay
         os.rmdir(HOST_TMP)
     os.chdir(root.make_dir(plan["cwd"]) if plan.get("cwd") else "/")
+    if plan.get("read_only_root"):
+        _read_only_root(mounts, root.kept)
     if "uid" in plan:  # securityContext.runAsUser/runAsGroup/supplementalGroups
         os.setgroups(plan.get("groups") or [])
         os.setgid(plan.get("gid", 0))
@@ -208,6 +222,37 @@ def setup(plan: dict) -> None:
 
 
 HOST_TMP = "/.podinit-host-tmp"
+#: What a runtime mounts apart from the image, and leaves writable under a read-only root.
+KERNEL_MOUNTS = ("/dev", "/proc", "/sys")
+
+
+def _read_only_root(mounts: list[dict], kept: list[str]) -> None:
+    """securityContext.readOnlyRootFilesystem: every mount of the container's tree becomes
+    read-only but its writable volumes and the kernel's own (/dev, /proc, /sys), as a
+    runtime mounts the image read-only. /tmp too, unless a volume is mounted there. The
+    host paths kept for the tests (``kept``) stay writable: they stand for shared volumes."""
+    writable = {os.path.realpath(m["target"]) for m in mounts if not m.get("readOnly")}
+    writable.update(kept)
+    with open("/proc/self/mountinfo") as f:
+        points = [_unescape(line.split()[4]) for line in f]
+    for point in points:
+        if point in writable or any(point == k or point.startswith(k + "/") for k in KERNEL_MOUNTS):
+            continue
+        try:
+            mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        except OSError as err:
+            # EINVAL, ENOENT: a mount that a later one hides (the path now reaches no mount
+            # point, or nothing): out of the container's reach, so nothing to protect.
+            if err.errno not in (errno.EINVAL, errno.ENOENT):
+                raise
+
+
+def _unescape(path: str) -> str:
+    """A mount point as /proc/self/mountinfo writes it (space, tab, newline and backslash
+    in octal)."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        path = path.replace(code, char)
+    return path
 
 
 def _private_tmp(root: Root, private: str, keep: list[str]):
@@ -231,6 +276,7 @@ def _private_tmp(root: Root, private: str, keep: list[str]):
         if os.path.exists(host(path)):
             root.bind(host(path), path, False)
             kept.append(path)
+    root.kept = kept
     return host
 
 

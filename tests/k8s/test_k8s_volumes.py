@@ -237,3 +237,61 @@ def test_pod_waits_for_a_missing_secret_then_starts(cluster, sa_api, admin_api) 
     assert done.status.phase == "Succeeded"
     assert container_log(cluster.workdir, done).strip() == "v"
     admin.delete_namespaced_secret(secret, ns)
+
+
+READ_ONLY_ROOT = r"""
+import json, os, tempfile
+def write(path):
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        return "ok"
+    except OSError as e:
+        return {30: "EROFS", 13: "EACCES"}.get(e.errno, str(e))
+with open("/dev/null", "w") as f:
+    f.write("x")
+print(json.dumps({
+    "root": write("/written-at-root"),
+    "etc": write("/etc/written"),
+    "home": write(os.path.expanduser("~") + "/written"),
+    "tmp": write("/tmp/written"),
+    "tempfile": bool(tempfile.mkstemp()),
+    "scratch": write("/scratch/written"),
+}), flush=True)
+"""
+
+
+def test_a_read_only_root_leaves_only_the_volumes_writable(cluster, sa_api) -> None:
+    """securityContext.readOnlyRootFilesystem, as a runtime applies it: the image is
+    read-only, its volumes (here emptyDirs on /tmp and /scratch) and /dev are not."""
+    core, ns, name = client.CoreV1Api(sa_api), cluster.namespace, _name("ro-root")
+    pod = python_pod(
+        name,
+        READ_ONLY_ROOT,
+        volume_mounts=[
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "scratch", "mountPath": "/scratch"},
+        ],
+        volumes=[{"name": "tmp", "emptyDir": {}}, {"name": "scratch", "emptyDir": {}}],
+    )
+    pod["spec"]["containers"][0]["securityContext"] = {"readOnlyRootFilesystem": True}
+    core.create_namespaced_pod(ns, pod)
+    done = wait_terminal(core, ns, name)
+    log = container_log(cluster.workdir, done)
+    assert done.status.phase == "Succeeded", log
+    assert last_json_line(log) == {
+        "root": "EROFS",
+        "etc": "EROFS",
+        "home": "EROFS",
+        "tmp": "ok",
+        "tempfile": True,
+        "scratch": "ok",
+    }
+    # Without the volume on /tmp, /tmp is the image's, and read-only too.
+    name = _name("ro-tmp")
+    pod = python_pod(name, "open('/tmp/x', 'w')")
+    pod["spec"]["containers"][0]["securityContext"] = {"readOnlyRootFilesystem": True}
+    core.create_namespaced_pod(ns, pod)
+    done = wait_terminal(core, ns, name)
+    assert done.status.phase == "Failed"
+    assert "Read-only file system" in container_log(cluster.workdir, done)

@@ -346,8 +346,35 @@ def test_the_argo_job_steps_are_retried_and_resume_their_job(name: str) -> None:
     strategy = template["retryStrategy"]
     assert strategy["limit"] == "2" and strategy["retryPolicy"] == "Always"
     assert strategy["expression"] == "lastRetry.exitCode != '2'"  # bad input is not retried
-    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in template["container"]["env"]}
-    assert env == {"ELASTIC_STEP_POD_NAME": "metadata.name", "ELASTIC_STEP_POD_IP": "status.podIP"}
+    env = {
+        e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in template["container"]["env"]
+    }
+    assert env == {
+        "ELASTIC_STEP_POD_NAME": "metadata.name",
+        "ELASTIC_STEP_POD_IP": "status.podIP",
+        "HOME": "/tmp",
+    }
+    # The master's pod is known as one to the network policy, from its creation.
+    assert template["metadata"]["labels"] == {"elastic-step/master": "true"}
+
+
+@pytest.mark.parametrize("name", ["preprocess", "elastic-train", "evaluate", "batch-predict"])
+def test_every_argo_step_runs_restricted_on_a_read_only_image(name: str) -> None:
+    template = _templates()[name]
+    container = template["container"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    # Writable: /tmp (inputs, outputs, HOME), an emptyDir of the pod's own.
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert template["volumes"] == [{"name": "tmp", "emptyDir": {}}]
+    requests = container["resources"]["requests"]
+    assert set(requests) == {"cpu", "memory"} and "limits" not in container["resources"]
 
 
 @pytest.mark.parametrize("name", ["elastic-train", "batch-predict"])

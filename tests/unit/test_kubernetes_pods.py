@@ -86,7 +86,12 @@ def test_every_pod_meets_the_restricted_pod_security_standard() -> None:
         assert main_container(p)["securityContext"] == {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
         }
+        # The one writable place besides the volumes: an emptyDir on /tmp, HOME there.
+        assert spec["volumes"] == [{"name": "tmp", "emptyDir": {}}]
+        assert main_container(p)["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+        assert env_of(p)["HOME"] == "/tmp"
         assert spec["automountServiceAccountToken"] is False
         assert "serviceAccountName" not in spec
         assert p["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
@@ -188,10 +193,12 @@ def test_placement_volumes_and_pulls() -> None:
     assert spec["nodeSelector"] == {"pool": "train"}
     assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert spec["volumes"] == [
-        {"name": "volume-0", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}}
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "volume-0", "persistentVolumeClaim": {"claimName": "data", "readOnly": True}},
     ]
     assert main["volumeMounts"] == [
-        {"name": "volume-0", "mountPath": "/data", "readOnly": True, "subPath": "d"}
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "volume-0", "mountPath": "/data", "readOnly": True, "subPath": "d"},
     ]
     assert main["imagePullPolicy"] == "IfNotPresent"
     assert spec["imagePullSecrets"] == [{"name": "registry"}]
