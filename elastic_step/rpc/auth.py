@@ -89,13 +89,6 @@ class Credentials:
     def __repr__(self) -> str:
         return f"Credentials(name={self.name!r}, tls={self.tls is not None})"
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Credentials):
-            return NotImplemented
-        return (self.name, self.token, self.tls) == (other.name, other.token, other.tls)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable: renewed in place
-
     @classmethod
     def for_instance(cls, secret: str, name: str, tls: TlsFiles | None = None) -> Credentials:
         """Credentials for ``name``, minted from the job's secret (the master's side)."""

@@ -4,6 +4,7 @@ tasks, and a master restart from the journal. No TensorFlow."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import grpc
@@ -26,6 +27,7 @@ from elastic_step.master.state_store import FileStateStore
 from elastic_step.master.task_manager import TaskSettings
 from elastic_step.rpc import auth, master_pb2, master_pb2_grpc
 from elastic_step.rpc.tensors import to_proto
+from elastic_step.rpc.tokens import TOKEN_LIFETIME_S, TokenSigner
 
 TIMEOUT_S = 10
 TASK_TIMEOUT_S = 30.0
@@ -72,6 +74,7 @@ class Master:
         backend: FakeBackend | None = None,
         *,
         standby: int = 0,
+        token_lifetime_s: float = TOKEN_LIFETIME_S,
     ):
         self.store = FileStateStore(str(tmp_path / "state"))
         token = self.store.acquire("test-master", timeout_s=TIMEOUT_S)
@@ -91,8 +94,8 @@ class Master:
             clock=clock,
         )
         self.secret = self.store.job_secret()
-        keys = JobKeys(self.secret, "job", tls=False)
-        self.server, port = start_master_server(self.coordinator, keys, "127.0.0.1", 0)
+        self.keys = JobKeys(self.secret, "job", tls=False, lifetime_s=token_lifetime_s)
+        self.server, port = start_master_server(self.coordinator, self.keys, "127.0.0.1", 0)
         self.address = f"127.0.0.1:{port}"
         self.channels: list[grpc.Channel] = []
 
@@ -105,7 +108,10 @@ class Master:
         self.coordinator.apply_events(self.backend.next_events(0))
 
     def stub(self, name: str, secret: str | None = None) -> master_pb2_grpc.MasterStub:
-        credentials = auth.Credentials.for_instance(secret or self.secret, name)
+        return self.stub_with(name, TokenSigner(secret or self.secret).token(name))
+
+    def stub_with(self, name: str, token: str) -> master_pb2_grpc.MasterStub:
+        credentials = auth.Credentials(name, token)
         channel = auth.authenticated_channel(self.address, credentials, server_role="master")
         self.channels.append(channel)
         return master_pb2_grpc.MasterStub(channel)
@@ -385,6 +391,33 @@ def test_a_restarted_master_resumes_from_the_journal(tmp_path, clock) -> None:
         assert coordinator.tasks.records_trained(1) == 80
     finally:
         second.close()
+
+
+def test_a_heartbeat_renews_a_token_past_half_its_life(tmp_path, clock) -> None:
+    """Over the real server: the answer to a heartbeat carries a fresh token once the caller's
+    is past half its life; the caller goes on with it after the first has expired."""
+    master = Master(tmp_path, clock, token_lifetime_s=4)
+    try:
+        master.start_instances()
+        credentials = auth.Credentials("worker-0", master.keys.signer.token("worker-0"))
+        first = credentials.token
+        channel = auth.authenticated_channel(master.address, credentials, server_role="master")
+        master.channels.append(channel)
+        stub = master_pb2_grpc.MasterStub(channel)
+        request = master_pb2.HeartbeatRequest(name="worker-0")
+        assert stub.Heartbeat(request, timeout=TIMEOUT_S).token == ""  # young: kept
+        time.sleep(2.2)
+        fresh = stub.Heartbeat(request, timeout=TIMEOUT_S).token
+        assert fresh and fresh != first
+        credentials.renew(fresh)
+        time.sleep(2.0)  # the first token has expired now
+        stub.Heartbeat(request, timeout=TIMEOUT_S)  # served, with the fresh one
+        expired = master.stub_with("worker-0", first)
+        assert code_of(lambda: expired.Heartbeat(request, timeout=5)) == (
+            grpc.StatusCode.UNAUTHENTICATED
+        )
+    finally:
+        master.close()
 
 
 # -- a PS lost before its first checkpoint --
