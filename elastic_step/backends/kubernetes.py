@@ -204,7 +204,9 @@ class KubernetesBackend(Backend):
             label_selector=pods.job_selector(self._job),
             retry_for_s=30,
         )
-        return self._instances.listed(data.get("items") or [], time.monotonic())
+        items = data.get("items") or []
+        self._objects.note_adopted_keys(items)
+        return self._instances.listed(items, time.monotonic())
 
     def next_events(self, timeout_s: float) -> list[InstanceEvent]:
         return self._instances.next_events(timeout_s)

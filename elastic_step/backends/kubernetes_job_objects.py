@@ -212,6 +212,21 @@ class JobObjects:
             self._secret_made = True
             self._secret_values.update(values)
 
+    def note_adopted_keys(self, listed: list[dict[str, Any]]) -> None:
+        """Keeps the Secret's keys that pods made by an earlier master read: this master
+        does not know when their last reader ends, and a pod still Pending reads its keys
+        when it starts (the values that the master derives come out the same again)."""
+        name = pods.secret_name(self._job)
+        with self._setup_lock:
+            for pod in listed:
+                labels = (pod.get("metadata") or {}).get("labels") or {}
+                reader = f"adopted {labels.get(pods.LABEL_INSTANCE, '?')}"
+                for container in (pod.get("spec") or {}).get("containers") or []:
+                    for env in container.get("env") or []:
+                        ref = (env.get("valueFrom") or {}).get("secretKeyRef") or {}
+                        if ref.get("name") == name and ref.get("key"):
+                            self._secret_users.setdefault(ref["key"], set()).add(reader)
+
     def forget_secret(self, spec: LaunchSpec | None) -> None:
         """Takes an ended instance's keys out of the job's Secret (its pod read them when it
         started), so that the Secret does not grow with every replacement."""

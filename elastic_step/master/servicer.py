@@ -88,8 +88,9 @@ class MasterServicer(master_pb2_grpc.MasterServicer):
     def Heartbeat(self, request, context):
         name = caller_name(context)
         finished = self._coordinator.heartbeat(name, request)
-        # A token past half its life is replaced here, long before it expires.
-        token = self._signer.renewal(name, caller_token(context))
+        # A token past half its life is replaced here, long before it expires; never one
+        # of an instance that is done.
+        token = "" if finished else self._signer.renewal(name, caller_token(context))
         return master_pb2.HeartbeatResponse(finished=finished, token=token)
 
 
@@ -121,7 +122,8 @@ class MasterServer:
 
     async def _start(self, host: str, port: int) -> int:
         keys = self._keys
-        server = grpc.aio.server(interceptors=[AsyncAuthInterceptor(keys.verify_key)])
+        gate = AsyncAuthInterceptor(keys.verify_key, tls=keys.ca is not None)
+        server = grpc.aio.server(interceptors=[gate])
         servicer = MasterServicer(self._coordinator, keys.signer)
         master_pb2_grpc.add_MasterServicer_to_server(servicer, server)
         bound = add_port(server, f"{host}:{port}", keys.tls("master"))

@@ -315,7 +315,7 @@ def serve(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
         options=CHANNEL_OPTIONS,
-        interceptors=[auth.AuthInterceptor(verify_key)],
+        interceptors=[auth.AuthInterceptor(verify_key, tls=credentials.tls is not None)],
     )
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
     port = auth.add_port(server, f"{host}:0", credentials.tls)

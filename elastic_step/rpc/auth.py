@@ -216,12 +216,16 @@ def add_port(server, address: str, tls: TlsFiles | None) -> int:
 
 class _Gate:
     """The check that both server interceptors make: a name, and its token, signed by the
-    master and not expired."""
+    master and not expired. With ``tls``, also that the caller's certificate is of the role
+    its name says (:func:`_bound`): a token is bound to the connection, so one that a PS
+    receives from a worker or the master cannot be replayed by the PS's user code, which
+    holds only the PS's certificate."""
 
-    def __init__(self, verify_key: str) -> None:
+    def __init__(self, verify_key: str, *, tls: bool = False) -> None:
         if not verify_key:
             raise ValueError(f"{type(self).__name__} needs the job's verify key; got an empty one")
         self._verifier = TokenVerifier(verify_key)
+        self._tls = tls
 
     def problem(self, handler_call_details) -> str | None:
         """Why the call is refused (logged as one warning, never with a token), or None when
@@ -249,7 +253,10 @@ class AuthInterceptor(_Gate, grpc.ServerInterceptor):
 
     def intercept_service(self, continuation, handler_call_details):
         if self.problem(handler_call_details) is None:
-            return continuation(handler_call_details)
+            handler = continuation(handler_call_details)
+            if not self._tls or handler is None:
+                return handler
+            return _bound(handler, handler_call_details, asynchronous=False)
         handler = continuation(handler_call_details)
         return None if handler is None else _refusing(handler, handler_call_details.method)
 
@@ -260,8 +267,12 @@ class AsyncAuthInterceptor(_Gate, grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, handler_call_details):
         problem = self.problem(handler_call_details)
         handler = await continuation(handler_call_details)
-        if problem is None or handler is None:
+        if handler is None:
             return handler
+        if problem is None:
+            if not self._tls:
+                return handler
+            return _bound(handler, handler_call_details, asynchronous=True)
         method = handler_call_details.method
 
         async def refuse(request, context):
@@ -272,6 +283,46 @@ class AsyncAuthInterceptor(_Gate, grpc.aio.ServerInterceptor):
 
 #: What a call without valid credentials is told.
 REFUSAL = "no valid job credentials"
+
+
+def _certificate_problem(context, name: str) -> str | None:
+    """Why the caller's certificate does not fit ``name``'s role, or None when it does."""
+    wanted = server_name(role_of(name))
+    names = context.auth_context().get("x509_common_name") or [b""]
+    held = names[0].decode(errors="replace")
+    if held == wanted:
+        return None
+    return f"caller {name[:_MAX_LOGGED_NAME]!r} with the certificate of {held!r}, not {wanted!r}"
+
+
+def _bound(handler: grpc.RpcMethodHandler, details, *, asynchronous: bool):
+    """``handler``, run only when the caller's certificate is of its name's role (the
+    services here are all unary-unary). A refusal is logged and UNAUTHENTICATED."""
+    method, inner = details.method, handler.unary_unary
+    name, _ = _credentials_of(details.invocation_metadata)
+    serializers = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if asynchronous:
+
+        async def behaviour(request, context):
+            problem = _certificate_problem(context, name)
+            if problem is not None:
+                log.warning("refused %s: %s", method, problem)
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: {REFUSAL}")
+            return await inner(request, context)
+
+    else:
+
+        def behaviour(request, context):
+            problem = _certificate_problem(context, name)
+            if problem is not None:
+                log.warning("refused %s: %s", method, problem)
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method}: {REFUSAL}")
+            return inner(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(behaviour, **serializers)
 
 
 def _credentials_of(metadata) -> tuple[str, str]:

@@ -13,9 +13,10 @@ Tests: tests/unit/test_auth.py.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
+import re
+import threading
 import time
 from collections.abc import Callable
 
@@ -29,6 +30,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 #: How long a token proves its name. A pod that waits Pending longer than this starts with
 #: an expired token and is refused; the master replaces it.
 TOKEN_LIFETIME_S = 24 * 3600
+#: Good tokens remembered by a verifier: more than a job's instances, and their renewals.
+_VERIFIED_MAX = 8192
 
 
 def derived_bytes(secret: str, label: str) -> bytes:
@@ -73,10 +76,13 @@ class TokenSigner:
         return self.token(name) if left < self.lifetime_s / 2 else ""
 
 
+#: A token's one form: the expiry in decimal, no leading zero, and 64 signature bytes in hex.
+_FORM = re.compile(r"[1-9][0-9]{0,11}\.[0-9a-f]{128}")
+
+
 def expires_at(token: str) -> int:
     """When ``token`` expires (Unix seconds); 0 for a token of no known form."""
-    head, _, _ = token.partition(".")
-    return int(head) if head.isdigit() and len(head) <= 12 else 0
+    return int(token.partition(".")[0]) if _FORM.fullmatch(token) else 0
 
 
 class TokenVerifier:
@@ -91,6 +97,8 @@ class TokenVerifier:
                 f"a verify key is 64 hex digits (an Ed25519 public key); got {verify_key[:80]!r}"
             ) from e
         self._clock = clock
+        self._verified: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
 
     def problem(self, name: str, token: str) -> str | None:
         """Why ``token`` does not prove ``name`` now, or None when it does."""
@@ -101,13 +109,19 @@ class TokenVerifier:
             return "an expired token"
         return None
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 -- one verifier per process
     def _signature_holds(self, name: str, token: str) -> bool:
-        # Cached: every call of a worker carries the same token, and the check is the costly
-        # part; the expiry is compared at every call.
-        _, _, signature = token.partition(".")
+        # Every call of an instance carries the same token, and the check is the costly part:
+        # a good one is remembered (the expiry is compared at every call). A bad one is not,
+        # so that strangers cannot fill the memory with made-up names.
+        if (name, token) in self._verified:
+            return True
+        signature = bytes.fromhex(token.partition(".")[2])
         try:
-            self._key.verify(bytes.fromhex(signature), _signed(name, expires_at(token)))
-        except (ValueError, InvalidSignature):
+            self._key.verify(signature, _signed(name, expires_at(token)))
+        except InvalidSignature:
             return False
+        with self._lock:
+            if len(self._verified) >= _VERIFIED_MAX:
+                self._verified.clear()  # the live instances' tokens come back at once
+            self._verified.add((name, token))
         return True

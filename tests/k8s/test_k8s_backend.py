@@ -527,6 +527,15 @@ def test_secret_values_are_in_one_secret_and_never_in_a_pod_spec(admin, restrict
     expected = ["c3rt", "s3cr3t", "t0ken-0"]
     poll("the ended instance's key to leave the Secret", lambda: values() == expected, timeout=10)
 
+    # A restarted master adopts ps-0 and worker-0, launches worker-2 with the same
+    # certificate, and worker-2 ends: the certificate's key stays, since the adopted pods
+    # read it (one of them could still be Pending); worker-2's token goes.
+    again = new_backend(job)
+    assert {i.name for i in again.list_instances()} >= {"ps-0", "worker-0"}
+    again.launch(spec("worker-2", "pass", index=2, secret_env={"ELASTIC_STEP_TOKEN": "t2", **ca}))
+    assert wait_for(again, "worker-2", EventKind.EXITED, END_S).reason is ExitReason.COMPLETED
+    poll("worker-2's token to leave the Secret", lambda: values() == expected, timeout=10)
+
 
 def _owners(obj) -> list[tuple[str, str]]:
     return [(r.kind, r.name) for r in obj.metadata.owner_references or []]

@@ -33,6 +33,7 @@ def _pod(name: str, labels: dict[str, str]) -> dict:
 class Tenant:
     master: client.CoreV1Api
     admin: client.CoreV1Api
+    discovery: client.DiscoveryV1Api  # the master's
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,15 @@ def tenant(cluster) -> Iterator[Tenant]:
         admin.create_namespaced_config_map(
             NS, {"metadata": {"name": "other-settings"}, "data": {"k": "v"}}
         )
-        yield Tenant(client.CoreV1Api(api), admin)
+        # The namespace's key, as the first master (or an admin) makes it.
+        admin.create_namespaced_secret(
+            NS,
+            {
+                "metadata": {"name": "elastic-step-keys", "labels": MANAGED},
+                "stringData": {"key": "k" * 64},
+            },
+        )
+        yield Tenant(client.CoreV1Api(api), admin, client.DiscoveryV1Api(api))
         admin.delete_namespace(NS)
 
 
@@ -61,8 +70,23 @@ def _status(call: Callable[[], object]) -> tuple[int, str]:
     return 200, ""
 
 
-def _refusals(master: client.CoreV1Api) -> dict[str, Callable[[], object]]:
+def _refusals(tenant: Tenant) -> dict[str, Callable[[], object]]:
+    master = tenant.master
     unlabelled = {"metadata": {"name": "made-up"}}
+    # An EndpointSlice, labelled as elastic-step's, that would give the other app's Service
+    # an address of the master's choosing.
+    hijack = {
+        "metadata": {
+            "name": "job-a-master",
+            "labels": {
+                **MANAGED,
+                "elastic-step/job": "job-a",
+                "kubernetes.io/service-name": "other-app",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.9.9.9"]}],
+    }
     return {
         "patch a pod of another app": lambda: master.patch_namespaced_pod(
             "other-app", NS, {"metadata": {"labels": {"x": "y"}}}
@@ -97,6 +121,15 @@ def _refusals(master: client.CoreV1Api) -> dict[str, Callable[[], object]]:
         "take an unrelated ConfigMap over": lambda: master.patch_namespaced_config_map(
             "other-settings", NS, {"metadata": {"labels": MANAGED}}
         ),
+        "replace the namespace's key": lambda: master.patch_namespaced_secret(
+            "elastic-step-keys", NS, {"stringData": {"key": "m" * 64}}
+        ),
+        "delete the namespace's key": lambda: master.delete_namespaced_secret(
+            "elastic-step-keys", NS
+        ),
+        "give another Service addresses": lambda: tenant.discovery.create_namespaced_endpoint_slice(
+            NS, hijack
+        ),
     }
 
 
@@ -112,11 +145,14 @@ BY_POLICY = {
     "patch an unrelated ConfigMap",
     "delete an unrelated ConfigMap",
     "take an unrelated ConfigMap over",
+    "replace the namespace's key",
+    "delete the namespace's key",
+    "give another Service addresses",
 }
 
 
 def test_the_master_token_is_refused_beyond_its_own_objects(tenant: Tenant) -> None:
-    refusals = _refusals(tenant.master)
+    refusals = _refusals(tenant)
     assert set(refusals) > BY_POLICY
     for what, call in refusals.items():
         status, body = _status(call)
@@ -150,6 +186,22 @@ def test_the_master_token_may_do_its_job(tenant: Tenant) -> None:
     for what, call in allowed.items():
         status, body = _status(call)
         assert status == 200, f"{what}: {status} {body}"
-    # The one Secret it may read: the namespace's elastic-step key (absent here: 404).
+    # The one Secret it may read: the namespace's key.
     status, _ = _status(lambda: master.read_namespaced_secret("elastic-step-keys", NS))
-    assert status == 404
+    assert status == 200
+    own_slice = {
+        "metadata": {
+            "name": "job-a-master",
+            "labels": {
+                **MANAGED,
+                "elastic-step/job": "job-a",
+                "kubernetes.io/service-name": "job-a-master",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.9.9.9"]}],
+    }
+    status, body = _status(
+        lambda: tenant.discovery.create_namespaced_endpoint_slice(NS, own_slice, dry_run="All")
+    )
+    assert status == 200, body

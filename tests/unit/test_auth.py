@@ -90,8 +90,19 @@ def test_a_token_proves_its_name_until_it_expires() -> None:
     assert verifier.problem(WORKER, token[:-2] + "00") == "a wrong token"
     stranger = TokenSigner(auth.new_secret(), clock=lambda: now[0])
     assert verifier.problem(WORKER, stranger.token(WORKER)) == "a wrong token"
-    for malformed in ("", "abc", "12.zz", f"99999999999999.{token.split('.')[1]}"):
-        assert verifier.problem(WORKER, malformed) == "a wrong token"
+    expiry, signature = token.split(".")
+    for malformed in (
+        "",
+        "abc",
+        "12.zz",
+        f"99999999999999.{signature}",  # an expiry of more than 12 digits
+        f"0{expiry}.{signature}",  # the same expiry, written another way
+        f"{expiry}.{signature.upper()}",  # the same signature, written another way
+        f"{expiry}.{signature[:64]} {signature[64:]}",
+    ):
+        assert verifier.problem(WORKER, malformed) == "a wrong token", malformed
+    # Only good tokens are remembered: made-up ones cannot fill the verifier's memory.
+    assert verifier._verified == {(WORKER, token)}
     # A later expiry with the old signature is not the token that was signed.
     later = f"{int(token.split('.')[0]) + 1000}.{token.split('.')[1]}"
     assert verifier.problem(WORKER, later) == "a wrong token"

@@ -15,7 +15,7 @@ from elastic_step.master.job_keys import JobKeys
 from elastic_step.ps.server import ParameterServerServicer
 from elastic_step.ps.shard import ParameterShard
 from elastic_step.rpc import auth, master_pb2, ps_pb2, ps_pb2_grpc
-from elastic_step.rpc.ps_client import PSClient, PSUnavailableError
+from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError
 from elastic_step.rpc.tls import JobCA
 
 SECRET = auth.new_secret()
@@ -29,7 +29,8 @@ def ps_address() -> Iterator[str]:
     servicer.settings = master_pb2.JobSettings(num_ps=1, keep_checkpoints=1)
     servicer.shard = ParameterShard(0, 1, keras.optimizers.SGD(0.1))
     server = grpc.server(
-        futures.ThreadPoolExecutor(4), interceptors=[auth.AuthInterceptor(KEYS.verify_key)]
+        futures.ThreadPoolExecutor(4),
+        interceptors=[auth.AuthInterceptor(KEYS.verify_key, tls=True)],
     )
     ps_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
     port = auth.add_port(server, "127.0.0.1:0", KEYS.tls("ps"))
@@ -90,6 +91,38 @@ def test_a_client_connects_only_to_the_role_it_calls(ps_address: str) -> None:
             client.pull()
     finally:
         client.close()
+
+
+def test_a_token_is_bound_to_its_role_certificate(
+    ps_address: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token that a PS received from the master or a worker is no use to the PS's user
+    code: it holds only the PS's certificate, and the server checks that the certificate is
+    of the role the token names."""
+    master_token = KEYS.signer.token(auth.MASTER_NAME)
+    worker_token = KEYS.signer.token("worker-0")
+    replayed = {
+        "the master's, with the PS's certificate": (auth.MASTER_NAME, master_token, "ps"),
+        "a worker's, with the PS's certificate": ("worker-0", worker_token, "ps"),
+        "a worker's, with the master's certificate": ("worker-0", worker_token, "master"),
+    }
+    for what, (name, token, role) in replayed.items():
+        client = PSClient([ps_address], auth.Credentials(name, token, KEYS.tls(role)), 10)
+        try:
+            with pytest.raises(PSError, match="UNAUTHENTICATED"):
+                client.pull()
+        finally:
+            client.close()
+        assert f"with the certificate of '{role}.elastic-step'" in caplog.text, what
+    # The same tokens with their own role's certificate are served.
+    for name, token in ((auth.MASTER_NAME, master_token), ("worker-0", worker_token)):
+        role = auth.role_of(name)
+        client = PSClient([ps_address], auth.Credentials(name, token, KEYS.tls(role)), 10)
+        try:
+            with pytest.raises(PSUnavailableError, match="holds no parameters"):
+                client.pull()
+        finally:
+            client.close()
 
 
 def test_a_restarted_master_issues_certificates_its_old_instances_trust(ps_address: str) -> None:

@@ -290,10 +290,11 @@ class KubernetesStateStore(CommittedStore):
         return self._job
 
     def job_secret(self) -> str:
-        """The job's secret, derived from the namespace's key (:data:`KEYS_SECRET`) and the
-        job's name: the master may read that one Secret and no other (manifests/rbac.yaml
-        names it), and the first master of the namespace makes it. So the masters of one
-        namespace can derive each other's secrets: a namespace is one tenant."""
+        """The job's secret, derived from the namespace's key (:data:`KEYS_SECRET`), the
+        job's name and its owner's uid: the master may read that one Secret and no other
+        (manifests/rbac.yaml names it), and the first master of the namespace makes it. So
+        the masters of one namespace can derive each other's secrets: a namespace is one
+        tenant."""
         body = {
             "apiVersion": "v1",
             "kind": "Secret",
@@ -319,7 +320,11 @@ class KubernetesStateStore(CommittedStore):
                 f"Secret {KEYS_SECRET} in namespace {self._namespace}: its key has "
                 f"{len(key)} characters; elastic-step wants at least 32 (random)"
             )
-        return hmac.new(key.encode(), f"job {self._job}".encode(), hashlib.sha256).hexdigest()
+        # The run's object too, when there is one: a job deleted and made again under the
+        # same name does not trust the tokens and certificates of the one before.
+        owner = self._objects.owner_references[0]["uid"] if self._objects.owner_references else ""
+        subject = f"job {self._job} {owner}".encode()
+        return hmac.new(key.encode(), subject, hashlib.sha256).hexdigest()
 
     @property
     def takeover_wait_s(self) -> float:
