@@ -240,14 +240,14 @@ def test_pod_waits_for_a_missing_secret_then_starts(cluster, sa_api, admin_api) 
 
 
 READ_ONLY_ROOT = r"""
-import json, os, tempfile
+import errno, json, os, tempfile
 def write(path):
     try:
         with open(path, "w") as f:
             f.write("x")
         return "ok"
-    except OSError as e:
-        return {30: "EROFS", 13: "EACCES"}.get(e.errno, str(e))
+    except OSError as err:
+        return errno.errorcode[err.errno]
 with open("/dev/null", "w") as f:
     f.write("x")
 print(json.dumps({
