@@ -13,13 +13,12 @@ import json
 import math
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TrainRun, records_exact
+from conftest import TrainRun, mid_epoch, records_exact
 from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing import event_accumulator
 
@@ -94,24 +93,13 @@ def watched(tmp_path_factory, digits_data):
         model_def=str(model_def),
     ).start()  # fmt: skip
     try:
-        status = run.wait_for("the metrics endpoint", lambda s: s.get("metrics_endpoint"))
-        url = f"http://{status['metrics_endpoint']}/metrics"
-        deadline = time.monotonic() + 120
-        while True:
-            scraped = _metrics(url)
-            workers = scraped.get(
-                ("elastic_step_instances", (("role", "worker"), ("state", "running"))), 0
-            )
-            done = scraped.get(("elastic_step_tasks", (("kind", "train"), ("state", "done"))), 0)
-            if workers >= 1 and done >= 1:
-                break
-            assert time.monotonic() < deadline, f"endpoint never showed progress: {scraped}"
-            time.sleep(0.2)
-        run.wait_for("a steady-state rate", lambda s: s.get("eta_s") is not None)
-        shown = subprocess.run(
-            [sys.executable, "-m", "elastic_step", "status", str(run.output)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        # Held in its first epoch once a rate is known, so that a fast run cannot end first.
+        with run.held(lambda s: mid_epoch(s) and s.get("eta_s") is not None) as status:
+            scraped = _metrics(f"http://{status['metrics_endpoint']}/metrics")
+            shown = subprocess.run(
+                [sys.executable, "-m", "elastic_step", "status", str(run.output)],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
         assert run.wait() == 0, run.log()[-3000:]
     finally:
         run.kill_all()
