@@ -20,8 +20,9 @@ What a pod gets, so that in-cluster code runs unchanged:
   /var/run/secrets/kubernetes.io/serviceaccount;
 - KUBERNETES_SERVICE_HOST/PORT naming the apiserver's loopback address, so
   kubernetes.config.load_incluster_config() works;
-- a memory cgroup (v1) per container with resources.limits.memory as its limit; a kill by
-  the kernel's OOM killer is reported as reason OOMKilled, as a real runtime does;
+- cgroups (v1, cgroups.py) per container: resources.limits.memory as its memory limit (a
+  kill by the kernel's OOM killer is reported as reason OOMKilled, as a real runtime does),
+  resources.limits.cpu as its CFS quota, and cpuacct counting the CPU time it uses;
 - readiness probes deciding the Ready condition (and so the pod's place in EndpointSlices),
   restartPolicy OnFailure/Always with restartCount and lastState, init containers.
 
@@ -59,6 +60,7 @@ from kubernetes.client.rest import ApiException
 
 # Run as a script: its sibling modules are importable from here.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cgroups import ContainerGroups, NodeCgroups, kubelet_group
 from host_services import service_range
 from podenv import (
     HOST_IP,
@@ -141,104 +143,6 @@ class IPAllocator:
             self.in_use.discard(ipaddress.IPv4Address(address))
 
 
-# --- memory cgroups ------------------------------------------------------------------------
-
-
-class MemoryCgroups:
-    """One cgroup-v1 memory group per container, under this kubelet's own cgroup."""
-
-    MOUNT = Path("/sys/fs/cgroup/memory")
-
-    def __init__(self, name: str):
-        self.root: Path | None = None
-        own = ""
-        with contextlib.suppress(OSError):
-            for line in Path("/proc/self/cgroup").read_text().splitlines():
-                _, controllers, path = line.split(":", 2)
-                if "memory" in controllers.split(","):
-                    own = path
-        parent = self.MOUNT / own.lstrip("/")
-        if not (parent / "memory.limit_in_bytes").exists():
-            log.warning("no cgroup-v1 memory controller at %s: memory limits not enforced", parent)
-            return
-        self._sweep(parent, name.rsplit("-", 1)[0])
-        try:
-            (parent / name).mkdir(exist_ok=True)
-            self.root = parent / name
-        except OSError as err:
-            log.warning("cannot create memory cgroup %s: %s", parent / name, err)
-
-    @staticmethod
-    def _sweep(parent: Path, prefix: str) -> None:
-        """Remove groups left by kubelets that died without cleaning up (pid in the name)."""
-        for group in parent.glob(f"{prefix}-*"):
-            pid = group.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                for child in sorted(group.rglob("*"), key=lambda p: -len(p.parts)):
-                    if child.is_dir():
-                        MemoryCgroups.remove(child, attempts=5)  # kills what it still holds
-                with contextlib.suppress(OSError):
-                    group.rmdir()
-
-    def create(self, key: str, limit: int | None) -> Path | None:
-        if self.root is None:
-            return None
-        group = self.root / key
-        group.mkdir(exist_ok=True)
-        if limit is not None:
-            (group / "memory.limit_in_bytes").write_text(str(limit))
-            memsw = group / "memory.memsw.limit_in_bytes"
-            if memsw.exists():  # no escape into swap
-                with contextlib.suppress(OSError):
-                    memsw.write_text(str(limit))
-        return group
-
-    @staticmethod
-    def oom_kills(group: Path | None) -> int:
-        if group is None:
-            return 0
-        with contextlib.suppress(OSError, ValueError):
-            for line in (group / "memory.oom_control").read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        return 0
-
-    @staticmethod
-    def kill_all(group: Path | None) -> None:
-        if group is None:
-            return
-        with contextlib.suppress(OSError):
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
-
-    @classmethod
-    def remove(cls, group: Path | None, attempts: int = 20) -> bool:
-        """Kill what is left and remove the group; False if it is still busy."""
-        if group is None or not group.exists():
-            return True
-        for _ in range(attempts):
-            cls.kill_all(group)
-            try:
-                group.rmdir()
-                return True
-            except FileNotFoundError:
-                return True
-            except OSError:
-                time.sleep(0.05)
-        return False
-
-    def close(self) -> None:
-        if self.root is None:
-            return
-        for group in list(self.root.iterdir()):
-            if group.is_dir():
-                self.remove(group)
-        with contextlib.suppress(OSError):
-            self.root.rmdir()
-
-
 # --- containers and pods -------------------------------------------------------------------
 
 
@@ -287,7 +191,7 @@ class Container:
     signal: int | None = None
     reason: str = ""
     message: str = ""
-    cgroup: Path | None = None
+    cgroups: ContainerGroups = field(default_factory=ContainerGroups)
     error_file: Path | None = None
     restart_count: int = 0
     last_terminated: dict[str, Any] | None = None
@@ -315,9 +219,9 @@ class Container:
                 return False
             # The container ends with its main process: kill what is left of it.
             self.kill_group(signal.SIGKILL)
-            MemoryCgroups.kill_all(self.cgroup)
+            self.cgroups.kill_all()
             self.finished_at = now()
-            oom = MemoryCgroups.oom_kills(self.cgroup) > 0
+            oom = self.cgroups.oom_kills() > 0
             start_error = ""
             if self.error_file is not None:
                 with contextlib.suppress(OSError):
@@ -330,10 +234,8 @@ class Container:
             else:
                 self.exit_code = code
                 self.reason = "Completed" if code == 0 else ("OOMKilled" if oom else "Error")
-            if not MemoryCgroups.remove(self.cgroup, attempts=3):
-                log.debug("cgroup %s still busy; removed with the pod", self.cgroup)
-            else:
-                self.cgroup = None
+            if not self.cgroups.remove(attempts=3):
+                log.debug("cgroups %s still busy; removed with the pod", self.cgroups.paths)
             return True
 
     def fail_to_start(self, message: str) -> None:
@@ -482,7 +384,7 @@ class ProcessKubelet:
         self.cluster_dns = cluster_dns
         self.cluster_domain = cluster_domain
         self.pvc_root = pvc_root or workdir.parent / "pvc"
-        self.cgroups = MemoryCgroups(f"process-kubelet-{node_name}-{os.getpid()}")
+        self.cgroups = NodeCgroups(kubelet_group(node_name, os.getpid()))
         self.runs: dict[str, PodRun] = {}
         self.runs_lock = threading.Lock()
         self.stopping = threading.Event()
@@ -830,10 +732,11 @@ class ProcessKubelet:
             for file in ("hosts", "hostname", "resolv.conf"):
                 if (etc / file).exists():
                     mounts.append({"source": str(etc / file), "target": f"/etc/{file}"})
-            limit = ((spec.get("resources") or {}).get("limits") or {}).get("memory")
-            key = f"{run.uid[:8]}-{name}-{container.restart_count}"
-            container.cgroup = self.cgroups.create(
-                key, int(parse_quantity(limit)) if limit else None
+            limits = (spec.get("resources") or {}).get("limits") or {}
+            container.cgroups = self.cgroups.create(
+                f"{run.uid[:8]}-{name}-{container.restart_count}",
+                memory_bytes=int(parse_quantity(limits["memory"])) if "memory" in limits else None,
+                cpu_cores=float(parse_quantity(limits["cpu"])) if "cpu" in limits else None,
             )
             rootfs = run.pod_dir / f"rootfs-{name}"
             rootfs.mkdir(exist_ok=True)
@@ -846,7 +749,7 @@ class ProcessKubelet:
             container.env = env
             plan = {
                 "root": str(rootfs),
-                "cgroup_procs": str(container.cgroup / "cgroup.procs") if container.cgroup else "",
+                "cgroup_procs": container.cgroups.procs_files(),
                 "hostname": "" if host_network else pod_hostname(run.pod),
                 "mounts": mounts,
                 "cwd": spec.get("workingDir") or str(run.pod_dir),
@@ -879,8 +782,7 @@ class ProcessKubelet:
         except (OSError, ValueError, ApiException) as err:
             message = err.reason if isinstance(err, ApiException) else str(err)
             container.fail_to_start(message)
-            MemoryCgroups.remove(container.cgroup)
-            container.cgroup = None
+            container.cgroups.remove()
 
     def _lookup(
         self, kind: str, namespace: str, name: str, key: str | None
@@ -1125,7 +1027,7 @@ class ProcessKubelet:
         for container in containers:
             if not container.poll():
                 container.kill_group(signal.SIGKILL)
-                MemoryCgroups.kill_all(container.cgroup)
+                container.cgroups.kill_all()
         kill_deadline = time.monotonic() + 30
         while not all(c.poll() or c.proc is None for c in containers):
             if time.monotonic() > kill_deadline:  # unkillable (D state): give up waiting
@@ -1151,8 +1053,7 @@ class ProcessKubelet:
                 return
             run.released = True
         for container in run.init_containers + run.containers:
-            if container.cgroup is not None and MemoryCgroups.remove(container.cgroup):
-                container.cgroup = None
+            container.cgroups.remove()
         if run.ip and run.ip != HOST_IP:
             self.ips.release(run.ip)
 

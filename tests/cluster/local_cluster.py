@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
+from cgroups import node_cpu_usage_ns
 from kubernetes import client, config, utils
 
 CLUSTER_DIR = Path(__file__).resolve().parent
@@ -59,6 +60,13 @@ class Cluster:
     pod_cidr: str  # pods get addresses from here (127.N.0.0/16)
     dns_address: str  # the cluster DNS server, port 53 UDP and TCP (127.N.255.53)
     pvc_root: Path  # provisioned PersistentVolumes: <pvc_root>/<namespace>/<claim>
+    kubelet_pid: int
+
+    def cpu_used_s(self) -> float | None:
+        """CPU seconds the node's containers have used since it started (its cpuacct group);
+        None where the host has no cgroup-v1 cpuacct controller."""
+        used = node_cpu_usage_ns(self.node_name, self.kubelet_pid)
+        return None if used is None else used / 1e9
 
     def admin(self) -> client.ApiClient:
         return config.new_client_from_config(config_file=str(self.admin_kubeconfig))
@@ -364,6 +372,7 @@ def start_cluster(
             pod_cidr=pod_cidr,
             dns_address=dns_address,
             pvc_root=pvc_root,
+            kubelet_pid=kubelet.pid,
         )
     finally:
         if kubelet is not None:

@@ -3,7 +3,8 @@
 The process kubelet starts every container as `python -I -S podinit.py PLAN.json`. This
 helper, still with the container's pid, then:
 
-1. joins the container's memory cgroup (so the limit covers everything from here on);
+1. joins the container's cgroups, memory, cpu and cpuacct (so the limits cover
+   everything from here on);
 2. unshares a mount namespace (propagation private) and a UTS namespace (the pod's
    hostname), unless the pod uses the host network (then only the mount namespace);
 3. builds a new root: a tmpfs holding bind mounts of every top-level entry of the host's
@@ -181,8 +182,8 @@ class Root:
 
 
 def setup(plan: dict) -> None:
-    if plan.get("cgroup_procs"):
-        with open(plan["cgroup_procs"], "w") as procs:
+    for procs_file in plan.get("cgroup_procs", []):
+        with open(procs_file, "w") as procs:
             procs.write(str(os.getpid()))
     unshare(CLONE_NEWNS | (CLONE_NEWUTS if plan.get("hostname") else 0))
     mount(None, "/", None, MS_REC | MS_PRIVATE)
