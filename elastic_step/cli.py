@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from elastic_step.backends import backend_names
+from elastic_step.backends.local import LocalOptions
 from elastic_step.errors import ElasticStepError, InputError
 from elastic_step.kubernetes_flags import (
     add_kubernetes_flags,
@@ -242,6 +243,30 @@ def _add_job_flags(p: argparse.ArgumentParser, *, ps: bool) -> None:
         help="with --max-workers: add a worker once all have run this long (default 10)",
     )
     g.add_argument(
+        "--auto-workers",
+        **_SWITCH,
+        help="size the job itself between --workers and --max-workers from its examples/s, "
+        "measured over --grow-after seconds at each count: add a worker while each added one "
+        "raises examples/s by at least --auto-workers-gain of one worker's share, give back "
+        "one that does not (and stay there), or that stays pending for 3 windows",
+    )
+    g.add_argument(
+        "--auto-workers-gain",
+        type=float,
+        default=0.5,
+        metavar="FRACTION",
+        help="with --auto-workers: what an added worker must add to examples/s, as a fraction "
+        "of the examples/s per worker before it (default 0.5)",
+    )
+    g.add_argument(
+        "--local-slots",
+        type=_int,
+        metavar="N",
+        default=None,
+        help=f"with --backend local: at most N {members} run at once; the rest wait, pending, "
+        "as pods wait for room on a cluster (default: no limit)",
+    )
+    g.add_argument(
         "--standby",
         type=_int,
         metavar="N",
@@ -341,6 +366,8 @@ def _job_settings(args: argparse.Namespace) -> dict:
         "min_workers": args.min_workers,
         "max_workers": args.max_workers,
         "grow_after_s": args.grow_after,
+        "auto_workers": args.auto_workers,
+        "auto_workers_gain": args.auto_workers_gain,
         "standby": args.standby,
         "backend": args.backend,
         "records_per_task": args.records_per_task,
@@ -467,11 +494,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _backend_options(args: argparse.Namespace) -> object:
     """The chosen backend's typed options; a Kubernetes flag with another backend is an error."""
     if args.backend == "kubernetes":
+        if args.local_slots is not None:
+            raise InputError("--local-slots applies to --backend local only")
         return options_from_args(args)
     given = kubernetes_flags_given(args)
     if given:
         raise InputError(f"{given[0]} applies to --backend kubernetes only")
-    return None
+    try:
+        return LocalOptions(slots=args.local_slots)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def _run(args: argparse.Namespace) -> int:

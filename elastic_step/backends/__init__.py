@@ -48,14 +48,18 @@ class BackendParams:
     job_name: str
     #: A local directory where the backend may keep its own records and the instances' logs.
     work_dir: str
-    #: The backend's own typed options (for example ``KubernetesOptions``); None for defaults.
+    #: The backend's own typed options (``LocalOptions``, ``KubernetesOptions``); None for
+    #: defaults.
     options: Any = None
 
 
 def _local(params: BackendParams) -> Backend:
-    from elastic_step.backends.local import LocalBackend
+    from elastic_step.backends.local import LocalBackend, LocalOptions
 
-    return LocalBackend(params.job_name, params.work_dir)
+    options = params.options
+    if options is not None and not isinstance(options, LocalOptions):
+        raise TypeError(f"the local backend takes LocalOptions, not {type(options)}")
+    return LocalBackend(params.job_name, params.work_dir, options)
 
 
 def _kubernetes(params: BackendParams) -> Backend:

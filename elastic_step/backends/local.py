@@ -4,6 +4,10 @@ Each instance runs in its own session, so that a killed master leaves it running
 master to adopt. The backend records its instances (pid and the process's start time, which
 tells a reused pid apart) in ``work_dir/instances.json``; a new master reads that record to
 find the live ones. Output goes to ``work_dir/logs/NAME.log``.
+
+With ``slots`` (``--local-slots``), at most that many instances run at once; a launch beyond
+it waits, pending with a message that says so, and starts when one ends, the way a pod waits
+for room on a cluster. Without it, every launch starts at once.
 Tests: tests/unit/test_local_backend.py, tests/unit/test_local_backend_contract.py.
 """
 
@@ -50,6 +54,18 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+@dataclass(frozen=True)
+class LocalOptions:
+    """The local backend's options."""
+
+    #: At most this many instances run at once; None: no limit.
+    slots: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.slots is not None and self.slots < 1:
+            raise ValueError(f"--local-slots must be at least 1, got {self.slots}")
+
+
 @dataclass
 class _Instance:
     name: str
@@ -62,8 +78,12 @@ class _Instance:
 
 
 class LocalBackend(Backend):
-    def __init__(self, job_name: str, work_dir: str) -> None:
+    def __init__(self, job_name: str, work_dir: str, options: LocalOptions | None = None) -> None:
         self._job_name = job_name
+        self._slots = (options or LocalOptions()).slots
+        #: Launches waiting for a free slot, oldest first.
+        self._waiting: dict[str, LaunchSpec] = {}
+        self._starting = 0  # taken from the waiting, not registered yet
         self._work_dir = work_dir
         self._registry_path = os.path.join(work_dir, "instances.json")
         self._log_dir = os.path.join(work_dir, "logs")
@@ -80,8 +100,21 @@ class LocalBackend(Backend):
 
     def launch(self, spec: LaunchSpec) -> None:
         with self._lock:
-            if spec.name in self._instances:
-                return  # already running: a launch is idempotent
+            if spec.name in self._instances or spec.name in self._waiting:
+                return  # already running or waiting: a launch is idempotent
+            if self._slots is not None and (self._waiting or self._in_use() >= self._slots):
+                self._waiting[spec.name] = spec  # first come, first started
+                why = f"waiting for a free local slot (all {self._slots} of --local-slots in use)"
+                self._events.put(InstanceEvent(spec.name, EventKind.PENDING, message=why))
+                return
+            self._starting += 1
+        try:
+            self._start(spec)
+        finally:
+            with self._lock:
+                self._starting -= 1
+
+    def _start(self, spec: LaunchSpec) -> None:
         env = {**os.environ, **spec.env, **spec.secret_env, "ELASTIC_STEP_INSTANCE": spec.name}
         try:
             with open(self.log_path(spec.name), "ab") as out:
@@ -104,6 +137,12 @@ class LocalBackend(Backend):
 
     def delete(self, name: str, grace_period_s: float = 5.0) -> None:
         with self._lock:
+            if self._waiting.pop(name, None) is not None:
+                gone = "deleted while it waited for a local slot"
+                self._events.put(
+                    InstanceEvent(name, EventKind.EXITED, reason=ExitReason.DELETED, message=gone)
+                )
+                return
             instance = self._instances.get(name)
             if instance is None or instance.deleting:
                 return
@@ -195,12 +234,30 @@ class LocalBackend(Backend):
                     del self._instances[instance.name]
                 if ended:
                     self._save_registry()
+                starting = []
+                while self._waiting and self._in_use() < (self._slots or 0):
+                    starting.append(self._waiting.pop(next(iter(self._waiting))))
+                    self._starting += 1
             for instance, (code, reason, message) in ended:
                 self._events.put(
                     InstanceEvent(
                         instance.name, EventKind.EXITED, code, reason, message, instance.pid
                     )
                 )
+            for spec in starting:
+                try:
+                    self._start(spec)
+                except BackendError as e:
+                    self._events.put(
+                        InstanceEvent(spec.name, EventKind.EXITED, 128, ExitReason.CRASHED, str(e))
+                    )
+                finally:
+                    with self._lock:
+                        self._starting -= 1
+
+    def _in_use(self) -> int:
+        """Slots taken: running instances, and waiting ones being started now."""
+        return len(self._instances) + self._starting
 
     @staticmethod
     def _exit_status(instance: _Instance) -> tuple[int | None, ExitReason, str] | None:

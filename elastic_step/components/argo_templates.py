@@ -156,6 +156,10 @@ _MAX_WORKERS = "{{=max(asInt(inputs.parameters.workers), asInt(inputs.parameters
 #: The limits of an elastic job (train, predict), and its Prometheus endpoint, described.
 _JOB_LIMITS = {
     "grow-after": "with max-workers: add a worker once all have run this many seconds",
+    "auto-workers": "size the job itself between workers and max-workers from its examples/s: "
+    "add a worker while each added one pays, give back one that does not or stays pending",
+    "auto-workers-gain": "with auto-workers: what an added worker must add to examples/s, as a "
+    "fraction of the examples/s per worker before it",
     "standby": "extra worker pods kept started, TensorFlow and the model loaded, that train "
     "nothing: one takes a dead worker's slot at once; each holds a worker's resources while idle",
     "max-restarts": "relaunches per slot of a process that crashed or was OOM-killed",

@@ -87,6 +87,8 @@ def elastic_train(
     early_stopping: str = "",
     keep_best: str = "",
     grow_after: float = 10.0,
+    auto_workers: bool = False,
+    auto_workers_gain: float = 0.5,
     standby: int = 0,
     max_restarts: int = 3,
     max_task_retries: int = 3,
@@ -148,6 +150,11 @@ def elastic_train(
         keep_best: METRIC[:min|max]: save the model of the best evaluation round instead of
             the last.
         grow_after: With max_workers: add a worker once all have run this many seconds.
+        auto_workers: Size the job itself between workers and max_workers from its
+            examples/s: add a worker while each added one pays, give back one that does not
+            or that stays pending.
+        auto_workers_gain: With auto_workers: what an added worker must add to examples/s, as
+            a fraction of the examples/s per worker before it.
         standby: Extra worker pods kept started, TensorFlow and the model loaded, that
             train nothing: one takes a dead worker's slot at once. Each holds a worker's
             resources while idle.
@@ -233,6 +240,8 @@ def batch_predict(
     max_workers: int = 0,
     records_per_task: int = 512,
     grow_after: float = 10.0,
+    auto_workers: bool = False,
+    auto_workers_gain: float = 0.5,
     standby: int = 0,
     max_restarts: int = 3,
     max_task_retries: int = 3,
@@ -279,6 +288,11 @@ def batch_predict(
         max_workers: Grow up to this many workers while all run (0: no growth).
         records_per_task: Records per task.
         grow_after: With max_workers: add a worker once all have run this many seconds.
+        auto_workers: Size the job itself between workers and max_workers from its
+            examples/s: add a worker while each added one pays, give back one that does not
+            or that stays pending.
+        auto_workers_gain: With auto_workers: what an added worker must add to examples/s, as
+            a fraction of the examples/s per worker before it.
         standby: Extra worker pods kept started, TensorFlow and the model loaded, that
             train nothing: one takes a dead worker's slot at once. Each holds a worker's
             resources while idle.

@@ -148,6 +148,10 @@ _JOB: dict[str, Deviation | tuple[Deviation, ...]] = {
         -1, "KFP: -1 is no endpoint; kfp.local casts an integer parameter's None with int()", (KFP,)
     ),
     "--port": LeftOut("the master's port in its own pod or process: any free one serves"),
+    "--local-slots": LeftOut(
+        "a limit on processes beside the master, for trying --auto-workers on one machine: a "
+        "step's room is what its cluster grants"
+    ),
     "--job-name": LeftOut(
         "Argo: named from the workflow's uid and the node (identity.ARGO_JOB_NAME), so that "
         "a retry resumes its job",

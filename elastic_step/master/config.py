@@ -61,6 +61,10 @@ class EngineConfig:
     max_task_retries: int = 3
     #: Grow by one worker when every wanted worker has run this long (up to max_workers).
     grow_after_s: float = 10.0
+    #: Size the job between workers and max_workers from its own examples/s.
+    auto_workers: bool = False
+    #: With auto_workers: the gain an added worker must bring, in one worker's share.
+    auto_workers_gain: float = 0.5
     #: Worker processes kept ready, TensorFlow loaded, to replace a dead worker at once.
     standby: int = 0
     task_timeout_s: float = 120.0
@@ -123,6 +127,13 @@ class EngineConfig:
             raise InputError(
                 f"--max-workers ({self.max_workers}) must be >= --workers ({self.workers})"
             )
+        if self.auto_workers and self.worker_limit == self.workers:
+            raise InputError(
+                f"--auto-workers needs --max-workers above --workers ({self.workers}): it "
+                "sizes the job between the two"
+            )
+        if not 0 < self.auto_workers_gain <= 1:
+            raise InputError(f"--auto-workers-gain must be in (0, 1], got {self.auto_workers_gain}")
         for flag, seconds in (
             ("--grow-after", self.grow_after_s),
             ("--task-timeout", self.task_timeout_s),

@@ -271,7 +271,10 @@ class Coordinator:
                 )
             if request.HasField("report"):
                 self.report_task(worker, request.report)
-            if self.phase.dismisses_instances or instance.state.ended:
+            retiring = self.instances.is_retiring(worker)
+            if self.phase.dismisses_instances or instance.state.ended or retiring:
+                if retiring and worker not in self.instances.dismissed:
+                    log.info("%s: its slot was given back; it finishes here", worker)
                 self.instances.dismiss(worker)
                 return master_pb2.Task(kind=master_pb2.Task.FINISHED)
             if self.phase.over or instance.role is Role.STANDBY:
@@ -329,9 +332,10 @@ class Coordinator:
             if task is None:
                 self._log_stale(worker, report)
                 return
-            self.instances.note_task_done(worker)
-            if task.kind is not TaskKind.EVALUATE:
-                self._note_trained(task.records)
+            trained = 0 if task.kind is TaskKind.EVALUATE else task.records
+            self.instances.note_task_done(worker, trained)
+            if trained:
+                self._note_trained(trained)
             if task.kind is TaskKind.TRAIN and report.train_examples > 0:  # measured
                 self.note_train_loss(
                     report.model_version,

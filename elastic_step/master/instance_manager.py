@@ -14,9 +14,13 @@ most one live instance; when it ends, the relaunch policy decides
   must not end the job's workers one by one). While the job is stopping nothing is
   retired: a stop must leave every slot to be relaunched on resume.
 
-The job starts with ``workers`` worker slots and grows by one, up to ``max_workers``, each time
-every wanted worker has been running for ``grow_after_s`` seconds: a cluster that grants the
-pods lets the job grow.
+The job starts with ``workers`` worker slots; its sizing policy
+(:mod:`~elastic_step.master.worker_sizing`) adds or gives back one at a time, within
+``max_workers``. By default it grows by one each time every wanted worker has been running for
+``grow_after_s`` seconds (a cluster that grants the pods lets the job grow); with
+``--auto-workers`` it grows while an added worker raises examples/s enough. A slot given back
+is retired: a worker pending there is deleted, a running one finishes its task and is told
+that the job is over for it.
 
 Standbys (``standby`` > 0): that many extra worker processes, in slots of their own, that start
 and load TensorFlow and the model but train nothing. When a worker slot needs an instance and
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from elastic_step.backends.api import (
@@ -45,6 +49,7 @@ from elastic_step.backends.api import (
     LaunchSpec,
     Role,
 )
+from elastic_step.master.instance_names import InstanceNames
 from elastic_step.master.process_state import (
     ProcessState,
     Transition,
@@ -52,6 +57,13 @@ from elastic_step.master.process_state import (
     transition_of,
 )
 from elastic_step.master.relaunch_policy import RelaunchPolicy, Verdict
+from elastic_step.master.worker_sizing import (
+    SizingAction,
+    SizingSettings,
+    WorkerSizing,
+    create_worker_sizing,
+)
+from elastic_step.master.worker_sizing.ledger import SizingLedger
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +74,8 @@ MAX_LAUNCH_ERRORS = 8
 KEEP_ENDED = 100
 #: Points kept in the workers timeline; past that the oldest (but the first) are dropped.
 MAX_TIMELINE = 1000
+#: A worker asked for by the sizing policy is given back after this many windows pending.
+PENDING_WINDOWS = 3
 #: Launches per reconcile: the master launches under its lock, so a job of 1,000 workers
 #: starts over a few seconds of ticks instead of holding every RPC for one long pass.
 MAX_LAUNCHES_PER_RECONCILE = 32
@@ -110,6 +124,10 @@ class MembershipSettings:
     num_ps: int
     max_restarts: int
     grow_after_s: float = 10.0
+    #: The worker sizing policy ("all-running", or "throughput" for --auto-workers), and the
+    #: gain an added worker must bring under "throughput".
+    sizing: str = "all-running"
+    min_gain: float = 0.5
     #: First delay before relaunching a slot whose instance failed before finishing a task;
     #: it doubles with each such failure in a row, up to ``backoff_max_s``.
     backoff_s: float = 1.0
@@ -119,6 +137,18 @@ class MembershipSettings:
     starve_timeout_s: float = 300.0
     #: Worker processes kept ready to take a dead worker's slot (see the module's docstring).
     standby: int = 0
+
+    def sizing_policy(self) -> WorkerSizing:
+        return create_worker_sizing(
+            self.sizing,
+            SizingSettings(
+                workers=self.workers,
+                max_workers=self.max_workers,
+                window_s=self.grow_after_s,
+                min_gain=self.min_gain,
+                pending_s=PENDING_WINDOWS * self.grow_after_s,
+            ),
+        )
 
 
 SpecFactory = Callable[[Role, int, str], LaunchSpec]
@@ -139,17 +169,15 @@ class InstanceManager:
         #: What changed since the last journal records: groups, and new timeline points.
         self._changed: set[str] = set()
         self._new_points: list[list[float]] = []
-        #: The next worker number, and each PS shard's next generation: names never repeat.
-        self.next_worker = 0
-        self.next_standby = 0
+        self.names = InstanceNames()
         #: Standbys moved into worker slots, over the job's life.
         self.promotions = 0
-        self.ps_generations: dict[int, int] = {}
         self.settings = settings
         self._spec_for = spec_for
         self._clock = clock
         self.instances: dict[str, Instance] = {}
         self.worker_slots: set[int] = set(range(settings.workers))
+        self.sizing = SizingLedger(settings.sizing_policy(), clock)
         #: Standbys loaded and waiting, oldest first (not durable: a waiting standby
         #: registers again with a restarted master).
         self._ready_standbys: dict[str, None] = {}
@@ -167,9 +195,9 @@ class InstanceManager:
         self._retry_launch_at = 0.0
         self._launch_errors = 0
         self._starving_since: float | None = None
-        #: Instances told that the job is over (not journaled: once the job is over, a
-        #: restarted master tells them again at their next call).
-        self._dismissed: set[str] = set()
+        #: Instances told that the job is over (not journaled: once the job is over, or
+        #: their slot given back, a restarted master tells them again at their next call).
+        self.dismissed: set[str] = set()
         self.stopping = False
         #: Set when the membership can no longer run the job.
         self.failure: str | None = None
@@ -202,7 +230,7 @@ class InstanceManager:
         self._check_starving()
         if self.failure or self._clock() < self._retry_launch_at:
             return
-        self._maybe_grow()
+        self._resize()
         wanted = [(Role.PS, shard) for shard in range(self.settings.num_ps)]
         wanted += [(Role.WORKER, slot) for slot in sorted(self.worker_slots)]
         wanted += [(Role.STANDBY, slot) for slot in range(self.settings.standby)]
@@ -252,13 +280,13 @@ class InstanceManager:
             # Whatever made it exit 0 during a stop, its work is not over: on resume the
             # slot must be relaunched, so it is not recorded as succeeded.
             transition = Transition.KILLED
-        elif transition is Transition.COMPLETED and event.name not in self._dismissed:
+        elif transition is Transition.COMPLETED and event.name not in self.dismissed:
             transition, reason = Transition.FAILED, ExitReason.CRASHED
             message = f"{message}, before the master dismissed it"
         elif (
             reason is ExitReason.LOST
             and event.exit_code is None
-            and event.name in self._dismissed
+            and event.name in self.dismissed
             and not self.stopping
         ):
             # An adopted process's exit status went to init, not to this master; exiting
@@ -269,6 +297,11 @@ class InstanceManager:
         if new_state is None:
             return None
         instance.state = new_state
+        if instance.role is Role.WORKER:
+            if new_state is ProcessState.RUNNING:
+                self.sizing.note_running(instance.slot)
+            elif new_state.ended and instance.slot in self.worker_slots:
+                self.sizing.note_waiting(instance.slot)
         instance.pid = event.pid or instance.pid
         if transition is Transition.WAITING:
             if instance.message != event.message:
@@ -341,24 +374,16 @@ class InstanceManager:
     def _check_starving(self) -> None:
         """Fails the job when it has had no running worker, or a PS shard not running, for
         ``starve_timeout_s``: the pending instances' reasons say why."""
-        running = [i for i in self.instances.values() if i.state is ProcessState.RUNNING]
-        ps_running = {i.slot for i in running if i.role is Role.PS}
-        starving = not any(i.role is Role.WORKER for i in running) or len(ps_running) < (
-            self.settings.num_ps
-        )
+        lack = _what_starves(self.instances.values(), self.settings.num_ps)
         now = self._clock()
-        if not starving:
-            self._starving_since = None
-            return
-        if self._starving_since is None:
-            self._starving_since = now
+        if lack is None or self._starving_since is None:
+            self._starving_since = None if lack is None else now
             return
         if now - self._starving_since < self.settings.starve_timeout_s:
             return
         waiting = [f"{i.name}: {i.message}" for i in self.live(Role.WORKER) + self.live(Role.PS)]
-        what = "no worker" if not any(i.role is Role.WORKER for i in running) else "not every PS"
         self.failure = (
-            f"{what} has been running for {self.settings.starve_timeout_s:.0f} s "
+            f"{lack} has been running for {self.settings.starve_timeout_s:.0f} s "
             f"(--master-timeout); pending: {'; '.join(waiting) or 'none'}"
         )
         self._changed.add("failure")
@@ -400,10 +425,23 @@ class InstanceManager:
 
     def dismiss(self, name: str) -> None:
         """The master told ``name`` that the job is over: its exit 0 will be a success."""
-        self._dismissed.add(name)
+        self.dismissed.add(name)
 
-    def note_task_done(self, name: str) -> None:
-        """A worker finished a task: its slot is healthy, so its failure backoff resets."""
+    def is_retiring(self, name: str) -> bool:
+        """Whether ``name`` is a live worker whose slot was given back: it is to finish the
+        task in hand and exit."""
+        instance = self.instances.get(name)
+        return (
+            instance is not None
+            and instance.role is Role.WORKER
+            and not instance.state.ended
+            and instance.slot not in self.worker_slots
+        )
+
+    def note_task_done(self, name: str, records: int = 0) -> None:
+        """A worker finished a task of ``records`` training (or prediction) records: its
+        slot is healthy, so its failure backoff resets, and the work counts for sizing."""
+        self.sizing.note_task_done(name, records)
         instance = self.instances.get(name)
         if instance and self.relaunch.note_task_done(self._slot_key(instance.role, instance.slot)):
             self._record()
@@ -432,10 +470,9 @@ class InstanceManager:
             "started_at": self.started_at,
             "timeline": [list(point) for point in self.timeline],
             "failure": self.failure,
-            "next_worker": self.next_worker,
-            "next_standby": self.next_standby,
+            **self.names.snapshot(),
             "promotions": self.promotions,
-            "ps_generations": {str(k): v for k, v in self.ps_generations.items()},
+            "sizing_decisions": [dict(d) for d in self.sizing.decisions],
         }
 
     def restore(self, state: dict) -> None:
@@ -446,10 +483,10 @@ class InstanceManager:
         self.started_at = state["started_at"]
         self.timeline = [list(point) for point in state["timeline"]]
         self.failure = state["failure"]
-        self.next_worker = state["next_worker"]
-        self.next_standby = state.get("next_standby", 0)  # absent before standbys
+        self.names.restore(state)
         self.promotions = state.get("promotions", 0)
-        self.ps_generations = {int(k): v for k, v in state["ps_generations"].items()}
+        for decision in state.get("sizing_decisions", []):  # absent before sizing policies
+            self.sizing.add(decision)
 
     def apply(self, record: dict) -> None:
         """Replays one journal record, as :meth:`_record` wrote it."""
@@ -466,6 +503,8 @@ class InstanceManager:
                 self._add_point(record["point"])
             case "promoted":
                 self.promotions += 1
+            case "sizing":
+                self.sizing.add(record["decision"])
             case op:
                 raise ValueError(f"unknown instance record kind {op!r}")
 
@@ -496,16 +535,7 @@ class InstanceManager:
     def _add(self, instance: Instance) -> None:
         """Puts ``instance`` on record, notes its name, and forgets the oldest ended ones."""
         self.instances[instance.name] = instance
-        if instance.name.startswith("standby-"):  # a standby, or a worker that was one
-            self.next_standby = max(self.next_standby, int(instance.name.rsplit("-", 1)[1]) + 1)
-        elif instance.role is Role.WORKER:
-            self.next_worker = max(self.next_worker, int(instance.name.rsplit("-", 1)[1]) + 1)
-        else:
-            prefix = f"ps-{instance.slot}"
-            generation = 0 if instance.name == prefix else int(instance.name[len(prefix) + 1 :])
-            self.ps_generations[instance.slot] = max(
-                self.ps_generations.get(instance.slot, 0), generation + 1
-            )
+        self.names.note(instance.name, instance.role, instance.slot)
         if instance.state.ended:
             ended = [name for name, i in self.instances.items() if i.state.ended]
             for name in ended[: max(len(ended) - KEEP_ENDED, 0)]:
@@ -527,24 +557,13 @@ class InstanceManager:
         return f"{role.value}-{slot}"
 
     def _launch(self, role: Role, slot: int) -> None:
-        name = self._next_name(role, slot)
+        name = self.names.next(role, slot)
         spec = self._spec_for(role, slot, name)
         self._backend.launch(spec)
+        if role is Role.WORKER:
+            self.sizing.note_waiting(slot)
         self._record(Instance(name, role, slot))
         log.info("launched %s (%s slot %d)", name, role.value, slot)
-
-    def _next_name(self, role: Role, slot: int) -> str:
-        """A name no instance of this job ever had, adopted ones included.
-
-        Names are never reused, so a report or an event from a dead instance is never taken
-        for its successor's.
-        """
-        if role is Role.WORKER:
-            return f"worker-{self.next_worker}"
-        if role is Role.STANDBY:
-            return f"standby-{self.next_standby}"
-        generation = self.ps_generations.get(slot, 0)
-        return f"ps-{slot}" if generation == 0 else f"ps-{slot}-{generation}"
 
     def _apply_relaunch_policy(self, instance: Instance) -> None:
         """Asks the relaunch policy about the slot of ``instance``, which ended; fails the job
@@ -574,23 +593,56 @@ class InstanceManager:
                     f"--min-workers={self.settings.min_workers}; last: {what}"
                 )
 
-    def _maybe_grow(self) -> None:
-        if len(self.worker_slots) >= self.settings.max_workers:
-            return
-        if self.running_workers() < len(self.worker_slots):
-            return
-        if self._clock() - self._last_change < self.settings.grow_after_s:
-            return
-        slot = max(self.worker_slots, default=-1) + 1
-        self.worker_slots.add(slot)
-        self._changed.add("slots")
-        self._record()
-        log.info(
-            "all %d workers are running; growing to %d (--max-workers=%d)",
-            len(self.worker_slots) - 1,
-            len(self.worker_slots),
-            self.settings.max_workers,
+    def _resize(self) -> None:
+        """Asks the sizing policy, and applies and journals what it decides."""
+        view = self.sizing.view(
+            elapsed_s=self.elapsed_s(),
+            slots=self.worker_slots,
+            workers=self.live(Role.WORKER),
+            stable_for_s=self._clock() - self._last_change,
         )
+        decision = self.sizing.policy.decide(view)
+        if decision is None:
+            return
+        log.info(
+            "worker sizing (%s): %s -> %s workers: %s",
+            self.sizing.policy.name,
+            decision.workers_from,
+            decision.workers_to,
+            decision.reason,
+        )
+        if decision.action is SizingAction.GROW:
+            slot = self._free_worker_slot()
+            self.worker_slots.add(slot)
+            self.sizing.note_waiting(slot)
+            self._changed.add("slots")
+        elif decision.action is SizingAction.SHRINK:
+            self._give_back(max(self.worker_slots))
+        self._last_change = self._clock()
+        self.sizing.add(decision.to_json(), replay=False)
+        self._journal({"op": "sizing", "decision": decision.to_json()})
+        self._record()
+
+    def _free_worker_slot(self) -> int:
+        """The lowest slot number neither wanted nor given back before."""
+        slot = 0
+        while slot in self.worker_slots or self._slot_key(Role.WORKER, slot) in (
+            self.relaunch.retired
+        ):
+            slot += 1
+        return slot
+
+    def _give_back(self, slot: int) -> None:
+        """Retires worker slot ``slot``: a pending instance there is deleted, a running one
+        is told at its next call that the job is over for it (:meth:`is_retiring`)."""
+        key = self._slot_key(Role.WORKER, slot)
+        self.worker_slots.discard(slot)
+        self.sizing.note_running(slot)  # no longer waited for
+        self.relaunch.retired.add(key)
+        self._changed.update({"slots", f"slot:{key}"})
+        for instance in self.live(Role.WORKER):
+            if instance.slot == slot and instance.state is not ProcessState.RUNNING:
+                self._backend.delete(instance.name, grace_period_s=0)
 
     def _note_membership_change(self) -> None:
         self._last_change = self._clock()
@@ -599,3 +651,13 @@ class InstanceManager:
             point = [self.elapsed_s(), running]
             self._add_point(point)
             self._new_points.append(point)
+
+
+def _what_starves(instances: Iterable[Instance], num_ps: int) -> str | None:
+    """ "no worker" or "not every PS" when that is not running; None when the job can run."""
+    running = [i for i in instances if i.state is ProcessState.RUNNING]
+    if not any(i.role is Role.WORKER for i in running):
+        return "no worker"
+    if len({i.slot for i in running if i.role is Role.PS}) < num_ps:
+        return "not every PS"
+    return None

@@ -113,6 +113,8 @@ class JobKind(ABC):
             num_ps=self.num_ps,
             max_restarts=c.max_restarts,
             grow_after_s=c.grow_after_s,
+            sizing="throughput" if c.auto_workers else "all-running",
+            min_gain=c.auto_workers_gain,
             starve_timeout_s=c.master_timeout_s,
             standby=c.standby,
         )

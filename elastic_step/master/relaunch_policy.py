@@ -3,6 +3,7 @@ decide it.
 
 - exited with status 0 after the master dismissed it (succeeded): its work is over, the slot
   is retired;
+- ended in a slot the sizing policy gave back: the slot stays retired, nothing is counted;
 - ended while the job is stopping: nothing is counted, the slot is left to be relaunched on
   resume;
 - killed (deleted, preempted, evicted, lost): not its fault, always replaced; the restart is
@@ -110,6 +111,9 @@ class RelaunchPolicy:
         if instance.state is ProcessState.SUCCEEDED:
             self.retired.add(key)
             log.info("%s", what)
+            return Verdict.RETIRED
+        if key in self.retired:  # the sizing policy gave the slot back
+            log.info("%s; its slot was given back", what)
             return Verdict.RETIRED
         if stopping:
             log.info("%s", what)

@@ -46,6 +46,7 @@ def status(
         "standby": _members(instances, Role.STANDBY),
         "restarts": instances.restarts,
         "restarts_by_reason": instances.restarts_by_reason,
+        "worker_sizing": sizing_facts(instances),
         "error": record.error,
         "elapsed_s": instances.elapsed_s(),
         "eta_s": _rounded(coordinator.eta_s()),
@@ -184,8 +185,18 @@ def run_facts(coordinator: Coordinator) -> dict:
         "restart_events": instances.restart_events,
         "standby": {"slots": instances.settings.standby, "promoted": instances.promotions},
         "workers_timeline": instances.timeline,
+        "worker_sizing": sizing_facts(instances),
         "elapsed_s": instances.elapsed_s(),
         "examples_per_second": round(rate, 2) if rate else None,
+    }
+
+
+def sizing_facts(instances: InstanceManager) -> dict:
+    """The sizing policy, the workers it wants now, and every decision it made, with why."""
+    return {
+        "policy": instances.sizing.policy.name,
+        "wanted": len(instances.worker_slots),
+        "decisions": [dict(d) for d in instances.sizing.decisions],
     }
 
 
@@ -217,7 +228,7 @@ def format_status(document: dict) -> str:
         lines.append(f"stopped: {document['early_stop']['reason']}")
     if document.get("error"):
         lines.append(f"error:   {document['error']}")
-    return "\n".join(lines + _member_lines(document, ("ps", "workers")))
+    return "\n".join(lines + _sizing_lines(document) + _member_lines(document, ("ps", "workers")))
 
 
 def _format_prediction(document: dict) -> str:
@@ -231,7 +242,19 @@ def _format_prediction(document: dict) -> str:
         lines.append(f"eta:     {_duration(document.get('eta_s'))}")
     if document.get("error"):
         lines.append(f"error:   {document['error']}")
-    return "\n".join(lines + _member_lines(document, ("workers",)))
+    return "\n".join(lines + _sizing_lines(document) + _member_lines(document, ("workers",)))
+
+
+def _sizing_lines(document: dict) -> list[str]:
+    """The sizing policy's last decision, once it made one."""
+    sizing = document.get("worker_sizing") or {}
+    if not sizing.get("decisions"):
+        return []
+    last = sizing["decisions"][-1]
+    return [
+        f"sizing:  {sizing['wanted']} workers wanted ({sizing['policy']}); last decision at "
+        f"{_duration(last['at_s'])}: {last['action']} to {last['workers_to']}, {last['reason']}"
+    ]
 
 
 def _member_lines(document: dict, roles: tuple[str, ...]) -> list[str]:

@@ -17,7 +17,10 @@ def test_job_grows_to_max_workers(train_run):
     assert live[:2] == [0, 1] and 2 in live, summary["workers_timeline"]
     assert max(live) == 2, "never beyond --max-workers"
     assert summary["restarts"]["worker"] == 0
-    assert "all 1 workers are running; growing to 2 (--max-workers=2)" in run.log()
+    [grow] = summary["worker_sizing"]["decisions"]
+    assert (grow["action"], grow["workers_from"], grow["workers_to"]) == ("grow", 1, 2)
+    assert f"1 -> 2 workers: {grow['reason']}" in run.log()
+    assert grow["reason"] == "all 1 workers have run for 1 s (--max-workers=2)"
     assert {w["id"]: w["state"] for w in run.status()["workers"]} == {
         "worker-0": "succeeded",
         "worker-1": "succeeded",

@@ -714,7 +714,9 @@ def test_records_stay_small_and_the_state_bounded_at_scale() -> None:
     assert manager.restarts["worker"] == 3000
     assert len(manager.restart_events) == 1000
     assert manager.restart_events[-1]["at_s"] == 3000.0
-    assert manager.next_worker == 4000  # names are never reused, though old ones are forgotten
+    assert (
+        manager.names.next_worker == 4000
+    )  # names are never reused, though old ones are forgotten
     replayed = make(FakeBackend(), clock, workers=1000, max_workers=1000, max_restarts=10**6)
     replayed.restore(base)
     for record in round_trip(records):

@@ -23,7 +23,7 @@ from elastic_step.backends.api import (
     LaunchSpec,
     Role,
 )
-from elastic_step.backends.local import LocalBackend, process_start_time
+from elastic_step.backends.local import LocalBackend, LocalOptions, process_start_time
 
 SLEEP = "import time; time.sleep(60)"
 
@@ -42,8 +42,10 @@ class Processes:
     def track(self, pid: int) -> None:
         self._started.append((pid, process_start_time(pid)))
 
-    def backend(self, work_dir: Path, job_name: str = "job-1") -> LocalBackend:
-        backend = LocalBackend(job_name, str(work_dir))
+    def backend(
+        self, work_dir: Path, job_name: str = "job-1", slots: int | None = None
+    ) -> LocalBackend:
+        backend = LocalBackend(job_name, str(work_dir), LocalOptions(slots=slots))
         self.backends.append(backend)
         return backend
 
@@ -258,3 +260,31 @@ def test_a_malformed_instance_record_is_set_aside_with_one_line_and_nothing_adop
     assert "instances.json: not a record of instances" in line and str(kept) in line
     # A new record in its place, for the next master.
     assert json.loads((tmp_path / "instances.json").read_text())["instances"] == {}
+
+
+def test_with_slots_a_launch_beyond_them_waits_pending_and_starts_when_one_ends(
+    tmp_path: Path, procs: Processes
+) -> None:
+    backend = procs.backend(tmp_path, slots=2)
+    launch(backend, procs, "ps-0", SLEEP, role=Role.PS)
+    first = launch(backend, procs, "worker-0", SLEEP)
+    backend.launch(LaunchSpec("worker-1", Role.WORKER, 1, python(SLEEP)))
+    backend.launch(LaunchSpec("worker-2", Role.WORKER, 2, python(SLEEP)))
+    waiting = [e for e in backend.next_events(1.0) if e.kind is EventKind.PENDING]
+    assert [e.name for e in waiting] == ["worker-1", "worker-2"]
+    why = "waiting for a free local slot (all 2 of --local-slots in use)"
+    assert all(e.message == why for e in waiting)
+    assert sorted(i.name for i in backend.list_instances()) == ["ps-0", "worker-0"]
+
+    backend.delete("worker-2")  # never started: gone at once
+    gone = wait_for(backend, "worker-2", EventKind.EXITED)
+    assert (gone.reason, gone.pid) == (ExitReason.DELETED, None)
+    os.kill(first, signal.SIGKILL)  # a slot frees: the oldest waiting launch takes it
+    started = wait_for(backend, "worker-1", EventKind.STARTED)
+    procs.track(started.pid)
+    assert sorted(i.name for i in backend.list_instances()) == ["ps-0", "worker-1"]
+
+
+def test_slots_below_one_are_refused() -> None:
+    with pytest.raises(ValueError, match="--local-slots must be at least 1, got 0"):
+        LocalOptions(slots=0)
