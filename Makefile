@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup lock browser demo test test-unit test-e2e test-k8s test-argo cluster argo kfp kfp-ui mlmd mariadb lint format proto clean \
 	components bench bench-throughput bench-embedding bench-master bench-goodput \
-	bench-preprocess bench-preauth bench-tls bench-k8s bench-kfp
+	bench-preprocess bench-preauth bench-tls bench-k8s bench-kfp bench-makespan
 
 setup: $(STAMP)
 
@@ -125,6 +125,9 @@ bench-goodput: $(STAMP)
 # Kept out of `make bench`: like test-k8s, it needs Go for the test control plane.
 bench-k8s: $(STAMP) cluster
 	GO=$(GO) $(BIN)/python bench/k8s_recovery.py
+# Two competing jobs on the test cluster: gang, elastic, priorities, --auto-workers.
+bench-makespan: $(STAMP) cluster
+	GO=$(GO) $(BIN)/python bench/makespan.py
 # The example pipeline on KFP's own backend (as make test-argo starts it) against kfp.local.
 bench-kfp: $(STAMP) argo kfp mlmd mariadb
 	GO=$(GO) $(BIN)/python bench/kfp_backend.py

@@ -377,6 +377,8 @@ class ProcessKubelet:
         self.workdir = workdir
         self.base_env = base_env if base_env is not None else _host_env()
         self.host_paths = _host_paths(self.base_env) + list(host_paths or [])
+        #: The tests' own directories: writable in every container, even under a read-only root.
+        self.shared_paths = list(host_paths or [])
         server = urlsplit(api.configuration.host)
         self.service_env = service_env(server.hostname or HOST_IP, server.port or 443)
         self.pod_cidr = pod_cidr
@@ -755,6 +757,7 @@ class ProcessKubelet:
                 "cwd": spec.get("workingDir") or str(run.pod_dir),
                 "private_tmp": str(private_tmp),
                 "keep": [*self.host_paths, str(run.pod_dir)],
+                "shared": self.shared_paths,
                 "argv": argv,
                 "env": env,
                 "error_file": str(container.error_file),

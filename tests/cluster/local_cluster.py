@@ -258,6 +258,7 @@ def start_cluster(
     *,
     pod_path: Sequence[Path] = (),
     host_paths: Sequence[Path] = (),
+    node_capacity: Mapping[str, str] | None = None,
 ) -> Iterator[Cluster]:
     """Starts the control plane, the add-ons and one kubelet with their files and logs under
     ``workdir``; stops them all (and so every pod's processes) on exit. ``binary``: the
@@ -265,7 +266,9 @@ def start_cluster(
     ``pod_path``, then in this interpreter's bin directory (``elastic-step``, as in the
     image), then on this process's PATH. Each container has its own /tmp, but sees
     ``host_paths`` (a test session's directory, where it hands pods their files) at their
-    paths. Raises ClusterStartError, with the logs' tails,
+    paths. ``node_capacity`` overrides entries of the node's capacity (a bench's "cpu": what
+    the scheduler may place; the kubelet enforces each pod's CPU limit). Raises
+    ClusterStartError, with the logs' tails,
     when a part does not come up."""
     binary = binary or build_binary()
     plane_dir = workdir / "control-plane"
@@ -324,7 +327,8 @@ def start_cluster(
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        capacity = ",".join(f"{k}={v}" for k, v in NODE_CAPACITY.items())
+        node = {**NODE_CAPACITY, **(node_capacity or {})}
+        capacity = ",".join(f"{k}={v}" for k, v in node.items())
         kubelet = subprocess.Popen(
             [
                 sys.executable,
@@ -367,7 +371,7 @@ def start_cluster(
             sa_kubeconfig=sa_kubeconfig,
             namespace=NAMESPACE,
             node_name=NODE_NAME,
-            node_capacity=dict(NODE_CAPACITY),
+            node_capacity=node,
             workdir=workdir,
             pod_cidr=pod_cidr,
             dns_address=dns_address,

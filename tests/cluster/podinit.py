@@ -210,6 +210,12 @@ def setup(plan: dict) -> None:
     for path in root.kept:
         if any(path.startswith(t.rstrip("/") + "/") for t in targets):
             root.bind(host(path), path, False)
+    # The directories the tests share with their pods outside /tmp too (a bench's workdir):
+    # bound onto themselves, they are mount points a read-only root leaves writable.
+    for path in sorted(set(plan.get("shared", []))):
+        if not path.startswith("/tmp/") and os.path.isdir(path):
+            root.bind(path, path, False)
+            root.kept.append(path)
     if plan.get("private_tmp"):
         umount_detach(HOST_TMP)  # the binds made from it stay
         os.rmdir(HOST_TMP)
