@@ -40,6 +40,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -49,7 +50,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
-from common import elastic_step_command, load_1min, log, run_header, start, write_result
+from common import (
+    elastic_step_command,
+    load_1min,
+    log,
+    machine_busy_s,
+    run_header,
+    start,
+    write_result,
+)
 from goodput import prepare_data
 from kubernetes import client
 from kubernetes.utils import parse_quantity
@@ -98,6 +107,9 @@ class PolicyRun:
     makespan_s: float | None = None
     allocated: float | None = None  # mean fraction of the node's CPU requested by placed pods
     used: float | None = None  # mean fraction of the node's CPU its containers used
+    #: The whole machine's busy cores over the makespan (masters, control plane, pods): near
+    #: its core count, the machine and not the node's capacity rationed the compute.
+    machine_cores: float | None = None
     error: str | None = None
 
 
@@ -228,7 +240,7 @@ def run_policy(
         core = client.CoreV1Api(api)
         wait_until("an empty namespace", lambda: not core.list_namespaced_pod(NAMESPACE).items, 120)
         started = time.monotonic()
-        used0 = cluster.cpu_used_s()
+        used0, busy0 = cluster.cpu_used_s(), machine_busy_s()
         sampler = Sampler(api, jobs, started)
         sampler.start()
         try:
@@ -286,6 +298,7 @@ def run_policy(
     ends = [j.ended_s for j in jobs if j.ended_s is not None]
     if len(ends) == 2 and not run.error:
         run.makespan_s = max(ends)
+        run.machine_cores = round((machine_busy_s() - busy0) / run.makespan_s, 2)
         mean = sampler.mean_allocated(run.makespan_s)
         run.allocated = None if mean is None else round(mean / capacity, 3)
         used = cluster.cpu_used_s()
@@ -308,7 +321,8 @@ def print_table(runs: list[PolicyRun]) -> None:
     gang = next((r.makespan_s for r in runs if r.policy == "gang"), None)
     print()
     print(
-        f"{'policy':<11} {'makespan':>9} {'/ gang':>7} {'CPU alloc':>9} {'CPU used':>9}  "
+        f"{'policy':<11} {'makespan':>9} {'/ gang':>7} {'CPU alloc':>9} {'CPU used':>9} "
+        f"{'machine':>7}  "
         f"{'A pending':>9} {'A end':>7} {'B pending':>9} {'B end':>7}  accounting, accuracy"
     )
     for run in runs:
@@ -318,8 +332,8 @@ def print_table(runs: list[PolicyRun]) -> None:
         accuracy = ", ".join(f"{j.accuracy:.3f}" if j.accuracy else "-" for j in run.jobs)
         print(
             f"{run.policy:<11} {_s(run.makespan_s):>9} {ratio:>7} {_f(run.allocated):>9} "
-            f"{_f(run.used):>9}  {_s(a.pending_s):>9} {_s(a.ended_s):>7} {_s(b.pending_s):>9} "
-            f"{_s(b.ended_s):>7}  {exact}, {accuracy}"
+            f"{_f(run.used):>9} {_f(run.machine_cores):>7}  {_s(a.pending_s):>9} "
+            f"{_s(a.ended_s):>7} {_s(b.pending_s):>9} {_s(b.ended_s):>7}  {exact}, {accuracy}"
             + (f"  ERROR: {run.error}" if run.error else "")
         )
     for run in runs:
@@ -356,8 +370,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma-separated, run in this order (of {', '.join(POLICIES)})",
     )
     parser.add_argument("--workers", type=int, default=4, help="M: each job's workers")
-    parser.add_argument("--worker-cpu", default="250m", help="each worker pod's CPU")
-    parser.add_argument("--ps-cpu", default="250m", help="each PS pod's CPU")
+    parser.add_argument("--worker-cpu", default="200m", help="each worker pod's CPU")
+    parser.add_argument("--ps-cpu", default="200m", help="each PS pod's CPU")
     parser.add_argument(
         "--capacity-jobs",
         type=float,
@@ -365,7 +379,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the node's CPU, in jobs (a job: its PS and M workers)",
     )
     parser.add_argument(
-        "--epochs", type=int, default=60, help="each job's epochs (about 1.4 s each at full size)"
+        "--epochs", type=int, default=60, help="each job's epochs (about 1.7 s each at full size)"
     )
     parser.add_argument(
         "--grow-after", type=float, default=5.0, help="auto: the measuring window, in seconds"
@@ -385,6 +399,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start(args)
+    # A SIGTERM unwinds like Ctrl-C: the masters and the cluster are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     workdir = Path(args.workdir)
     data_dir = prepare_data(str(workdir))
     job_cores = float(parse_quantity(args.ps_cpu)) + args.workers * float(
