@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -152,3 +153,28 @@ def write_result(path: str, document: dict) -> None:
     with open(path, "w") as f:
         json.dump(document, f, indent=2)
         f.write("\n")
+
+
+class BenchError(Exception):
+    """A step of the bench did not happen, or not in time; the message says which."""
+
+
+def wait_until(
+    what: str,
+    check: Callable[[], Any],
+    timeout: float,
+    interval: float = 0.05,
+    failure: Callable[[], str | None] = lambda: None,
+):
+    """check()'s first truthy value, polled; BenchError naming ``what`` after ``timeout``, or
+    with ``failure()``'s reason as soon as it gives one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        reason = failure()
+        if reason is not None:
+            raise BenchError(reason)
+        time.sleep(interval)
+    raise BenchError(f"no {what} within {timeout:.0f} s")

@@ -70,6 +70,7 @@ from typing import Any
 # The test cluster's start (common puts this checkout's elastic_step first).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
 from common import (
+    BenchError,
     children_cpu_s,
     distinct_ints,
     load_1min,
@@ -77,6 +78,7 @@ from common import (
     machine_busy_s,
     run_header,
     start,
+    wait_until,
     write_result,
 )
 from goodput import prepare_data
@@ -135,10 +137,6 @@ def _after_the_master(signum: int, frame: object) -> None:
     log(f"{signal.Signals(signum).name} received outside the master's run; ignored")
 
 
-class BenchError(Exception):
-    """A step of the bench did not happen, or not in time; the message says which."""
-
-
 def own_cpu_s() -> float:
     """CPU seconds of this process: the master's and the bench's threads."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -168,27 +166,6 @@ def wait_on(
             if left <= 0:
                 raise BenchError(f"no {what} within {timeout:.0f} s")
             changed.wait(min(left, 0.5))
-
-
-def wait_until(
-    what: str,
-    check: Callable[[], Any],
-    timeout: float,
-    interval: float = 0.05,
-    failure: Callable[[], str | None] = lambda: None,
-):
-    """check()'s first truthy value, polled; BenchError naming ``what`` after ``timeout``, or
-    with ``failure()``'s reason as soon as it gives one."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        reason = failure()
-        if reason is not None:
-            raise BenchError(reason)
-        time.sleep(interval)
-    raise BenchError(f"no {what} within {timeout:.0f} s")
 
 
 # -- what Kubernetes shows: one watch of the namespace --

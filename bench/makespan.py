@@ -47,16 +47,17 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
 from common import (
+    BenchError,
     elastic_step_command,
     load_1min,
     log,
     machine_busy_s,
     run_header,
     start,
+    wait_until,
     write_result,
 )
 from goodput import prepare_data
@@ -71,10 +72,6 @@ REPO = HERE.parent
 NAMESPACE = "es-makespan"
 POLICIES = ("gang", "elastic", "priorities", "auto")
 SAMPLE_S = 0.5
-
-
-class BenchError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -216,16 +213,6 @@ def free_cpu(core: client.CoreV1Api, capacity: float) -> float:
     return capacity - sum(_cpu_request(p) for p in placed)
 
 
-def wait_until(what: str, check, timeout: float, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(interval)
-    raise BenchError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def run_policy(
     args: argparse.Namespace, policy: str, cluster: Cluster, kubeconfig: Path, data_dir: str
 ) -> PolicyRun:
@@ -238,7 +225,12 @@ def run_policy(
     masters: dict[str, subprocess.Popen] = {}
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
-        wait_until("an empty namespace", lambda: not core.list_namespaced_pod(NAMESPACE).items, 120)
+        wait_until(
+            "an empty namespace",
+            lambda: not core.list_namespaced_pod(NAMESPACE).items,
+            120,
+            interval=0.5,
+        )
         started = time.monotonic()
         used0, busy0 = cluster.cpu_used_s(), machine_busy_s()
         sampler = Sampler(api, jobs, started)
@@ -259,7 +251,7 @@ def run_policy(
                 ]
                 return len(running) >= first_workers
 
-            wait_until(f"{a.name}'s workers running", a_full, 600)
+            wait_until(f"{a.name}'s workers running", a_full, 600, interval=0.5)
             b.arrived_s = round(time.monotonic() - started, 1)
             if policy == "gang":
                 wait_until(
@@ -269,6 +261,7 @@ def run_policy(
                         or masters[a.name].poll() is not None
                     ),
                     args.timeout,
+                    interval=0.5,
                 )
             b.started_s = round(time.monotonic() - started, 1)
             masters[b.name] = start_master(args, policy, b, kubeconfig, data_dir)
