@@ -130,8 +130,8 @@ class Sampler(threading.Thread):
             except Exception as e:  # a missed sample, not a failed bench
                 log(f"sample missed: {e}")
                 continue
-            placed = [p for p in items if p.spec.node_name and p.status.phase in PLACED]
-            self.samples.append((now, sum(_cpu_request(p) for p in placed)))
+            placed = _placed(items)
+            self.samples.append((now, _requested(placed)))
             for job in self.jobs:
                 if job.first_worker_s is None and any(
                     p.status.phase == "Running" and _job_of(p) == job.name and _is_worker(p)
@@ -151,10 +151,24 @@ class Sampler(threading.Thread):
 PLACED = ("Pending", "Running")  # with a node: bound, starting or running
 
 
-def _cpu_request(pod: client.V1Pod) -> float:
+def _placed(items: list[client.V1Pod]) -> list[client.V1Pod]:
+    """The pods the scheduler has bound to the node and that hold their requests."""
+    return [p for p in items if p.spec.node_name and p.status.phase in PLACED]
+
+
+def _requested(items: list[client.V1Pod]) -> float:
+    """The CPU cores ``items`` request."""
     return sum(
         float(parse_quantity(((c.resources and c.resources.requests) or {}).get("cpu", "0")))
-        for c in pod.spec.containers
+        for p in items
+        for c in p.spec.containers
+    )
+
+
+def _job_cores(args: argparse.Namespace) -> float:
+    """What one job requests: its PS and its M workers."""
+    return float(parse_quantity(args.ps_cpu)) + args.workers * float(
+        parse_quantity(args.worker_cpu)
     )
 
 
@@ -205,21 +219,14 @@ def start_master(
 
 
 def free_cpu(core: client.CoreV1Api, capacity: float) -> float:
-    placed = [
-        p
-        for p in core.list_namespaced_pod(NAMESPACE).items
-        if p.spec.node_name and p.status.phase in PLACED
-    ]
-    return capacity - sum(_cpu_request(p) for p in placed)
+    return capacity - _requested(_placed(core.list_namespaced_pod(NAMESPACE).items))
 
 
 def run_policy(
     args: argparse.Namespace, policy: str, cluster: Cluster, kubeconfig: Path, data_dir: str
 ) -> PolicyRun:
     capacity = float(parse_quantity(cluster.node_capacity["cpu"]))
-    job_cores = float(parse_quantity(args.ps_cpu)) + args.workers * float(
-        parse_quantity(args.worker_cpu)
-    )
+    job_cores = _job_cores(args)
     jobs = [Job(f"mk-{policy}-{x}", str(Path(args.workdir) / policy / x)) for x in ("a", "b")]
     run = PolicyRun(policy, jobs)
     masters: dict[str, subprocess.Popen] = {}
@@ -396,9 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     workdir = Path(args.workdir)
     data_dir = prepare_data(str(workdir))
-    job_cores = float(parse_quantity(args.ps_cpu)) + args.workers * float(
-        parse_quantity(args.worker_cpu)
-    )
+    job_cores = _job_cores(args)
     capacity_m = round(job_cores * args.capacity_jobs * 1000)
     log(
         f"load average {load_1min()} ({os.cpu_count()} CPUs); a job: 1 PS ({args.ps_cpu}) and "
