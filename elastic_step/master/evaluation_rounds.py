@@ -1,11 +1,18 @@
 """The evaluation rounds of a job's task manager: when they start, how their results add up.
 
-A round is one pass over the validation split. One starts at every epoch end and every
-``evaluation_steps`` model versions (the task manager decides when; no steps round starts
-while one is open). Round ``r``'s tasks have ids ``base + r * V + j``, with V the number of
-tasks of the validation split. Each task's result is checked against its round (numeric
-states, of the round's shapes) and summed into an :class:`EvaluationRound`; a round whose
-tasks are all done waits in ``completed`` until the master takes it.
+A round is one pass over the validation split. One starts at every epoch end, in epoch
+order (:meth:`epochs_ended`), and every ``evaluation_steps`` model versions (the task
+manager decides when; no steps round starts while one is open). Round ``r``'s tasks have ids
+``base + r * V + j``, with V the number of tasks of the validation split. Each task's result
+is checked against its round (numeric states, of the round's shapes) and summed into an
+:class:`EvaluationRound`; a round whose tasks are all done waits in ``completed`` until the
+master takes it.
+
+Order. Only the oldest open round's tasks are handed out (:meth:`pop`): a round's tasks go
+out after every task of the round before it is done, so each of its tasks pulls a model no
+older than any the round before measured, and rounds finish in the order they started. A
+slow worker holding the last task of a round delays the next round, not its order. A steps
+round is named by the oldest epoch still training: that epoch's end-of-epoch round follows.
 
 Its state goes in the task manager's snapshot and journal; tested through the task manager,
 in tests/unit/test_task_manager.py.
@@ -13,7 +20,7 @@ in tests/unit/test_task_manager.py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,6 +138,8 @@ class EvaluationRounds:
         self.next_version = evaluation_steps
         #: Finished rounds, oldest first, until the master takes them.
         self.completed: list[EvaluationRound] = []
+        #: The epoch whose end-of-epoch round starts next (see :meth:`epochs_ended`).
+        self.next_epoch = 1
 
     def locate(self, task_id: int) -> tuple[int, int]:
         """The round of an evaluation task, and its position in the validation split."""
@@ -150,6 +159,14 @@ class EvaluationRounds:
         state = self.open.get(round_id)
         return state is not None and not state.is_done(position)
 
+    def pop(self, is_todo: Callable[[int], bool]) -> int | None:
+        """The next task to hand out, of the oldest open round only (see Order); None when
+        that round has every task out or done."""
+        task_id = self.todo.peek(is_todo)
+        if task_id is None or self.locate(task_id)[0] != min(self.open):
+            return None
+        return self.todo.pop(is_todo)
+
     def step_passed(self, version: int) -> bool:
         """Whether ``version`` reached the next steps boundary; moves it past ``version``."""
         if self._steps <= 0 or version < self.next_version:
@@ -163,6 +180,14 @@ class EvaluationRounds:
             return
         self.add(EvaluationRound(self.next_round, trigger, epoch))
         self.next_round += 1
+
+    def epochs_ended(self, last: int, running: Container[int]) -> None:
+        """Starts the end-of-epoch round of each epoch up to ``last`` not ``running`` any more,
+        in epoch order: an epoch whose tasks all finished before an older epoch's (a slow
+        worker held one) waits for it."""
+        while self.next_epoch <= last and self.next_epoch not in running:
+            self.start("epoch-end", self.next_epoch)
+            self.next_epoch += 1
 
     def add(self, round_: EvaluationRound) -> RoundGroup:
         count = self.split.count
@@ -222,13 +247,16 @@ class EvaluationRounds:
         """The open rounds for a snapshot: each round's sums and its tasks' done bits."""
         return [{**r.round.to_json(), "done": pack(r.done)} for _, r in sorted(self.open.items())]
 
-    def load(self, snapshot: dict) -> None:
-        """Loads the rounds' part of a task manager's snapshot."""
+    def load(self, snapshot: dict, next_epoch: int) -> None:
+        """Loads the rounds' part of a task manager's snapshot; ``next_epoch`` for one taken
+        before it held the next end-of-epoch round's epoch (then every ended epoch had its
+        round started)."""
         for entry in snapshot["rounds"]:
             self.add(EvaluationRound.from_json(entry)).load_done(unpack(entry["done"]))
         self.next_round = snapshot["next_round"]
         self.next_version = snapshot["next_evaluation_version"]
         self.completed = [EvaluationRound.from_json(r) for r in snapshot["completed_rounds"]]
+        self.next_epoch = snapshot.get("next_round_epoch", next_epoch)
 
 
 def encode_states(states: Sequence[np.ndarray]) -> list[dict]:

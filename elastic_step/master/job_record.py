@@ -51,7 +51,7 @@ class JobRecord:
     #: The instance that gave each shard's address ("" when none did, or the record is
     #: older): its address cannot be changed (see Coordinator.register).
     ps_servers: list[str] = field(default_factory=list)
-    #: Evaluation rounds, sorted by (epoch, round id): see :meth:`add_evaluation`.
+    #: Evaluation rounds, by round id, which is epoch order: see :meth:`add_evaluation`.
     evaluations: list[dict] = field(default_factory=list)
     #: One entry per PS restart: its shard, the job's model version when it was lost, the
     #: version it came back with, and the difference.
@@ -164,9 +164,9 @@ class JobRecord:
             if any(e["round"] == record["entry"]["round"] for e in self.evaluations):
                 return
             self.evaluations.append(record["entry"])
-            # Rounds finish out of order (a later round's tasks can finish first): the
-            # list is kept in the order the rounds were started, which is epoch order.
-            self.evaluations.sort(key=lambda e: (e["epoch"], e["round"]))
+            # Rounds finish in the order they start (the task manager's Order), which is
+            # epoch order; sorted all the same, for journals of versions where they did not.
+            self.evaluations.sort(key=lambda e: e["round"])
         elif op == "ps_lost":
             self.ps_lost_at[str(record["shard"])] = record["version"]
         elif op == "ps_restore":
@@ -236,12 +236,7 @@ class JobRecord:
 
     def final_metrics(self) -> dict:
         """The metrics of the saved model: the round --keep-best kept, or else those of the
-        end-of-epoch round started last.
-
-        Epoch-end rounds start as epochs complete, which is not always in epoch order (a
-        straggling task can finish epoch E-1 after epoch E): the round started last began
-        when the last training task was done, so it measured the final model.
-        """
+        end-of-epoch round started last, the last epoch's, which measured the final model."""
         if self.best_model is not None:
             return self.best_model["metrics"]
         ends = [e for e in self.evaluations if e["trigger"] == "epoch-end"]

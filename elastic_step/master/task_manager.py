@@ -9,10 +9,12 @@ failure causes, leases). A prediction job (``task_kind`` PREDICT) is the same wi
 and no validation split: its "training" tasks are prediction tasks, counted the same way.
 
 Order. Epochs are created lazily, when the training todo runs dry; each is handed out in its
-own seeded shuffle. Evaluation rounds start at every epoch end and every ``evaluation_steps``
-model versions (no steps round while a round is open); their tasks go before any training
-task. A task taken back goes to the front of its queue; a task that failed in user code goes
-behind the other taken-back tasks, ahead of those never handed out. With
+own seeded shuffle. Evaluation rounds start at every epoch end, in epoch order (an epoch that
+ends before an older one waits for it), and every ``evaluation_steps`` model versions (no
+steps round while a round is open); their tasks go before any training task, the oldest
+open round's only, so rounds finish in order and each measures a model no older than the
+last one did. A task taken back goes to the front of its queue; a task that failed in user
+code goes behind the other taken-back tasks, ahead of those never handed out. With
 ``pause_training_while_evaluating`` a round runs alone: its tasks wait until no training task
 is out, and no training task goes out until it is done, so every task of the round measures
 the same model. ``hold_training`` (not durable: the master sets it) keeps training tasks back.
@@ -228,6 +230,8 @@ class TaskManager:
         self.model_version = 0
         #: The job's last epoch: ``epochs`` until an early stop (see stop_early).
         self.last_epoch = settings.epochs
+        #: The job's model version when each ended epoch's last task was done, by epoch.
+        self.epoch_end_versions: dict[int, int] = {}
         #: Keeps training tasks back while set; not durable (see the module's Order).
         self.hold_training = False
 
@@ -247,7 +251,7 @@ class TaskManager:
         alone = self.settings.pause_training_while_evaluating
         task_id = None
         if not (alone and self._training_out()):
-            task_id = self._evaluation.todo.pop(self._is_todo)
+            task_id = self._evaluation.pop(self._is_todo)
         if task_id is None and not self.hold_training and not (alone and self._evaluation.open):
             task_id = self._train_todo.pop(self._is_todo)
         if task_id is None:
@@ -447,6 +451,7 @@ class TaskManager:
                 "epoch": e,
                 "records_trained": self.records_trained(e),
                 "records_expected": self.records_per_epoch,
+                "ended_at_version": self.epoch_end_versions.get(e),
             }
             for e in range(1, self.last_epoch + 1)
         ]
@@ -474,6 +479,8 @@ class TaskManager:
             "model_version": self.model_version,
             "failure": self.failure,
             "last_epoch": self.last_epoch,
+            "next_round_epoch": self._evaluation.next_epoch,
+            "epoch_end_versions": {str(e): v for e, v in self.epoch_end_versions.items()},
         }
 
     @classmethod
@@ -522,11 +529,13 @@ class TaskManager:
         self._failures = {t: list(causes) for t, causes in snapshot["failures"]}
         self._leases.load(snapshot["leases"])
         self._leases.next_id = max(self._leases.next_id, snapshot["next_lease_id"])
-        self._evaluation.load(snapshot)
+        self._evaluation.load(snapshot, min(self._epochs, default=self.epochs_created + 1))
         self.model_version = snapshot["model_version"]
         self.failure = snapshot["failure"]
         # Absent from snapshots taken before early stopping existed.
         self.last_epoch = snapshot.get("last_epoch", self.settings.epochs)
+        ends = snapshot.get("epoch_end_versions", {})  # absent from older snapshots
+        self.epoch_end_versions = {int(e): v for e, v in ends.items()}
 
     # -- transitions: every change of durable state, live or replayed --
 
@@ -612,7 +621,10 @@ class TaskManager:
             state.records_trained += self._train.records_of(position)
             if state.all_done:
                 del self._epochs[epoch]
-                self._evaluation.start("epoch-end", epoch)
+                self.epoch_end_versions[epoch] = self.model_version
+                self._evaluation.epochs_ended(
+                    min(self.epochs_created, self.last_epoch), self._epochs
+                )
         else:
             self._evaluation.mark_done(task_id, version, evaluation)
         # After the epoch-end round, so a version crossing a step boundary adds no second round.
@@ -623,7 +635,7 @@ class TaskManager:
         if not self._evaluation.step_passed(self.model_version):
             return
         if not self.training_done and not self._evaluation.open:
-            self._evaluation.start("steps", min(self.epochs_created, self.last_epoch))
+            self._evaluation.start("steps", min(self._evaluation.next_epoch, self.last_epoch))
 
     # -- internals --
 

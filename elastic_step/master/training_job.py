@@ -5,6 +5,7 @@ and every end-to-end training run."""
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from elastic_step.master import reports
@@ -133,6 +134,10 @@ class TrainingJob(JobKind):
         return {
             "phase": record.phase.value,
             "error": record.error,
+            # What a reader needs to tell one job's summary (and report) from another's.
+            "model_def": self.config.model_def,
+            "data": self.config.data,
+            "written_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "epochs": tasks.epoch_accounting(),
             "metrics": record.final_metrics(),
             "evaluations": record.evaluations,

@@ -207,6 +207,14 @@ class TrainingSummary:
     phase: str
     error: str | None
     epochs: int
+    #: ``(epoch, model version when it ended)`` of each ended epoch; empty in summaries
+    #: that predate them.
+    epoch_ends: list[tuple[int, int]]
+    #: The model definition, the training data and when the summary was written; None in
+    #: summaries that predate them.
+    model_def: str | None
+    data: str | None
+    written_at: str | None
     evaluations: list[EvaluationRound]
     #: Oldest first; empty in summaries that predate them.
     train_windows: list[TrainWindow]
@@ -239,6 +247,14 @@ class TrainingSummary:
             phase=fields.text("phase", optional=True) or "unknown",
             error=fields.text("error", optional=True),
             epochs=len(fields.items("epochs")),
+            epoch_ends=[
+                end
+                for i, e in enumerate(fields.items("epochs"))
+                if (end := _epoch_end(e, f"{where}: epochs[{i}]")) is not None
+            ],
+            model_def=fields.text("model_def", optional=True),
+            data=fields.text("data", optional=True),
+            written_at=fields.text("written_at", optional=True),
             evaluations=[
                 _evaluation_round(e, f"{where}: evaluations[{i}]")
                 for i, e in enumerate(fields.items("evaluations"))
@@ -270,6 +286,13 @@ def _evaluation_round(obj: Any, where: str) -> EvaluationRound:
         loss=metrics.pop("loss", None),
         metrics=metrics,
     )
+
+
+def _epoch_end(obj: Any, where: str) -> tuple[int, int] | None:
+    """``(epoch, model version at its end)``; None for an epoch not ended."""
+    fields = _Fields(obj, where)
+    version = fields.integer("ended_at_version", optional=True)
+    return None if version is None else (fields.integer("epoch"), version)
 
 
 def _train_window(obj: Any, where: str) -> TrainWindow:

@@ -21,12 +21,15 @@ from elastic_step.report.inputs import (
 )
 from elastic_step.report.svg_chart import Chart, Event, Point, Series, render_chart
 
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 WORKERS_COLOR = "#1f77b4"
 RESTART_COLOR = "#d62728"
 ROC_COLOR = "#ff7f0e"
-#: The training series, beside each chart's own colour for the validation series.
+#: The two series of every loss and metric chart, the same in each, as the legend says.
 TRAINING_COLOR = "#bcbd22"
+VALIDATION_COLOR = "#1f77b4"
+EPOCH_COLOR = "#888888"
+#: Epoch marks are labelled ("e3") up to this many epochs; beyond, lines only.
+LABELLED_EPOCHS = 30
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
@@ -49,6 +52,7 @@ svg .axis-label { fill: #333; font-size: 12px; }
 svg .line { fill: none; stroke-width: 2.5; stroke-linejoin: round; }
 svg .diagonal { stroke: #999; stroke-dasharray: 4 4; }
 svg .event line { stroke-width: 2.5; stroke-dasharray: 5 3; }
+svg .event[data-kind="epoch"] line { stroke-width: 1; }
 .scroll { overflow: auto; max-width: 100%; }
 table.confusion { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 table.confusion th, table.confusion td { border: 1px solid #ddd; padding: 4px 8px; }
@@ -84,7 +88,7 @@ def render_report(*, evaluation: Evaluation, summary: TrainingSummary | None) ->
     else:
         body += [
             _training_header(summary),
-            _evaluations_section(summary.evaluations, summary.train_windows),
+            _evaluations_section(summary.evaluations, summary.train_windows, summary.epoch_ends),
             _workers_section(summary),
         ]
     if evaluation.confusion_matrix is not None:
@@ -124,18 +128,31 @@ def _evaluation_header(evaluation: Evaluation) -> str:
     return _cards("evaluation-scalars", items)
 
 
+def _restarts(summary: TrainingSummary) -> str:
+    """One line for both counts: by role, then (by reason), e.g. "worker 2 (killed 2)"."""
+    by_role = ", ".join(f"{role} {n}" for role, n in summary.restarts.items() if n)
+    if not by_role:
+        return "none"
+    reasons = ", ".join(f"{r} {n}" for r, n in sorted(summary.restarts_by_reason.items()) if n)
+    return f"{by_role} ({reasons})" if reasons else by_role
+
+
 def _training_header(summary: TrainingSummary) -> str:
-    restarts = ", ".join(f"{role} {n}" for role, n in summary.restarts.items()) or "none"
-    by_reason = (
-        ", ".join(f"{reason} {n}" for reason, n in sorted(summary.restarts_by_reason.items()))
-        or "none"
-    )
+    names = [
+        (label, value)
+        for label, value in (
+            ("model", summary.model_def),
+            ("data", summary.data),
+            ("date", summary.written_at and summary.written_at.replace("T", " ")),
+        )
+        if value
+    ]
     items = [
+        *names,
         ("job", summary.phase),
         ("epochs", _number(summary.epochs)),
         ("most live workers", _number(max((n for _, n in summary.workers_timeline), default=0))),
-        ("restarts", restarts),
-        ("restarts by reason", by_reason),
+        ("restarts", _restarts(summary)),
         ("examples/s", _number(summary.examples_per_second)),
         ("final model version", _number(summary.model_version)),
     ]
@@ -145,7 +162,9 @@ def _training_header(summary: TrainingSummary) -> str:
     return f"<h2>Training</h2>\n{_cards('training-facts', items)}\n{error}"
 
 
-def _evaluations_section(rounds: list[EvaluationRound], windows: list[TrainWindow]) -> str:
+def _evaluations_section(
+    rounds: list[EvaluationRound], windows: list[TrainWindow], epoch_ends: list[tuple[int, int]]
+) -> str:
     head = '<section id="evaluations">\n<h2>Loss and metrics by model version</h2>'
     if not rounds and not windows:
         return (
@@ -154,8 +173,18 @@ def _evaluations_section(rounds: list[EvaluationRound], windows: list[TrainWindo
         )
     rounds = sorted(rounds, key=lambda r: (r.model_version, r.epoch))
     names = list(dict.fromkeys(name for r in rounds + windows for name in r.metrics))
+    labelled = len(epoch_ends) <= LABELLED_EPOCHS
+    marks = [
+        Event(
+            x=version,
+            tooltip=f"epoch {epoch} ended at model v{version}",
+            kind="epoch",
+            label=f"e{epoch}" if labelled else "",
+        )
+        for epoch, version in epoch_ends
+    ]
     charts = []
-    for i, name in enumerate(["loss", *names]):
+    for name in ["loss", *names]:
         training = [
             Point(
                 x=w.max_model_version,
@@ -180,13 +209,20 @@ def _evaluations_section(rounds: list[EvaluationRound], windows: list[TrainWindo
             Series(name=label, points=points, color=color)
             for label, points, color in (
                 ("training", training, TRAINING_COLOR),
-                ("validation", validation, PALETTE[i % len(PALETTE)]),
+                ("validation", validation, VALIDATION_COLOR),
             )
             if points
         ]
         if not series:
             continue
-        chart = Chart(title=name, x_label="model version", y_label=name, series=series)
+        chart = Chart(
+            title=name,
+            x_label="model version",
+            y_label=name,
+            series=series,
+            events=marks,
+            event_color=EPOCH_COLOR,
+        )
         charts.append(render_chart(chart, plot_id=f"evaluation-{name}"))
     counts = []
     if windows:
@@ -197,8 +233,14 @@ def _evaluations_section(rounds: list[EvaluationRound], windows: list[TrainWindo
         )
     if rounds:
         counts.append(
-            f"&#9679; coloured: validation, {len(rounds)} evaluation"
-            f"{'s' if len(rounds) > 1 else ''} on the validation split while training"
+            f'<span style="color:{VALIDATION_COLOR}">&#9679; blue</span>: validation, '
+            f"{len(rounds)} evaluation{'s' if len(rounds) > 1 else ''} on the validation split "
+            "while training"
+        )
+    if marks:
+        counts.append(
+            f'<span style="color:{EPOCH_COLOR}">dashed lines</span>: where each epoch ended'
+            + (" (e1 is epoch 1)" if labelled else "")
         )
     note = f'<p class="note">{"; ".join(counts)}.</p>'
     return f'{head}\n{note}\n<div class="charts">\n' + "\n".join(charts) + "\n</div>\n</section>"

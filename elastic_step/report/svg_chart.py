@@ -44,6 +44,8 @@ class Event:
     x: float
     tooltip: str
     kind: str
+    #: A short text over the line (an epoch's number); none by default.
+    label: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,11 +159,18 @@ def render_chart(chart: Chart, *, plot_id: str) -> str:
         out.append(_render_series(series, sx, sy))
     for event in chart.events:  # over the series: a restart's line must not hide behind it
         x = sx(event.x)
+        if event.label:
+            marker = (
+                f'<text class="tick" x="{x}" y="{top - 3}" text-anchor="middle" '
+                f'fill="{chart.event_color}">{escape(event.label)}</text>'
+            )
+        else:
+            marker = f'<path d="M{x - 5} {top - 8}h10l-5 8z" fill="{chart.event_color}"/>'
         out.append(
             f'<g class="event" data-kind="{escape(event.kind)}">'
             f"<title>{escape(event.tooltip)}</title>"
             f'<line x1="{x}" x2="{x}" y1="{top}" y2="{bottom}" stroke="{chart.event_color}"/>'
-            f'<path d="M{x - 5} {top - 8}h10l-5 8z" fill="{chart.event_color}"/></g>'
+            f"{marker}</g>"
         )
     out.append("</svg>")
     return "\n".join(out)

@@ -17,14 +17,14 @@ def evaluation(round_: int, epoch: int, version: int, trigger: str = "epoch-end"
     }
 
 
-def test_evaluations_are_kept_in_epoch_order_and_the_final_metrics_are_the_last_started():
+def test_evaluations_are_kept_in_round_order_and_the_final_metrics_are_the_last_started():
     record = JobRecord({"--epochs": 2}, num_ps=1)
-    # Epoch 2's round started first (round 1 < round 2) but epoch 1 completed last:
-    # round 2 measured the final model.
-    record.add_evaluation(evaluation(1, 2, 40))
+    # Recorded out of order (a crash between recording and taking, or a journal of a version
+    # whose rounds finished out of order): kept by round, which is epoch order.
+    record.add_evaluation(evaluation(2, 2, 50))
     record.add_evaluation(evaluation(0, 1, 10, trigger="steps"))
-    record.add_evaluation(evaluation(2, 1, 50))
-    assert [(e["epoch"], e["round"]) for e in record.evaluations] == [(1, 0), (1, 2), (2, 1)]
+    record.add_evaluation(evaluation(1, 1, 40))
+    assert [(e["epoch"], e["round"]) for e in record.evaluations] == [(1, 0), (1, 1), (2, 2)]
     assert record.final_metrics() == {"loss": 1.0 / 50}
 
 

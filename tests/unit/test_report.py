@@ -12,6 +12,12 @@ import pytest
 
 from elastic_step.errors import InputError
 from elastic_step.report import load_summary, write_report
+from elastic_step.report.page import (
+    ROC_COLOR,
+    TRAINING_COLOR,
+    VALIDATION_COLOR,
+    WORKERS_COLOR,
+)
 from elastic_step.report.svg_chart import nice_ticks
 
 HOSTILE = "<script>alert('x')</script> & \"quoted\" <img src=x onerror=alert(1)>"
@@ -70,7 +76,13 @@ def summary(**overrides) -> dict:
     document = {
         "phase": "succeeded",
         "error": None,
-        "epochs": [{"epoch": e, "records_trained": 80, "records_expected": 80} for e in (1, 2)],
+        "model_def": "models/wine.py",
+        "data": "s3://bucket/wine/",
+        "written_at": "2026-11-27T12:00:00+00:00",
+        "epochs": [
+            {"epoch": e, "records_trained": 80, "records_expected": 80, "ended_at_version": 10 * e}
+            for e in (1, 2)
+        ],
         "metrics": {"loss": 0.25, "accuracy": 0.9},
         "evaluations": [
             {
@@ -150,7 +162,21 @@ def test_a_classifier_with_its_training_gets_every_plot(tmp_path) -> None:
     assert elements.count("g", **{"class": "event", "data_kind": "preempted"}) == 1
     text = " ".join(elements.text)
     assert "restarts of workers and PS (2;" in text
-    assert "crashed 1, preempted 1" in text and "850.5" in text and "12.0 s" in text
+    # One card for the restarts, by role and by reason.
+    assert "worker 2 (crashed 1, preempted 1)" in text and "by reason" not in text
+    assert "850.5" in text and "12.0 s" in text
+    # What was trained, on what, when.
+    assert "models/wine.py" in text and "s3://bucket/wine/" in text
+    assert "2026-11-27 12:00:00+00:00" in text
+    # Each chart's series in the colours the legend names: the same in every chart.
+    charts = [p for p in elements.plots() if p.startswith("evaluation-")]
+    lines = [a["stroke"] for t, a in elements.tags if t == "polyline"]
+    assert "olive</span>: training" in document and "blue</span>: validation" in document
+    assert lines.count(ROC_COLOR) == 1  # the ROC curve's, and no validation line's
+    assert set(lines) == {TRAINING_COLOR, VALIDATION_COLOR, WORKERS_COLOR, ROC_COLOR}
+    # Every loss and metric chart marks where epochs 1 and 2 ended, at v10 and v20.
+    assert elements.count("g", **{"class": "event", "data_kind": "epoch"}) == 2 * len(charts)
+    assert "epoch 2 ended at model v20" in text and "e2" in text
     assert "ROC (positive class: malignant)" in text
     # (0, 0) then the three points: area 0.2 * 0.8 + 0.8 * 1.0 = 0.96.
     assert "3 thresholds; area under the plotted curve: 0.960" in text

@@ -4,6 +4,7 @@ fake clock, so lease expiry is exact and instant."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -60,6 +61,11 @@ def make(clock=None, journal=None, **overrides) -> TaskManager:
     return TaskManager(
         settings(**overrides), lease_base=LEASE_BASE, clock=clock or FakeClock(), journal=journal
     )
+
+
+def counted(accounting: list[dict]) -> list[dict]:
+    """The records counted per epoch, without the model version each ended at."""
+    return [{k: v for k, v in e.items() if k != "ended_at_version"} for e in accounting]
 
 
 def key(task) -> tuple:
@@ -314,7 +320,7 @@ def test_a_stale_success_after_expiry_and_re_hand_out_changes_nothing() -> None:
     run_to_end(tm)
 
     assert tm.records_trained(1) == RECORDS_PER_EPOCH
-    assert tm.epoch_accounting() == [
+    assert counted(tm.epoch_accounting()) == [
         {"epoch": 1, "records_trained": RECORDS_PER_EPOCH, "records_expected": RECORDS_PER_EPOCH},
         {"epoch": 2, "records_trained": RECORDS_PER_EPOCH, "records_expected": RECORDS_PER_EPOCH},
     ]
@@ -619,6 +625,66 @@ def test_an_evaluation_round_records_the_lowest_and_highest_model_version() -> N
     assert tm.completed_rounds == []
 
 
+def test_a_slow_worker_delays_the_next_round_but_rounds_stay_in_epoch_and_version_order() -> None:
+    # Epoch 1's round has its last task held by a slow worker while training runs on and
+    # epoch 2 ends. Epoch 2's round waits: none of its tasks goes out before epoch 1's last
+    # is done, so it measures (pulls) a model no older than epoch 1's round did.
+    tm = make(epochs=3, validation_shards=VALIDATION)
+    run_training_of_epoch(tm, first_version=1)
+    fast, slow = tm.get_task("fast"), tm.get_task("slow")
+    assert (fast.round, slow.round) == (0, 0)
+    succeed(tm, fast, "fast", model_version=5, evaluation=eval_result(1.0, 4, [1.0]))
+    run_training_of_epoch(tm, first_version=6)  # epoch 2 ends at v10; its round starts
+    training = tm.get_task("fast")
+    assert training.kind is TaskKind.TRAIN  # of epoch 3: round 1 must wait
+    assert not tm.completed_rounds
+    succeed(tm, training, "fast", model_version=11)
+
+    succeed(tm, slow, "slow", model_version=11, evaluation=eval_result(1.0, 2, [1.0]))
+    second = [tm.get_task("w"), tm.get_task("w")]
+    assert [t.round for t in second] == [1, 1]
+    for task in second:
+        succeed(tm, task, model_version=12, evaluation=eval_result(1.0, task.records, [1.0]))
+    run_to_end(tm, version_from=20)
+
+    rounds = tm.completed_rounds
+    assert [(r.id, r.epoch, r.trigger) for r in rounds] == [
+        (0, 1, "epoch-end"),
+        (1, 2, "epoch-end"),
+        (2, 3, "epoch-end"),
+    ]
+    for before, after in itertools.pairwise(rounds):
+        assert after.min_model_version >= before.model_version
+
+
+def test_an_epoch_that_ends_before_an_older_one_waits_for_its_round() -> None:
+    # One task of epoch 1 is held by a slow worker while all of epoch 2 trains: epoch 2
+    # ends first. Its round starts only after epoch 1's, and a restore keeps that order.
+    journal: list[dict] = []
+    tm = make(epochs=2, validation_shards=VALIDATION, journal=journal.append)
+    first = [tm.get_task("w") for _ in range(5)]
+    for task in first[:4]:
+        succeed(tm, task, model_version=1)
+    run_training_of_epoch(tm, first_version=2)  # all of epoch 2
+    assert tm.get_task("w") is None and not tm.completed_rounds  # no round for epoch 2 yet
+
+    restored = TaskManager.restore(
+        settings(epochs=2, validation_shards=VALIDATION),
+        tm.snapshot(),
+        [],
+        lease_base=LEASE_BASE + 1,
+    )
+    for manager in (tm, restored):
+        lease = manager.task(first[4].id).lease_id
+        assert manager.report_success(first[4].id, worker="w", lease_id=lease, model_version=7)
+        run_to_end(manager, version_from=10)
+        assert [(r.epoch, r.id) for r in manager.completed_rounds] == [(1, 0), (2, 1)]
+    replayed = TaskManager.restore(
+        settings(epochs=2, validation_shards=VALIDATION), None, journal, lease_base=LEASE_BASE
+    )
+    assert [(r.epoch, r.id) for r in replayed.completed_rounds] == [(1, 0), (2, 1)]
+
+
 def test_the_job_finishes_only_after_the_final_round() -> None:
     tm = make(validation_shards=VALIDATION)
     training = [tm.get_task("w") for _ in range(5)]
@@ -784,7 +850,7 @@ def test_restore_mid_epoch_continues_with_exact_accounting() -> None:
     final_round = [t for t in rest if t.kind is TaskKind.EVALUATE]
     assert len(final_round) == 2
     assert not seen_ids & {t.id for t in final_round}  # a new round has new ids
-    assert again.epoch_accounting() == [
+    assert counted(again.epoch_accounting()) == [
         {"epoch": 1, "records_trained": RECORDS_PER_EPOCH, "records_expected": RECORDS_PER_EPOCH},
         {"epoch": 2, "records_trained": RECORDS_PER_EPOCH, "records_expected": RECORDS_PER_EPOCH},
     ]
