@@ -214,6 +214,25 @@ def _add_train(commands) -> None:
         help="with --backend kubernetes: print, as YAML, every object the master would create "
         "at the start, and exit without contacting a cluster",
     )
+    g = p.add_argument_group("MLflow")
+    g.add_argument(
+        "--mlflow-tracking-uri",
+        metavar="URI",
+        default=None,
+        type=_unless_empty(str),
+        help="log the job's params, loss and metrics by model version, live workers, "
+        "restarts, summary, report and model to an MLflow run at this tracking server "
+        "(default: $MLFLOW_TRACKING_URI; KFP's MLFLOW_RUN_ID or KFP_MLFLOW_CONFIG, when set, "
+        "name the run; none of them: no MLflow). A server that is away never stops the job",
+    )
+    g.add_argument(
+        "--mlflow-experiment",
+        metavar="NAME",
+        default=None,
+        type=_unless_empty(str),
+        help="the experiment of the job's run (default: $MLFLOW_EXPERIMENT_ID or "
+        "$MLFLOW_EXPERIMENT_NAME, else elastic-step)",
+    )
     _add_job_flags(p, ps=True)
 
 
@@ -544,6 +563,8 @@ def _run(args: argparse.Namespace) -> int:
             outer_optimizer=args.outer_optimizer,
             early_stopping=args.early_stopping,
             keep_best=args.keep_best,
+            mlflow_tracking_uri=args.mlflow_tracking_uri,
+            mlflow_experiment=args.mlflow_experiment,
             **_job_settings(args),
         )
         backend_options = _backend_options(args)

@@ -67,6 +67,11 @@ class OutputLayout:
         return self._join("summary.json")
 
     @property
+    def report(self) -> str:
+        """The training's HTML report (loss, metrics and workers over the run)."""
+        return self._join("report.html")
+
+    @property
     def state_dir(self) -> str:
         """The master's state store: snapshot, journal and lease."""
         return self._join("master-state")

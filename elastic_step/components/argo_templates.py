@@ -235,6 +235,7 @@ def _elastic_train() -> Container:
             *_flags("evaluation-steps", "checkpoint-steps", "keep-checkpoints"),
             *_flags("staleness-modulation", "local-steps", "outer-optimizer"),
             *_flags("early-stopping", "keep-best", *_JOB_LIMITS),
+            *_flags("mlflow-tracking-uri", "mlflow-experiment"),
         ),
         env=[*_master_env(), *_STEP_ENV],
         **_hardened(**_MASTER_STEP),
@@ -278,6 +279,11 @@ def _elastic_train() -> Container:
                     "keep-best": "METRIC[:min|max]: save the model of the best evaluation "
                     "round instead of the last",
                     **_JOB_LIMITS,
+                    "mlflow-tracking-uri": "log params, metrics by model version, summary, "
+                    "report and model to an MLflow run at this server, named by the job "
+                    "(default: $MLFLOW_TRACKING_URI of the step, else none)",
+                    "mlflow-experiment": "the run's MLflow experiment (default: "
+                    "$MLFLOW_EXPERIMENT_NAME of the step, else elastic-step)",
                 },
             ),
         ],

@@ -86,6 +86,8 @@ def elastic_train(
     outer_optimizer: str = "average",
     early_stopping: str = "",
     keep_best: str = "",
+    mlflow_tracking_uri: str = "",
+    mlflow_experiment: str = "",
     grow_after: float = 10.0,
     auto_workers: bool = False,
     auto_workers_gain: float = 0.5,
@@ -147,6 +149,11 @@ def elastic_train(
             or nesterov.
         early_stopping: METRIC[:PATIENCE[:min|max]]: end training once PATIENCE evaluation
             rounds in a row have not beaten the best (default: train every epoch).
+        mlflow_tracking_uri: Log params, metrics by model version, summary, report and model
+            to an MLflow run at this server (default: KFP's MLflow plugin's run, when it is
+            on; else $MLFLOW_TRACKING_URI; else none).
+        mlflow_experiment: The MLflow experiment of a run the step makes (default:
+            $MLFLOW_EXPERIMENT_ID or $MLFLOW_EXPERIMENT_NAME, else elastic-step).
         keep_best: METRIC[:min|max]: save the model of the best evaluation round instead of
             the last.
         grow_after: With max_workers: add a worker once all have run this many seconds.

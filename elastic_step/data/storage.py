@@ -342,3 +342,19 @@ def copy_tree(local_dir: str, destination: str) -> None:
                 data = f.read()
             with open_file(join(target, name), "wb") as out:
                 out.write(data)
+
+
+def fetch(source: str, local_dir: str) -> str:
+    """A local path holding ``source`` (a file or a directory, any storage): the path itself
+    when it is local, else a copy under ``local_dir``."""
+    if is_local(source):
+        return local_path(source)
+    destination = os.path.join(local_dir, os.path.basename(source.rstrip("/")))
+    if not isdir(source):
+        with open(destination, "wb") as out:
+            out.write(read_bytes(source))
+        return destination
+    os.makedirs(destination, exist_ok=True)
+    for name in listdir(source):
+        fetch(join(source, name), destination)
+    return destination

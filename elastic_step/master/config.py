@@ -195,6 +195,11 @@ class TrainConfig(EngineConfig):
     early_stopping: str | None = None
     #: ``METRIC[:min|max]``; kept in its full form (see :attr:`best_goal`).
     keep_best: str | None = None
+    #: Log to this MLflow tracking server (see elastic_step/master/tracking/target.py for the
+    #: environment's part); None: as the environment says, else no tracking.
+    mlflow_tracking_uri: str | None = None
+    #: The MLflow experiment of the job's run; None: the environment's, else "elastic-step".
+    mlflow_experiment: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

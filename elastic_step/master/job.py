@@ -287,8 +287,8 @@ class Job:
         wait_until_gone(self.coordinator, self.backend, 10)
         stop_all(self.coordinator, self.backend, wait_s=STOP_GRACE_S + 2)
         self.backend.remove_job_objects()
-        self.reporter.finish()
         self.kind.after_finish()
+        self.reporter.finish()
         log.info("done: %s are in %s", self.kind.results, self.output)
         return 0
 

@@ -23,7 +23,9 @@ from elastic_step.output_layout import OutputLayout
 if TYPE_CHECKING:
     from elastic_step.data.schema import Schema
     from elastic_step.master.coordinator import Coordinator, CoordinatorParams
+    from elastic_step.master.job_view import JobView
     from elastic_step.master.state_store import StateStore
+    from elastic_step.master.tracking.recorder import TrackingRecorder
     from elastic_step.model.api import ModelDefinition
     from elastic_step.rpc import auth
 
@@ -158,5 +160,17 @@ class JobKind(ABC):
         """summary.json's document; called under the coordinator's lock."""
 
     def after_finish(self) -> None:
-        """Cleans up once every worker and PS is gone."""
+        """Cleans up, and writes what the job leaves besides its results, once every worker
+        and PS is gone."""
         return None
+
+    def start_tracking(
+        self, coordinator: Coordinator, already: JobView | None
+    ) -> TrackingRecorder | None:
+        """The job's experiment tracking, started; None for none (the default)."""
+        return None
+
+    def tracking_artifacts(self) -> list[tuple[str, str | None]]:
+        """What the job's tracking run keeps at the end: (path under --output, the
+        artifact path to put it under)."""
+        return []

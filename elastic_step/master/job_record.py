@@ -75,6 +75,8 @@ class JobRecord:
     best_pending: dict | None = None
     #: Better rounds whose model could not be saved, with why.
     best_skipped: list[dict] = field(default_factory=list)
+    #: The MLflow run the job made, which a resumed job goes on logging to.
+    tracking_run_id: str | None = None
 
     def __post_init__(self) -> None:
         if not self.ps_addresses:
@@ -107,6 +109,10 @@ class JobRecord:
 
     def add_ps_restore(self, entry: dict) -> None:
         self._change({"op": "ps_restore", "entry": entry})
+
+    def set_tracking_run(self, run_id: str) -> None:
+        if run_id != self.tracking_run_id:
+            self._change({"op": "tracking_run", "run_id": run_id})
 
     def set_port(self, port: int) -> None:
         if port != self.port:
@@ -184,6 +190,8 @@ class JobRecord:
             self.best_pending = record["entry"]
         elif op == "best_model":
             self.best_model, self.best_pending = record["entry"], None
+        elif op == "tracking_run":
+            self.tracking_run_id = record["run_id"]
         elif op == "best_skipped":
             self.best_skipped.append(record["entry"])
             self.best_pending = None

@@ -1,17 +1,10 @@
 """The master's TensorBoard event files, ``--output/tensorboard/``, written with tf.summary.
 
-Series, each at step = model version:
-- ``eval/loss``, ``eval/NAME``: each evaluation round's scalar metrics, at the version it
-  measured;
-- ``train/loss``, ``train/NAME``: each training-loss window's mean, at its highest version,
-  once the next window has begun (the last one at the end);
-- ``job/live_workers``, ``job/examples_per_second``: at each write;
-- ``restarts/REASON``: worker and PS restarts so far, when the count changes.
+The series are :mod:`elastic_step.master.scalar_series`'s, each at step = model version.
 
 TensorFlow writes local files only (it no longer speaks S3): with an object-store
 ``--output`` the events are written to the master's local directory and copied to
-``--output/tensorboard/`` at every write. A resumed master skips the rounds and windows the
-record already held when it started, so TensorBoard does not show them twice.
+``--output/tensorboard/`` at every write.
 Tests: tests/unit/test_watching_master.py, tests/e2e/test_watching.py.
 """
 
@@ -20,7 +13,8 @@ from __future__ import annotations
 import os
 
 from elastic_step.data import storage
-from elastic_step.master.job_view import JobView, scalar_metrics
+from elastic_step.master.job_view import JobView
+from elastic_step.master.scalar_series import NewScalars
 from elastic_step.model.summaries import ScalarWriter
 from elastic_step.output_layout import OutputLayout
 
@@ -34,40 +28,11 @@ class TrainingEvents:
             self._logdir, self._mirror = os.path.join(local_dir, "tensorboard"), target
         os.makedirs(self._logdir, exist_ok=True)
         self._writer = ScalarWriter(self._logdir)
-        self._rounds: set[int] = set()
-        self._windows: set[int] = set()
-        if already is not None:
-            self._rounds = {e["round"] for e in already.evaluations}
-            # The newest window may still grow: it is written when it is complete.
-            self._windows = {w["window"] for w in already.train_loss[:-1]}
-        self._restarts: dict[str, int] = {}
+        self._scalars = NewScalars(already)
 
     def write(self, view: JobView, *, final: bool = False) -> None:
         """Writes what is new in ``view``; ``final``: the job is over, the last window too."""
-        points: list[tuple[str, float, int]] = []
-        for entry in view.evaluations:
-            if entry["round"] in self._rounds or entry.get("model_version") is None:
-                continue
-            for name, value in scalar_metrics(entry).items():
-                points.append((f"eval/{name}", value, entry["model_version"]))
-            self._rounds.add(entry["round"])
-        complete = view.train_loss if final else view.train_loss[:-1]
-        for window in complete:
-            if window["window"] in self._windows:
-                continue
-            step = window["max_model_version"]
-            points.append(("train/loss", window["loss"], step))
-            for name, value in scalar_metrics(window).items():
-                points.append((f"train/{name}", value, step))
-            self._windows.add(window["window"])
-        step = view.model_version
-        points.append(("job/live_workers", view.live_workers, step))
-        if view.examples_per_second is not None:
-            points.append(("job/examples_per_second", view.examples_per_second, step))
-        for reason, count in sorted(view.restarts_by_reason.items()):
-            if self._restarts.get(reason) != count:
-                points.append((f"restarts/{reason}", count, step))
-                self._restarts[reason] = count
+        points = self._scalars.take(view, final=final)
         self._writer.write(points)
         if self._mirror is not None:
             for name in os.listdir(self._logdir):

@@ -4,10 +4,14 @@ and every end-to-end training run."""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from elastic_step.data import storage
 from elastic_step.master import reports
 from elastic_step.master.config import TrainConfig
 from elastic_step.master.coordinator import CoordinatorParams
@@ -21,7 +25,11 @@ from elastic_step.rpc import master_pb2
 if TYPE_CHECKING:
     from elastic_step.data.schema import Schema
     from elastic_step.master.coordinator import Coordinator
+    from elastic_step.master.job_view import JobView
+    from elastic_step.master.tracking.recorder import TrackingRecorder
     from elastic_step.model.api import ModelDefinition
+
+log = logging.getLogger("elastic_step.master")
 
 #: Training-loss windows per epoch (each spans a fixed number of model versions).
 TRAIN_LOSS_WINDOWS_PER_EPOCH = 10
@@ -29,7 +37,7 @@ TRAIN_LOSS_WINDOWS_PER_EPOCH = 10
 
 class TrainingJob(JobKind):
     command = "train"
-    results = "model.keras, saved_model/ and summary.json"
+    results = "model.keras, saved_model/, summary.json and report.html"
 
     def __init__(self, config: TrainConfig, schema: Schema, definition: ModelDefinition) -> None:
         super().__init__(config, schema, definition)
@@ -117,6 +125,51 @@ class TrainingJob(JobKind):
 
     def complete(self, run: RunContext) -> bool:
         return self._saver.save_final(run)
+
+    def after_finish(self) -> None:
+        """Writes the training's report, report.html, from summary.json."""
+        from elastic_step.report import write_report
+
+        try:
+            summary = json.loads(storage.read_text(self.paths.summary))
+            write_report(evaluation=None, summary=summary, path=self.paths.report)
+        except Exception as e:  # the model is saved: a report must not fail the job
+            log.warning("cannot write %s: %s: %s", self.paths.report, type(e).__name__, e)
+
+    def start_tracking(
+        self, coordinator: Coordinator, already: JobView | None
+    ) -> TrackingRecorder | None:
+        from elastic_step.master.tracking import start_recorder
+
+        c = self.config
+
+        def keep(run_id: str) -> None:
+            with coordinator.lock:
+                coordinator.record.set_tracking_run(run_id)
+
+        params = {
+            name: str(value)
+            for name, value in asdict(c).items()
+            if isinstance(value, str | int | float | bool)
+        }
+        return start_recorder(
+            tracking_uri=c.mlflow_tracking_uri,
+            experiment=c.mlflow_experiment,
+            job_name=c.resolved_job_name,
+            params=params,
+            resume_run_id=coordinator.record.tracking_run_id,
+            on_run=keep,
+            already=already,
+        )
+
+    def tracking_artifacts(self) -> list[tuple[str, str | None]]:
+        paths = self.paths
+        return [
+            (paths.summary, None),
+            (paths.report, None),
+            (paths.model_file, "model"),
+            (paths.saved_model, "model/saved_model"),
+        ]
 
     def place(self, coordinator: Coordinator) -> str:
         return f"epoch {coordinator.tasks.current_epoch}, model v{coordinator.tasks.model_version}"

@@ -62,24 +62,29 @@ table.confusion th { background: #f3f3f3; font-weight: 600; max-width: 160px;
 """
 
 
-def write_report(*, evaluation: dict, summary: dict | None, path: str) -> None:
+def write_report(*, evaluation: dict | None, summary: dict | None, path: str) -> None:
     """Writes the report of ``evaluation`` (what ``evaluate`` returns) to ``path``.
 
     ``summary`` is the training job's ``summary.json``; without it the report shows the
-    evaluation only. A malformed input is an :class:`InputError` naming the field.
+    evaluation only, and without ``evaluation`` the training only (the report the master
+    leaves in --output). A malformed input is an :class:`InputError` naming the field.
     """
     document = render_report(
-        evaluation=Evaluation.parse(evaluation),
+        evaluation=None if evaluation is None else Evaluation.parse(evaluation),
         summary=None if summary is None else TrainingSummary.parse(summary),
     )
     storage.makedirs(storage.parent(path))
     storage.write_text_atomic(path, document)
 
 
-def render_report(*, evaluation: Evaluation, summary: TrainingSummary | None) -> str:
+def render_report(*, evaluation: Evaluation | None, summary: TrainingSummary | None) -> str:
     """The report as one HTML document."""
-    title = f"elastic-step evaluation: {evaluation.split} split"
-    body = [f"<h1>{escape(title)}</h1>", _evaluation_header(evaluation)]
+    if evaluation is None:
+        title = "elastic-step training"
+        body = [f"<h1>{escape(title)}</h1>"]
+    else:
+        title = f"elastic-step evaluation: {evaluation.split} split"
+        body = [f"<h1>{escape(title)}</h1>", _evaluation_header(evaluation)]
     if summary is None:
         body.append(
             '<p class="note" id="no-summary">No training summary: this report shows the '
@@ -91,9 +96,9 @@ def render_report(*, evaluation: Evaluation, summary: TrainingSummary | None) ->
             _evaluations_section(summary.evaluations, summary.train_windows, summary.epoch_ends),
             _workers_section(summary),
         ]
-    if evaluation.confusion_matrix is not None:
+    if evaluation is not None and evaluation.confusion_matrix is not None:
         body.append(_confusion_section(evaluation.confusion_matrix))
-    if evaluation.roc:
+    if evaluation is not None and evaluation.roc:
         body.append(_roc_section(evaluation.roc, evaluation.confusion_matrix))
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
