@@ -23,7 +23,6 @@ from elastic_step.output_layout import OutputLayout
 if TYPE_CHECKING:
     from elastic_step.data.schema import Schema
     from elastic_step.master.coordinator import Coordinator, CoordinatorParams
-    from elastic_step.master.job_view import JobView
     from elastic_step.master.state_store import StateStore
     from elastic_step.master.tracking.recorder import TrackingRecorder
     from elastic_step.model.api import ModelDefinition
@@ -164,9 +163,7 @@ class JobKind(ABC):
         and PS is gone."""
         return None
 
-    def start_tracking(
-        self, coordinator: Coordinator, already: JobView | None
-    ) -> TrackingRecorder | None:
+    def start_tracking(self, coordinator: Coordinator) -> TrackingRecorder | None:
         """The job's experiment tracking, started; None for none (the default)."""
         return None
 

@@ -50,7 +50,7 @@ class JobReporter:
         # A resumed master skips what the record already held: TensorBoard shows it once.
         already = self.view() if resumed else None
         self._events = events or TrainingEvents(output, local_dir, already=already)
-        self._tracking = kind.start_tracking(coordinator, already)
+        self._tracking = kind.start_tracking(coordinator)
         self._next_status = self._next_progress = 0.0
 
     def serve_metrics(self, host: str, port: int) -> None:

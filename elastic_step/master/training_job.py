@@ -25,7 +25,6 @@ from elastic_step.rpc import master_pb2
 if TYPE_CHECKING:
     from elastic_step.data.schema import Schema
     from elastic_step.master.coordinator import Coordinator
-    from elastic_step.master.job_view import JobView
     from elastic_step.master.tracking.recorder import TrackingRecorder
     from elastic_step.model.api import ModelDefinition
 
@@ -136,9 +135,7 @@ class TrainingJob(JobKind):
         except Exception as e:  # the model is saved: a report must not fail the job
             log.warning("cannot write %s: %s: %s", self.paths.report, type(e).__name__, e)
 
-    def start_tracking(
-        self, coordinator: Coordinator, already: JobView | None
-    ) -> TrackingRecorder | None:
+    def start_tracking(self, coordinator: Coordinator) -> TrackingRecorder | None:
         from elastic_step.master.tracking import start_recorder
 
         c = self.config
@@ -159,7 +156,6 @@ class TrainingJob(JobKind):
             params=params,
             resume_run_id=coordinator.record.tracking_run_id,
             on_run=keep,
-            already=already,
         )
 
     def tracking_artifacts(self) -> list[tuple[str, str | None]]:

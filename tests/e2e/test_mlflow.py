@@ -1,9 +1,10 @@
 """MLflow tracking of real training jobs against a real tracking server (`mlflow server`,
 SQLite, artifacts served by it, on loopback), read back through MlflowClient:
 
-- a job with 2 workers, one SIGKILLed mid-epoch: params, the loss and metric histories at
-  the model versions of summary.json, evaluations in epoch order, the final metrics,
-  restarts, the artifacts, and a model that loads and predicts;
+- a job with 2 workers, one SIGKILLed mid-epoch together with the master, which is run
+  again: one run, resumed; params, the loss and metric histories at the model versions of
+  summary.json (each point once), evaluations in epoch order, the final metrics, restarts,
+  the artifacts, and a model that loads and predicts;
 - the same job with the server stopped mid-run: it completes, with warnings;
 - the train component under kfp.local with KFP's MLflow variables: a run nested under the
   parent KFP made, or the run KFP made (left for KFP's launcher to end).
@@ -47,6 +48,14 @@ def job_run(client: MlflowClient, experiment: str, job_name: str):
     return runs[0]
 
 
+def wait_for_line(run, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in run.log():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the master never logged {text!r}:\n{run.log()[-3000:]}")
+        time.sleep(0.2)
+
+
 def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
     return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
 
@@ -58,23 +67,31 @@ def assert_history(client, run_id: str, key: str, expected: list[tuple[int, floa
     assert [v for _, v in got] == pytest.approx([v for _, v in expected]), key
 
 
-def test_a_job_with_a_killed_worker_logs_everything_to_mlflow(
+def test_a_job_with_a_killed_worker_and_master_logs_everything_to_mlflow(
     train_run, server, digits_data, tmp_path
 ) -> None:
-    run = train_run(
+    flags = (
         "--epochs", "3", "--workers", "2",
         "--mlflow-tracking-uri", server.uri, "--mlflow-experiment", "killed-worker",
     )  # fmt: skip
-    run.start()
-    with run.held(mid_epoch) as status:
-        os.killpg(run.member_pids(status)["worker-1"], signal.SIGKILL)
+    first = train_run(*flags).start()
+    with first.held(mid_epoch) as status:
+        wait_for_line(first, "MLflow: logging to run")  # the master runs while held
+        os.killpg(first.member_pids(status)["worker-1"], signal.SIGKILL)
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=10)
+    run = train_run(*flags, output=first.output).start()
     assert run.wait() == 0, run.log()[-3000:]
     summary = run.summary()
     assert records_exact(summary) and sum(summary["restarts_by_reason"].values()) >= 1
+    assert summary["restarts"]["master"] == 1
 
     client = server.client()
     mlrun = job_run(client, "killed-worker", summary["job_name"])
     run_id = mlrun.info.run_id
+    first_master, second_master = run.log().split("resuming the job in")
+    assert f"MLflow: logging to run {run_id}" in first_master
+    assert f"MLflow: logging to run {run_id}" in second_master
     assert mlrun.info.status == "FINISHED" and mlrun.info.run_name == summary["job_name"]
     params = mlrun.data.params
     assert params["epochs"] == "3" and params["workers"] == "2"
@@ -149,10 +166,7 @@ def test_a_server_stopped_mid_run_costs_warnings_only(train_run, tmp_path) -> No
         )  # fmt: skip
         run.start()
         with run.held(mid_epoch):
-            # Logged before the outage: the run, its params.
-            deadline = time.monotonic() + 60
-            while "MLflow: logging to run" not in run.log() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_for_line(run, "MLflow: logging to run")  # the run and its params are in
             server.stop()
         assert run.wait() == 0, run.log()[-3000:]
     finally:

@@ -8,7 +8,6 @@ import logging
 import os
 from collections.abc import Callable
 
-from elastic_step.master.job_view import JobView
 from elastic_step.master.tracking.mlflow_tracker import MlflowRunTracker
 from elastic_step.master.tracking.recorder import TrackingRecorder
 from elastic_step.master.tracking.target import tracking_target
@@ -24,7 +23,6 @@ def start_recorder(
     params: dict[str, str],
     resume_run_id: str | None,
     on_run: Callable[[str], None],
-    already: JobView | None,
 ) -> TrackingRecorder | None:
     """The job's MLflow logging, started; None when the flags and the environment name no
     tracking server (see :mod:`.target`)."""
@@ -48,7 +46,6 @@ def start_recorder(
         params=params,
         resume_run_id=None if target.run_id else resume_run_id,
         on_run=on_run,
-        already=already,
         owns_run=target.owns_run,
     )
     recorder.start()

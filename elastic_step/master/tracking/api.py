@@ -71,6 +71,11 @@ class RunTracker(ABC):
         run. Raises TrackingError."""
 
     @abstractmethod
+    def logged_steps(self) -> dict[str, int]:
+        """The step of each metric's last point in the run: what a restarted master need
+        not send again (empty for a run made by :meth:`open`)."""
+
+    @abstractmethod
     def log_params(self, params: dict[str, str]) -> None:
         """Logs the params the run does not have yet; one it has keeps its value (a resumed
         job's are its first run's)."""

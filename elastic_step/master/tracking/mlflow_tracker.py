@@ -40,6 +40,8 @@ class MlflowRunTracker(RunTracker):
         self.target = target
         self._client = None  # made by open(), on the recorder's thread: mlflow loads slowly
         self.run_id: str | None = None
+        #: The run as open() found it, when it was not made there.
+        self._existing = None
         #: The params the run has; None until read.
         self._params: set[str] | None = None
 
@@ -55,7 +57,7 @@ class MlflowRunTracker(RunTracker):
             self._client = MlflowClient(tracking_uri=self.target.tracking_uri)
         client, target = self._client, self.target
         if target.run_id is not None:
-            self._call("reading the run", lambda: client.get_run(target.run_id))
+            self._existing = self._call("reading the run", lambda: client.get_run(target.run_id))
             self.run_id = target.run_id
             return self.run_id
         if resume_run_id is not None:
@@ -66,6 +68,7 @@ class MlflowRunTracker(RunTracker):
                         "resuming the run",
                         lambda: client.update_run(resume_run_id, status="RUNNING"),
                     )
+                self._existing = run
                 self.run_id = resume_run_id
                 return self.run_id
         experiment_id = target.experiment_id or self._experiment(target.experiment_name or "")
@@ -78,6 +81,18 @@ class MlflowRunTracker(RunTracker):
         )
         self.run_id = run.info.run_id
         return self.run_id
+
+    def logged_steps(self) -> dict[str, int]:
+        if self._existing is None:
+            return {}
+        client, run_id = self._client, self._run()
+        steps = {}
+        for key in self._existing.data.metrics:
+            points = self._call(
+                f"reading {key}'s history", lambda k=key: client.get_metric_history(run_id, k)
+            )
+            steps[key] = max((p.step for p in points), default=-1)
+        return steps
 
     def log_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param

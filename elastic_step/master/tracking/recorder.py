@@ -58,20 +58,25 @@ class TrackingRecorder:
         params: dict[str, str],
         resume_run_id: str | None,
         on_run: Callable[[str], None],
-        already: JobView | None = None,
         owns_run: bool = True,
     ) -> None:
         """``where``: the server and why it is used, for the log. ``resume_run_id``: the run
         the job made before its master restarted. ``on_run``: called with the run's id once
-        it is open (the master keeps it, to resume the run). ``already``: see NewScalars.
-        ``owns_run``: the job ends the run (not when the platform that made it does)."""
+        it is open (the master keeps it, to resume the run). ``owns_run``: the job ends the
+        run (not when the platform that made it does).
+
+        A restarted master takes every point of the job again, and sends only those past
+        the run's last step of each metric: none twice, and none lost that the master
+        before it had not sent."""
         self.owns_run = owns_run
         self._tracker = tracker
         self._where = where
         self._params: dict[str, str] | None = params
         self._resume = resume_run_id
         self._on_run = on_run
-        self._scalars = NewScalars(already)
+        self._scalars = NewScalars()
+        #: Per metric, the last step the run already has.
+        self._logged: dict[str, int] = {}
         self._lock = threading.Lock()
         self._waiting: deque[MetricPoint] = deque()
         self._dropped = 0
@@ -191,6 +196,7 @@ class TrackingRecorder:
         tracker = self._tracker
         if self.run_id is None:
             self.run_id = tracker.open(self._resume)
+            self._logged = tracker.logged_steps()
             log.info("MLflow: logging to run %s at %s", self.run_id, self._where)
             self._on_run(self.run_id)
         if self._params is not None:
@@ -198,8 +204,10 @@ class TrackingRecorder:
             self._params = None
         with self._lock:
             batch = list(self._waiting)
+        new = [p for p in batch if p.step > self._logged.get(p.key, -1)]
+        if new:
+            tracker.log_metrics(new)
         if batch:
-            tracker.log_metrics(batch)
             with self._lock:
                 for _ in batch:
                     self._waiting.popleft()
