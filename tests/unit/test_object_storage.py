@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +52,26 @@ def test_file_operations(s3_env, bucket, scheme):
     assert s3_env.keys(bucket) == ["run/sub/b.txt", "run/sub/c.txt"]
     storage.remove(root)
     assert s3_env.keys(bucket) == []
+
+
+def test_fetch_copies_a_file_or_a_tree_to_local_disk(s3_env, bucket, tmp_path):
+    # What the master uploads to MLflow from an object-store --output.
+    root = f"s3://{bucket}/run"
+    storage.write_text_atomic(f"{root}/summary.json", "{}")
+    storage.write_bytes_atomic(f"{root}/saved_model/saved_model.pb", b"pb")
+    storage.write_bytes_atomic(f"{root}/saved_model/variables/variables.index", b"ix")
+
+    assert Path(storage.fetch(f"{root}/summary.json", str(tmp_path))).read_text() == "{}"
+    copy = storage.fetch(f"{root}/saved_model", str(tmp_path))
+    assert copy == str(tmp_path / "saved_model")
+    files = sorted(
+        os.path.relpath(os.path.join(d, f), copy) for d, _, names in os.walk(copy) for f in names
+    )
+    assert files == ["saved_model.pb", "variables/variables.index"]
+    assert (Path(copy) / "variables" / "variables.index").read_bytes() == b"ix"
+    local = tmp_path / "local.txt"
+    local.write_text("here")
+    assert storage.fetch(str(local), "/nonexistent") == str(local)  # a local path: itself
 
 
 def test_read_range_is_one_ranged_get(s3_env, bucket):
