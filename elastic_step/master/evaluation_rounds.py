@@ -8,11 +8,14 @@ is checked against its round (numeric states, of the round's shapes) and summed 
 :class:`EvaluationRound`; a round whose tasks are all done waits in ``completed`` until the
 master takes it.
 
-Order. Only the oldest open round's tasks are handed out (:meth:`pop`): a round's tasks go
-out after every task of the round before it is done, so each of its tasks pulls a model no
-older than any the round before measured, and rounds finish in the order they started. A
-slow worker holding the last task of a round delays the next round, not its order. A steps
-round is named by the oldest epoch still training: that epoch's end-of-epoch round follows.
+Order. While the model changes, only the oldest open round's tasks are handed out
+(:meth:`pop`): a round's tasks go out after every task of the round before it is done, so
+each of its tasks pulls a model no older than any the round before measured. A slow worker
+holding the last task of a round delays the next round, not its order. Once training is
+over the model no longer changes, and the rounds left go out together. Either way a round
+whose tasks are all done waits, still open, for the rounds before it: rounds are completed
+in the order they started. A steps round is named by the oldest epoch still training: that
+epoch's end-of-epoch round follows.
 
 Its state goes in the task manager's snapshot and journal; tested through the task manager,
 in tests/unit/test_task_manager.py.
@@ -146,7 +149,7 @@ class EvaluationRounds:
         return divmod(task_id - self._base, self.split.count)
 
     def is_open(self, task_id: int) -> bool:
-        """Whether ``task_id`` is a task of a round not finished yet."""
+        """Whether ``task_id`` is a task of a round not completed yet (see Order)."""
         return (
             task_id >= self._base
             and bool(self.split.count)
@@ -159,12 +162,16 @@ class EvaluationRounds:
         state = self.open.get(round_id)
         return state is not None and not state.is_done(position)
 
-    def pop(self, is_todo: Callable[[int], bool]) -> int | None:
-        """The next task to hand out, of the oldest open round only (see Order); None when
-        that round has every task out or done."""
+    def pop(self, is_todo: Callable[[int], bool], *, in_order: bool) -> int | None:
+        """The next task to hand out; with ``in_order`` (while the model changes), of the
+        oldest unfinished round only (see Order): None when it has every task out or done."""
         task_id = self.todo.peek(is_todo)
-        if task_id is None or self.locate(task_id)[0] != min(self.open):
+        if task_id is None:
             return None
+        if in_order:
+            oldest = min((r for r, s in self.open.items() if not s.all_done), default=None)
+            if self.locate(task_id)[0] != oldest:
+                return None
         return self.todo.pop(is_todo)
 
     def step_passed(self, version: int) -> bool:
@@ -229,9 +236,11 @@ class EvaluationRounds:
             decode_states(result["metric_states"]),
             version,
         )
-        if state.all_done:
-            del self.open[round_id]
-            self.completed.append(state.round)
+        while self.open:  # completed in the order they started (see Order)
+            oldest = min(self.open)
+            if not self.open[oldest].all_done:
+                break
+            self.completed.append(self.open.pop(oldest).round)
 
     def counts(self, doing: int) -> dict[str, int]:
         """Evaluation tasks to do, under way (``doing``, from the leases) and done."""

@@ -251,7 +251,7 @@ class TaskManager:
         alone = self.settings.pause_training_while_evaluating
         task_id = None
         if not (alone and self._training_out()):
-            task_id = self._evaluation.pop(self._is_todo)
+            task_id = self._evaluation.pop(self._is_todo, in_order=not self.training_done)
         if task_id is None and not self.hold_training and not (alone and self._evaluation.open):
             task_id = self._train_todo.pop(self._is_todo)
         if task_id is None:

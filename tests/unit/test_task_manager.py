@@ -657,6 +657,26 @@ def test_a_slow_worker_delays_the_next_round_but_rounds_stay_in_epoch_and_versio
         assert after.min_model_version >= before.model_version
 
 
+def test_after_training_the_rounds_left_go_out_together_and_complete_in_order() -> None:
+    # The model no longer changes: the next round need not wait for the slow worker's task,
+    # but it is completed only after the round before it.
+    tm = make(epochs=2, validation_shards=VALIDATION)
+    run_training_of_epoch(tm, first_version=1)
+    fast, slow = tm.get_task("w"), tm.get_task("slow")
+    assert (fast.round, slow.round) == (0, 0)
+    succeed(tm, fast, model_version=5, evaluation=eval_result(1.0, 4, [1.0]))
+    run_training_of_epoch(tm, first_version=6)
+    assert tm.training_done
+    rest = [tm.get_task("w") for _ in range(2)]
+    assert [t.round for t in rest] == [1, 1]
+    for task in rest:
+        succeed(tm, task, model_version=10, evaluation=eval_result(1.0, task.records, [1.0]))
+    assert tm.completed_rounds == [] and not tm.finished  # round 1 waits for round 0
+    succeed(tm, slow, "slow", model_version=10, evaluation=eval_result(1.0, 2, [1.0]))
+    assert [(r.id, r.epoch) for r in tm.completed_rounds] == [(0, 1), (1, 2)]
+    assert tm.finished
+
+
 def test_an_epoch_that_ends_before_an_older_one_waits_for_its_round() -> None:
     # One task of epoch 1 is held by a slow worker while all of epoch 2 trains: epoch 2
     # ends first. Its round starts only after epoch 1's, and a restore keeps that order.
