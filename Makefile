@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup lock browser demo test test-unit test-e2e test-k8s test-argo cluster argo kfp kfp-ui mlmd mariadb lint format proto clean \
 	components bench bench-throughput bench-embedding bench-master bench-goodput \
-	bench-preprocess bench-preauth bench-tls bench-k8s bench-kfp bench-makespan
+	bench-preprocess bench-preauth bench-tls bench-k8s bench-kfp bench-makespan bench-mlflow
 
 setup: $(STAMP)
 
@@ -134,6 +134,10 @@ bench-kfp: $(STAMP) argo kfp mlmd mariadb
 
 bench-preprocess: $(STAMP)
 	$(BIN)/python bench/preprocess.py
+
+# A job without MLflow, with a tracking server, and with the server stopped mid-run.
+bench-mlflow: $(STAMP)
+	$(BIN)/python bench/mlflow_outage.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

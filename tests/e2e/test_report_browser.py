@@ -195,7 +195,7 @@ def test_evaluate_gives_the_roc_curve_of_a_binary_classifier(evaluated) -> None:
     assert any(t == pytest.approx(crash["at_s"], abs=0.5) for t, _ in summary["workers_timeline"])
 
 
-def test_the_report_renders_in_chromium_with_every_plot_drawn(evaluated, tmp_path) -> None:
+def test_the_report_renders_in_chromium_with_every_plot_drawn(evaluated, trained, tmp_path) -> None:
     import tensorflow as tf
 
     report, _, summary = evaluated
@@ -209,15 +209,30 @@ def test_the_report_renders_in_chromium_with_every_plot_drawn(evaluated, tmp_pat
             """({title: document.title,
                  active: document.querySelectorAll('script, img, iframe, object').length,
                  labels: [...document.querySelectorAll('table.confusion thead th')]
-                   .map((th) => th.textContent)})"""
+                   .map((th) => th.textContent),
+                 legend: Object.fromEntries(
+                   [...document.querySelectorAll('#evaluations .note span')]
+                   .map((s) => [s.textContent, getComputedStyle(s).color]))})"""
         )
         errors, requests = browser.errors(), browser.requests()
+        # The master's own report of the same training, beside the model.
+        report_of_training = trained[1] / "report.html"
+        browser.load(report_of_training.as_uri())
+        training = browser.evaluate(
+            """({title: document.title,
+                 plots: [...document.querySelectorAll('[data-plot]')].map((e) => e.dataset.plot),
+                 text: document.body.innerText})"""
+        )
+        errors += browser.errors()
     finally:
         browser.close()
     (tmp_path / "report.png").write_bytes(png)  # kept for a look when the test fails
 
     assert errors == []
     assert requests == [report.as_uri()]  # self-contained: nothing else is fetched
+    assert training["title"] == "elastic-step training", report_of_training
+    assert training["plots"] == [p for p in PLOTS if p not in ("confusion-matrix", "roc")]
+    assert summary["model_def"] in training["text"] and summary["data"] in training["text"]
     assert dom["title"] == "elastic-step evaluation: validation split"
     assert dom["active"] == 0
     assert dom["labels"][1:] == LABELS  # the HTML in the labels shows as text
@@ -244,6 +259,11 @@ def test_the_report_renders_in_chromium_with_every_plot_drawn(evaluated, tmp_pat
         assert series["validation"]["circles"] == len(rounds), region
         assert series["training"]["circles"] == len(windows), region
         assert series["training"]["color"] != series["validation"]["color"]
+        # The legend names each series in the colour it is drawn in, in every chart.
+        assert dom["legend"]["\u25cf olive"] == series["training"]["color"], name
+        assert dom["legend"]["\u25cf blue"] == series["validation"]["color"], name
+        # A mark where each epoch ended.
+        assert region["events"] == ["epoch"] * len(summary["epochs"]), name
         for s in series.values():
             drawn = pixels_of(image, region, s["color"])
             assert drawn >= 100, f"{region['plot']} {s['name']}: {drawn} pixels of {s['color']}"
