@@ -63,6 +63,19 @@ def run_train_step(root, data, env: dict) -> None:
     mlflow_pipeline(data_uri=str(data), model_def_uri=path_of("digits"))
 
 
+def kfp_config(server: MlflowServer, experiment: str, parent: str, **extra) -> str:
+    """KFP_MLFLOW_CONFIG as KFP's driver writes it for a task."""
+    config = {
+        "endpoint": server.uri,
+        "experimentId": experiment,
+        "parentRunId": parent,
+        "authType": "none",
+        "timeout": "30s",
+        **extra,
+    }
+    return json.dumps(config)
+
+
 def summary_of(root) -> dict:
     (path,) = root.glob("*/elastic-train/executor_output.json")
     train = json.loads(path.read_text())["artifacts"]
@@ -75,14 +88,9 @@ def test_kfp_s_mlflow_config_nests_the_step_s_run_under_the_pipeline_run(
     client = server.client()
     experiment = client.create_experiment("kfp-config")
     parent = client.create_run(experiment, run_name="pipeline-run").info.run_id
-    config = {
-        "endpoint": server.uri,
-        "experimentId": experiment,
-        "parentRunId": parent,
-        "authType": "none",
-        "timeout": "30s",
-    }
-    run_train_step(tmp_path, digits_data, {"KFP_MLFLOW_CONFIG": json.dumps(config)})
+    run_train_step(
+        tmp_path, digits_data, {"KFP_MLFLOW_CONFIG": kfp_config(server, experiment, parent)}
+    )
     summary = summary_of(tmp_path)
 
     [run] = client.search_runs([experiment], filter_string=f"tags.`{PARENT_TAG}` = '{parent}'")
@@ -103,19 +111,11 @@ def test_kfp_s_injected_run_gets_the_step_s_metrics_and_kfp_ends_it(
     nested = client.create_run(
         experiment, run_name="elastic-train", tags={PARENT_TAG: parent}
     ).info.run_id
-    config = {
-        "endpoint": server.uri,
-        "experimentId": experiment,
-        "parentRunId": parent,
-        "authType": "none",
-        "timeout": "30s",
-        "injectUserEnvVars": True,
-    }
     run_train_step(
         tmp_path,
         digits_data,
         {
-            "KFP_MLFLOW_CONFIG": json.dumps(config),
+            "KFP_MLFLOW_CONFIG": kfp_config(server, experiment, parent, injectUserEnvVars=True),
             "MLFLOW_RUN_ID": nested,
             "MLFLOW_TRACKING_URI": server.uri,
             "MLFLOW_EXPERIMENT_ID": experiment,
