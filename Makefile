@@ -101,7 +101,7 @@ components: $(STAMP)
 	$(BIN)/python -m pipelines.render
 
 # Benchmarks print their figures (see bench/README.md); none fails on a missed target.
-bench: bench-throughput bench-embedding bench-master bench-goodput bench-preprocess bench-preauth bench-tls
+bench: bench-throughput bench-embedding bench-master bench-goodput bench-preprocess bench-preauth bench-tls bench-mlflow
 
 bench-throughput: $(STAMP)
 	$(BIN)/python bench/throughput.py

@@ -8,10 +8,14 @@ time, so they do not compete for the cores):
   (type inference, checks, stratified split, shuffled shards with indexes, schema);
 - pandas: ``pd.read_csv``, then one ``tf.train.Example`` per row, serialized and written with
   ``tf.io.TFRecordWriter``: the loop a user would write (no split, shuffle or statistics);
-- elastic at a tenth of the rows, to show that its peak memory does not grow with the input.
+- elastic at a tenth of the rows, to show that its peak memory does not grow with the input;
+- beam: the same CLI with ``--runner beam``, an Apache Beam pipeline on Beam's local runner
+  (FnApiRunner in the child, or what ``--beam-option`` says), whose output must be the
+  elastic run's, file for file.
 
 Each side's rows/s is rows over the child's wall time, start-up included; peak RSS is the
-child's ``ru_maxrss``. Targets: elastic peak RSS < 1 GB, elastic rows/s >= 3x pandas'.
+child's ``ru_maxrss``. Targets: elastic peak RSS < 1 GB, elastic rows/s >= 3x pandas'. The beam
+row has no target; its ratio to elastic is reported.
 Results go to ``WORKDIR/preprocess.json`` (default ``bench/results/``). See bench/README.md.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import filecmp
 import os
 import platform
 import shutil
@@ -143,6 +148,16 @@ def run_child(name: str, command: list[str], rows: int) -> dict:
     return result
 
 
+def same_files(a: str, b: str) -> bool:
+    """Whether directories ``a`` and ``b`` hold the same files, byte for byte."""
+    names = [sorted(os.path.relpath(os.path.join(root, f), top) for root, _, files in os.walk(top)
+                    for f in files) for top in (a, b)]  # fmt: skip
+    if names[0] != names[1]:
+        return False
+    _, mismatch, errors = filecmp.cmpfiles(a, b, names[0], shallow=False)
+    return not mismatch and not errors
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="(default 2,000,000)")
@@ -157,7 +172,15 @@ def main(argv: list[str] | None = None) -> int:
         help="CSVs, outputs and preprocess.json (default bench/results/)",
     )
     parser.add_argument(
-        "--only", choices=["elastic", "pandas"], help="run one side (no ratio then)"
+        "--only", choices=["elastic", "pandas", "beam"], help="run one side (no ratio then)"
+    )
+    parser.add_argument(
+        "--beam-option",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="passed on to the beam run, e.g. --beam-option=--direct_num_workers=2 "
+        "--beam-option=--direct_running_mode=multi_processing",
     )
     parser.add_argument("--pandas-loop", nargs=2, metavar=("CSV", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -185,17 +208,24 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_average(),
     }
 
-    def elastic(size: str) -> dict:
-        output = os.path.join(args.workdir, f"preprocess-out-{size}")
-        shutil.rmtree(output, ignore_errors=True)
-        command = [*elastic_step_command(), "preprocess", "--input", csvs[size],
-                   "--label", "label", "--output", output]  # fmt: skip
-        return run_child(f"elastic ({size})", command, sizes[size])
+    def output(size: str, name: str) -> str:
+        return os.path.join(
+            args.workdir, f"preprocess-out-{size}" + ("-beam" if name == "beam" else "")
+        )
 
-    if args.only != "pandas":
+    def elastic(size: str, name: str = "elastic", *flags: str) -> dict:
+        shutil.rmtree(output(size, name), ignore_errors=True)
+        command = [*elastic_step_command(), "preprocess", "--input", csvs[size],
+                   "--label", "label", "--output", output(size, name), *flags]  # fmt: skip
+        return run_child(f"{name} ({size})", command, sizes[size])
+
+    if args.only in (None, "elastic"):
         results["elastic"] = elastic("full")
         results["elastic_tenth"] = elastic("tenth")
-    if args.only != "elastic":
+    if args.only in (None, "beam"):
+        options = [f"--beam-option={option}" for option in args.beam_option]
+        results["beam"] = elastic("full", "beam", "--runner", "beam", *options)
+    if args.only in (None, "pandas"):
         out = os.path.join(args.workdir, "preprocess-pandas.tfrecord")
         command = [sys.executable, os.path.abspath(__file__), "--pandas-loop", csvs["full"], out]
         results["pandas"] = run_child("pandas", command, args.rows)
@@ -208,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         rss_ok = "PASS" if rss < RSS_TARGET_MB else "ABOVE"
         log(f"ratio elastic / pandas: {ratio:.2f} (target >= {SPEED_TARGET}): {speed_ok}")
         log(f"elastic peak RSS: {rss} MB (target < {RSS_TARGET_MB} MB): {rss_ok}")
+    if "elastic" in results and "beam" in results:
+        ratio = results["beam"]["rows_per_s"] / results["elastic"]["rows_per_s"]
+        results["beam_ratio"] = round(ratio, 2)
+        same = same_files(output("full", "elastic"), output("full", "beam"))
+        results["beam_same_output"] = same
+        log(f"ratio beam / elastic: {ratio:.2f}; the same files: {'yes' if same else 'NO'}")
     path = os.path.join(args.workdir, "preprocess.json")
     write_result(path, results)
     log(f"wrote {path}")

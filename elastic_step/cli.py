@@ -130,6 +130,22 @@ def _add_preprocess(commands) -> None:
         help="the default feed gives categorical columns as one-hot vectors (vocabulary "
         "size + 1 floats) instead of vocabulary ids",
     )
+    p.add_argument(
+        "--runner",
+        choices=["local", "beam"],
+        default="local",
+        help="local: in this process (default); beam: as an Apache Beam pipeline, on the Beam "
+        "runner that --beam-option names (default: Beam's local runner), with the same "
+        "output (needs elastic-step[beam])",
+    )
+    p.add_argument(
+        "--beam-option",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="an option of the Beam pipeline (--runner beam), repeated for each, with '=': "
+        "--beam-option=--runner=DataflowRunner --beam-option=--project=P",
+    )
 
 
 def _add_train(commands) -> None:
@@ -525,23 +541,35 @@ def _backend_options(args: argparse.Namespace) -> object:
         raise InputError(str(e)) from None
 
 
+def _preprocess(args: argparse.Namespace) -> None:
+    arguments = {
+        "input_path": args.input,
+        "label": args.label,
+        "output": args.output,
+        "shards": args.shards,
+        "validation_fraction": args.validation_fraction,
+        "seed": args.seed,
+        "categorical": [c.strip() for c in args.categorical.split(",") if c.strip()],
+        "label_kind": args.label_type,
+        "fill_missing": args.fill_missing,
+        "one_hot": args.one_hot,
+        "progress": log.info,
+    }
+    if args.runner == "beam":
+        from elastic_step.data.beam_preprocess import preprocess_on_beam
+
+        preprocess_on_beam(**arguments, beam_options=args.beam_option)
+        return
+    if args.beam_option:
+        raise InputError("--beam-option applies to --runner beam only")
+    from elastic_step.data.preprocess import preprocess
+
+    preprocess(**arguments)
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command == "preprocess":
-        from elastic_step.data.preprocess import preprocess
-
-        preprocess(
-            input_path=args.input,
-            label=args.label,
-            output=args.output,
-            shards=args.shards,
-            validation_fraction=args.validation_fraction,
-            seed=args.seed,
-            categorical=[c.strip() for c in args.categorical.split(",") if c.strip()],
-            label_kind=args.label_type,
-            fill_missing=args.fill_missing,
-            one_hot=args.one_hot,
-            progress=log.info,
-        )
+        _preprocess(args)
         return 0
     if args.command == "train":
         from elastic_step.master.config import TrainConfig

@@ -123,7 +123,7 @@ def _preprocess() -> Container:
             "--input",
             f"{INPUTS}/data.csv",
             *_flags("label", "output", "shards", "validation-fraction", "seed"),
-            *_flags("categorical", "label-type", "fill-missing", "one-hot"),
+            *_flags("categorical", "label-type", "fill-missing", "one-hot", "runner"),
         ],
         inputs=[
             Artifact(name="csv", path=f"{INPUTS}/data.csv"),
@@ -142,6 +142,8 @@ def _preprocess() -> Container:
                     "an error)",
                     "one-hot": "true: the default feed gives categorical columns as one-hot "
                     "vectors, not vocabulary ids",
+                    "runner": "local, or beam: as an Apache Beam pipeline on Beam's local "
+                    "runner in the step's pod, with the same output",
                     "image": "the elastic-step image",
                 },
             ),

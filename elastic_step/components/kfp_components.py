@@ -36,6 +36,8 @@ def preprocess(
     label_type: str = "auto",
     fill_missing: str = "",
     one_hot: bool = False,
+    runner: str = "local",
+    beam_options: List[str] | None = None,  # noqa: UP006 - see elastic_train.volumes
 ):
     """Turns a CSV file with a header row into train and validation TFRecord shards and
     schema.json (`elastic-step preprocess`).
@@ -53,6 +55,9 @@ def preprocess(
             split's mean, 0, or a number: mean, zero or VALUE (default: an error).
         one_hot: The default feed gives categorical columns as one-hot vectors instead of
             vocabulary ids.
+        runner: local, or beam: as an Apache Beam pipeline, with the same output.
+        beam_options: Options of the Beam pipeline, each --name=value, such as
+            --runner=DataflowRunner (default: Beam's local runner, in the step).
     """
     arguments = dict(locals())  # every parameter, by name
     from elastic_step.components.steps import preprocess_step

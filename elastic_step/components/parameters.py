@@ -200,6 +200,14 @@ DEVIATIONS: dict[str, dict[str, Deviation | tuple[Deviation, ...]]] = {
     "preprocess": {
         "--input": LeftOut("the CSV arrives as the input artifact csv"),
         "--output": LeftOut("KFP: the output artifact data", (KFP,)),
+        "--beam-option": (
+            Renamed("beam_options", "KFP: a list, named for what it holds", (KFP,)),
+            LeftOut(
+                "Argo: a template cannot repeat a flag; runner beam runs on Beam's local "
+                "runner in the step's pod",
+                (ARGO,),
+            ),
+        ),
     },
     "train": {
         **_JOB,
@@ -304,7 +312,13 @@ def arguments(command: str, parameters: Mapping[str, object]) -> list[str]:
             argv.append(flag.option)
         elif flag.kind == "list":
             for item in value:  # type: ignore[attr-defined]
-                argv += [flag.option, str(item)]
+                argv += _flag_value(flag.option, str(item))
         else:
-            argv += [flag.option, str(value)]
+            argv += _flag_value(flag.option, str(value))
     return argv
+
+
+def _flag_value(option: str, value: str) -> list[str]:
+    """``--flag VALUE``, or ``--flag=VALUE`` for a value that argparse would otherwise take
+    for a flag (``--beam-option=--runner=DataflowRunner``)."""
+    return [f"{option}={value}"] if value.startswith("-") else [option, value]

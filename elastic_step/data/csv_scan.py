@@ -11,15 +11,18 @@ Column types come from the first 100 data rows (empty values aside):
 A later value that does not fit its column's type, an empty numeric value without
 ``--fill-missing``, and an empty label are errors naming the line and the column. Nothing is
 held per row: the pass keeps the vocabularies of categorical columns and the label's classes.
-Tests: tests/unit/test_preprocess.py, tests/unit/test_preprocess_streaming.py (via preprocess).
+Tests: tests/unit/test_preprocess.py, tests/unit/test_preprocess_streaming.py (via preprocess),
+tests/unit/test_beam_preprocess.py (counted in parts, merged).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -86,11 +89,75 @@ class _LabelCounter:
         if self.counts is None:
             return
         _add_counts(self.counts, floats)
-        if self.label_kind == "auto" and len(self.counts) > MAX_AUTO_CLASSES:
-            self.counts = None  # too many values for auto classes: a numeric label
+        self._check_auto_classes()
 
     def add_text(self, values: pa.Array) -> None:
         _add_counts(self.counts, values)
+
+    def merge(self, other: _LabelCounter) -> None:
+        """Adds the counts of other rows: what one counter of both would hold."""
+        self.integral = self.integral and other.integral
+        if self.counts is None or other.counts is None:
+            self.counts = None
+            return
+        _merge_counts(self.counts, other.counts)
+        self._check_auto_classes()
+
+    def _check_auto_classes(self) -> None:
+        if self.label_kind == "auto" and len(self.counts) > MAX_AUTO_CLASSES:
+            self.counts = None  # too many values for auto classes: a numeric label
+
+
+def _merge_counts(counts: dict, other: dict) -> None:
+    for value, count in other.items():
+        counts[value] = counts.get(value, 0) + count
+
+
+@dataclass
+class Counts:
+    """What the first pass counts over some consecutive rows. Counts of parts of the file
+    merge into those of the whole, in any order: the file can be counted in parts in
+    parallel (:mod:`elastic_step.data.beam_preprocess`)."""
+
+    rows: int
+    value_counts: dict[int, dict[str, int]]  # per categorical feature column
+    labels: _LabelCounter
+
+    @classmethod
+    def start(cls, found: Scan, label_kind: str) -> Counts:
+        """No rows yet, for the columns of ``found``."""
+        value_counts = {
+            j: {}
+            for j, kind in enumerate(found.kinds)
+            if kind == "categorical" and j != found.label_index
+        }
+        return cls(rows=0, value_counts=value_counts, labels=_LabelCounter(label_kind))
+
+    def add(self, source: RowLines, batch: CsvBatch, found: Scan, fill_missing: bool) -> None:
+        """Checks every value of ``batch`` and counts it; an :class:`InputError` naming the
+        line of the first bad value."""
+        _check_batch(source, batch, found, self, fill_missing)
+        self.rows += batch.rows
+
+    def merge(self, other: Counts) -> None:
+        self.rows += other.rows
+        for j, counts in other.value_counts.items():
+            _merge_counts(self.value_counts[j], counts)
+        self.labels.merge(other.labels)
+
+    def label_counts(self) -> dict | None:
+        """Rows per label value (a float for numbers), or None for a numeric label."""
+        return self.labels.counts
+
+
+class RowLines(Protocol):
+    """Where a row of a CSV file is, for error messages: :class:`CsvSource`, or a part of one
+    that knows its place in the file."""
+
+    @property
+    def path(self) -> str: ...
+
+    def line_of_row(self, row: int) -> int: ...
 
 
 def scan(
@@ -103,14 +170,39 @@ def scan(
     progress: Callable[[int, int], None],
 ) -> Scan:
     """Reads the whole file once; an :class:`InputError` at the first bad value."""
-    path, header = source.path, source.header
-    label_index = header.index(label)
     batches = source.batches(progress)
+    leading = leading_batches(batches)
+    found = infer_columns(
+        source, leading, label=label, categorical=categorical, label_kind=label_kind
+    )
+    counts = Counts.start(found, label_kind)
+    for batch in itertools.chain(leading, batches):
+        counts.add(source, batch, found, fill_missing)
+    return finish_scan(source.path, found, counts)
+
+
+def leading_batches(batches: Iterator[CsvBatch]) -> list[CsvBatch]:
+    """The first batches of ``batches``, up to :data:`INFER_ROWS` rows or more."""
     leading: list[CsvBatch] = []
     for batch in batches:
         leading.append(batch)
         if sum(b.rows for b in leading) >= INFER_ROWS:
             break
+    return leading
+
+
+def infer_columns(
+    source: CsvSource,
+    leading: list[CsvBatch],
+    *,
+    label: str,
+    categorical: set[str],
+    label_kind: str,
+) -> Scan:
+    """The columns' kinds, from the first rows of the file (``leading``): a :class:`Scan`
+    that knows no counts yet (see :func:`finish_scan`)."""
+    path, header = source.path, source.header
+    label_index = header.index(label)
     if not leading:
         raise InputError(f"{path}: has 0 data rows, need at least 2")
     sample = _head(leading, INFER_ROWS)
@@ -127,24 +219,25 @@ def scan(
             kinds.append(
                 _infer_kind(source, name, sample.first_row, sample.columns[j], label, categorical)
             )
-    result = Scan(header=header, label_index=label_index, kinds=kinds, sample=sample)
-    result.value_counts = {
-        j: {} for j, kind in enumerate(kinds) if kind == "categorical" and j != label_index
-    }
-    labels = _LabelCounter(label_kind)
-    for batch in itertools.chain(leading, batches):
-        _check_batch(source, batch, result, labels, label_kind, fill_missing)
-        result.rows += batch.rows
-    if result.rows < 2:
-        raise InputError(f"{path}: has {result.rows} data rows, need at least 2")
-    _decide_label(result, labels, label_kind)
-    _warn_about_id_columns(result)
-    return result
+    return Scan(header=header, label_index=label_index, kinds=kinds, sample=sample)
+
+
+def finish_scan(path: str, found: Scan, counts: Counts) -> Scan:
+    """A copy of ``found`` with the counts of the whole file ``path``: the label's kind and
+    classes decided."""
+    if counts.rows < 2:
+        raise InputError(f"{path}: has {counts.rows} data rows, need at least 2")
+    found = dataclasses.replace(found, rows=counts.rows, value_counts=counts.value_counts)
+    _decide_label(found, counts.labels, counts.labels.label_kind)
+    _warn_about_id_columns(found)
+    return found
 
 
 def _head(batches: list[CsvBatch], rows: int) -> CsvBatch:
+    """The first ``rows`` rows of ``batches``, copied: a slice would keep the batches' buffers
+    alive (and pickle them whole, for Beam's workers)."""
     columns = [
-        pa.concat_arrays([b.columns[j] for b in batches]).slice(0, rows)
+        pa.concat_arrays([pa.concat_arrays([b.columns[j] for b in batches]).slice(0, rows)])
         for j in range(len(batches[0].columns))
     ]
     return CsvBatch(first_row=0, columns=columns)
@@ -178,14 +271,10 @@ def _infer_kind(
 
 
 def _check_batch(
-    source: CsvSource,
-    batch: CsvBatch,
-    result: Scan,
-    labels: _LabelCounter,
-    label_kind: str,
-    fill_missing: bool,
+    source: RowLines, batch: CsvBatch, result: Scan, counts: Counts, fill_missing: bool
 ) -> None:
     path, header = source.path, result.header
+    labels, label_kind = counts.labels, counts.labels.label_kind
 
     def line(index: int) -> int:
         return source.line_of_row(batch.first_row + index)
@@ -221,7 +310,7 @@ def _check_batch(
                     f"(pass --fill-missing mean|zero|VALUE, or --categorical {name})"
                 )
         else:
-            _add_counts(result.value_counts[j], pc.utf8_trim_whitespace(values))
+            _add_counts(counts.value_counts[j], pc.utf8_trim_whitespace(values))
 
 
 def _label_not_a_number(path: str, line: int, label: str, value: str, label_kind: str) -> None:

@@ -7,7 +7,8 @@ blocks whatever the file's size. Every value arrives as text.
 Arrow does not know line numbers (a quoted value may span lines, blank lines are skipped), so
 error messages find them by reading the file again with Python's ``csv`` module, up to the row
 in question. That slow path runs only on the way to an error.
-Tests: tests/unit/test_preprocess_streaming.py, tests/unit/test_preprocess.py (via preprocess).
+Tests: tests/unit/test_preprocess_streaming.py, tests/unit/test_preprocess.py (via preprocess),
+tests/unit/test_beam_preprocess.py (ranges of a file).
 """
 
 from __future__ import annotations
@@ -147,38 +148,62 @@ class CsvSource:
         malformed quoting or bytes that are not UTF-8 raise an :class:`InputError` naming the
         line.
         """
+        with storage.open_file(self.path, "rb") as raw:
+            stream = pa.PythonFile(raw, mode="r")
+            if self.gzipped:
+                stream = pa.CompressedInputStream(stream, "gzip")
+            for batch in self._parse(stream, skip_rows=self._header_end, first_row=0):
+                yield batch
+                if progress is not None:
+                    progress(raw.tell(), batch.first_row + batch.rows)
+
+    def data_offset(self) -> int:
+        """The byte offset of the first line after the header, in an uncompressed file."""
+        size = 1 << 16
+        while True:
+            head = storage.storage_for(self.path).read_range(self.path, 0, size)
+            lines = head.splitlines(keepends=True)
+            # A line after the header's last one: that one is whole ("\r\n" not cut in two).
+            if len(lines) > self._header_end or len(head) < size:
+                return len(b"".join(lines[: self._header_end]))
+            size *= 4
+
+    def range_batches(self, start: int, end: int, first_row: int) -> Iterator[CsvBatch]:
+        """The data rows in bytes ``[start, end)`` of an uncompressed file, a range that begins
+        and ends at row ends (:mod:`elastic_step.data.csv_ranges`); ``first_row`` is the number
+        of its first row in the file. The range is read at once (one ranged read of an
+        object). Errors as :meth:`batches`."""
+        data = storage.read_range(self.path, start, end - start)
+        yield from self._parse(pa.BufferReader(data), skip_rows=0, first_row=first_row)
+
+    def _parse(
+        self, stream: pa.NativeFile, *, skip_rows: int, first_row: int
+    ) -> Iterator[CsvBatch]:
+        """The rows of ``stream`` after its first ``skip_rows`` lines, as batches."""
         width = len(self.header)
         names = [f"c{j}" for j in range(width)]  # positional: the header may repeat names
         read_options = pacsv.ReadOptions(
-            column_names=names, skip_rows=self._header_end, block_size=self.block_bytes
+            column_names=names, skip_rows=skip_rows, block_size=self.block_bytes
         )
         parse_options = pacsv.ParseOptions(newlines_in_values=True)
         convert_options = pacsv.ConvertOptions(
             column_types={n: pa.string() for n in names}, strings_can_be_null=False
         )
-        with storage.open_file(self.path, "rb") as raw:
-            stream = pa.PythonFile(raw, mode="r")
-            if self.gzipped:
-                stream = pa.CompressedInputStream(stream, "gzip")
-            try:
-                reader = pacsv.open_csv(
-                    stream,
-                    read_options=read_options,
-                    parse_options=parse_options,
-                    convert_options=convert_options,
-                )
-                row = 0
-                for blocks in _gather(reader, self.batch_bytes):
-                    columns = [
-                        pa.concat_arrays([b.column(j) for b in blocks]) for j in range(width)
-                    ]
-                    batch = CsvBatch(first_row=row, columns=columns)
-                    yield batch
-                    row += batch.rows
-                    if progress is not None:
-                        progress(raw.tell(), row)
-            except (pa.ArrowInvalid, OSError) as e:
-                raise InputError(self._diagnose(str(e))) from None
+        try:
+            reader = pacsv.open_csv(
+                stream,
+                read_options=read_options,
+                parse_options=parse_options,
+                convert_options=convert_options,
+            )
+            row = first_row
+            for blocks in _gather(reader, self.batch_bytes):
+                columns = [pa.concat_arrays([b.column(j) for b in blocks]) for j in range(width)]
+                batch = CsvBatch(first_row=row, columns=columns)
+                yield batch
+                row += batch.rows
+        except (pa.ArrowInvalid, OSError) as e:
+            raise InputError(self._diagnose(str(e))) from None
 
     def _diagnose(self, arrow_message: str) -> str:
         """The first problem the reference reader finds, else Arrow's own words."""

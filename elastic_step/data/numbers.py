@@ -87,6 +87,11 @@ class ExactSum:
                 self._by_exponent.get(exponent, 0) + low + (middle << 21) + (high << 42)
             )
 
+    def merge(self, other: ExactSum) -> None:
+        """Adds the values that ``other`` summed."""
+        for exponent, total in other._by_exponent.items():
+            self._by_exponent[exponent] = self._by_exponent.get(exponent, 0) + total
+
     def value(self) -> Fraction:
         return sum(
             (Fraction(total) * Fraction(2) ** (exponent - 53)

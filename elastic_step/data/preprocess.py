@@ -22,6 +22,9 @@ Three passes, each holding a bounded part of the data (:class:`MemoryBudget`):
 Every random choice is a function of the seed and the row's number (:mod:`row_random`), so
 records within a shard are in random order (a CSV sorted by label does not yield single-label
 tasks), and the output is the same, byte for byte, whatever the memory budget.
+
+The public pieces below (SplitPlan, BucketLayout, Encoder, ColumnStats, ...) are also the
+steps of the Apache Beam pipeline (beam_steps.py), which writes the same output.
 """
 
 from __future__ import annotations
@@ -105,14 +108,8 @@ def preprocess(
     every ``progress_every_s`` seconds during long passes.
     """
     say = progress or (lambda _line: None)
-    fill = _check_arguments(shards, validation_fraction, label_kind, fill_missing)
-    if not storage.exists(input_path):
-        raise InputError(f"{input_path}: file not found")
-    if storage.isdir(input_path):
-        raise InputError(f"{input_path}: is a directory, expected a CSV file")
-
-    source = CsvSource(input_path, block_bytes=memory.block_bytes, batch_bytes=memory.batch_bytes)
-    _check_header(input_path, source.header, label, set(categorical))
+    fill = check_arguments(shards, validation_fraction, label_kind, fill_missing)
+    source = open_input(input_path, label, categorical, memory)
 
     def progress_of(what: str) -> Progress:
         return Progress(say, what=what, total_bytes=source.total_bytes, every_s=progress_every_s)
@@ -126,44 +123,29 @@ def preprocess(
         progress=progress_of("reading"),
     )
     say(f"read {found.rows} rows, {len(found.header)} columns from {input_path}")
-    plan = _SplitPlan.make(found, validation_fraction, shards, seed)
-    layout = _BucketLayout.make(found, plan, memory.bucket_bytes)
-    features = [j for j in range(len(found.header)) if j != found.label_index]
-    names = input_names([found.header[j] for j in features])
-    renamed = [
-        (found.header[j], n) for j, n in zip(features, names, strict=True) if found.header[j] != n
-    ]
-    if renamed:
-        say("Keras input names: " + ", ".join(f"'{a}' -> '{b}'" for a, b in renamed))
+    plan = SplitPlan.make(found, validation_fraction, shards, seed)
+    layout = BucketLayout.make(found, plan, memory.bucket_bytes)
+    names = keras_input_names(found, say)
 
     with storage.atomic_directory(output) as tmp:
         scratch = storage.local_temp_dir()
         try:
             spill = Spill(scratch, layout.total, flush_bytes=memory.spill_bytes)
-            encoder = _Encoder(found, plan, layout, seed)
+            encoder = Encoder(found, plan, layout, seed)
             for batch in source.batches(progress_of("encoding")):
                 spill.add(*encoder.encode(batch))
             spill.flush()
             if encoder.rows != found.rows:
                 raise InputError(f"{input_path}: the file changed while it was being read")
-            schema = Schema(
-                label=label,
-                label_kind=found.label_kind,  # type: ignore[arg-type]
-                label_vocabulary=found.label_vocabulary,
-                columns=_columns(found, encoder.stats, names, fill),
-                one_hot=one_hot,
-            )
-            say(_describe(schema))
+            schema = new_schema(found, encoder.stats, names, fill, one_hot)
+            say(describe(schema))
             writing = Progress(
                 say, what="writing", total_bytes=spill.bytes_written, every_s=progress_every_s
             )
             for split in SPLITS:
                 schema.splits[split] = _write_split(tmp, split, spill, layout, writing)
                 schema.records[split] = plan.records[split]
-                say(
-                    f"wrote {split}: {plan.records[split]} records in "
-                    f"{len(schema.splits[split])} shards"
-                )
+                say(wrote_line(schema, split))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         schema.save(tmp)
@@ -171,7 +153,54 @@ def preprocess(
     return schema
 
 
-def _describe(schema: Schema) -> str:
+def open_input(
+    input_path: str, label: str, categorical: Sequence[str], memory: MemoryBudget
+) -> CsvSource:
+    """The CSV file ``input_path``, its header checked against ``label`` and ``categorical``."""
+    if not storage.exists(input_path):
+        raise InputError(f"{input_path}: file not found")
+    if storage.isdir(input_path):
+        raise InputError(f"{input_path}: is a directory, expected a CSV file")
+    source = CsvSource(input_path, block_bytes=memory.block_bytes, batch_bytes=memory.batch_bytes)
+    _check_header(input_path, source.header, label, set(categorical))
+    return source
+
+
+def keras_input_names(found: Scan, say: Callable[[str], None]) -> list[str]:
+    """The Keras input names of the feature columns; says which differ from the CSV's."""
+    features = [j for j in range(len(found.header)) if j != found.label_index]
+    names = input_names([found.header[j] for j in features])
+    renamed = [
+        (found.header[j], n) for j, n in zip(features, names, strict=True) if found.header[j] != n
+    ]
+    if renamed:
+        say("Keras input names: " + ", ".join(f"'{a}' -> '{b}'" for a, b in renamed))
+    return names
+
+
+def new_schema(
+    found: Scan,
+    stats: dict[int, ColumnStats],
+    names: list[str],
+    fill: str | float | None,
+    one_hot: bool,
+) -> Schema:
+    """The schema of the data, its splits not yet filled in."""
+    return Schema(
+        label=found.header[found.label_index],
+        label_kind=found.label_kind,  # type: ignore[arg-type]
+        label_vocabulary=found.label_vocabulary,
+        columns=_columns(found, stats, names, fill),
+        one_hot=one_hot,
+    )
+
+
+def wrote_line(schema: Schema, split: str) -> str:
+    """What preprocessing says once it has written ``split``."""
+    return f"wrote {split}: {schema.records[split]} records in {len(schema.splits[split])} shards"
+
+
+def describe(schema: Schema) -> str:
     numeric = sum(c.kind == "numeric" for c in schema.columns)
     label = (
         f"class label with {schema.num_classes} classes"
@@ -184,7 +213,7 @@ def _describe(schema: Schema) -> str:
     )
 
 
-def _check_arguments(
+def check_arguments(
     shards: int, validation_fraction: float, label_kind: str, fill_missing: str | None
 ) -> str | float | None:
     """Checks the arguments; returns the fill rule: ``"mean"``, a number, or None."""
@@ -231,7 +260,7 @@ def _check_header(path: str, header: list[str], label: str, categorical: set[str
 
 
 @dataclass
-class _SplitPlan:
+class SplitPlan:
     """Which rows go to validation: ``validation[s]`` of stratum ``s``'s ``sizes[s]`` rows,
     picked by a keyed permutation of the stratum's row positions."""
 
@@ -242,7 +271,7 @@ class _SplitPlan:
     shards: dict[str, int]
 
     @classmethod
-    def make(cls, found: Scan, fraction: float, shards: int, seed: int) -> _SplitPlan:
+    def make(cls, found: Scan, fraction: float, shards: int, seed: int) -> SplitPlan:
         sizes = found.class_counts if found.label_kind == "class" else [found.rows]
         validation = [round(n * fraction) for n in sizes]
         if sum(validation) >= found.rows:  # the train split is never empty
@@ -261,7 +290,7 @@ class _SplitPlan:
 
 
 @dataclass(frozen=True)
-class _BucketLayout:
+class BucketLayout:
     """The spill's buckets: ``per_shard[split]`` consecutive buckets for each shard of each
     split, train first. A shard's buckets are ranges of sort keys, in key order."""
 
@@ -269,7 +298,7 @@ class _BucketLayout:
     per_shard: dict[str, int]
 
     @classmethod
-    def make(cls, found: Scan, plan: _SplitPlan, bucket_bytes: int) -> _BucketLayout:
+    def make(cls, found: Scan, plan: SplitPlan, bucket_bytes: int) -> BucketLayout:
         """About ``bucket_bytes`` of records per bucket, from the size of the sample's."""
         sample = _encode_batch(found, found.sample)[0]
         record_bytes = sample.nbytes / max(len(sample), 1)
@@ -293,6 +322,20 @@ class _BucketLayout:
         before = 0 if split == SPLITS[0] else self.shards[SPLITS[0]] * self.per_shard[SPLITS[0]]
         return before + shard * self.per_shard[split]
 
+    def shard_of(self, bucket: int) -> tuple[str, int]:
+        """The split and the shard that ``bucket`` belongs to."""
+        rest = bucket
+        for split in SPLITS:
+            if rest < self.shards[split] * self.per_shard[split]:
+                return split, rest // self.per_shard[split]
+            rest -= self.shards[split] * self.per_shard[split]
+        raise ValueError(f"no bucket {bucket} in {self}")
+
+
+def shard_name(split: str, shard: int) -> str:
+    """The path of a shard in the output directory."""
+    return f"{split}/part-{shard:05d}.tfrecord"
+
 
 def _encode_batch(
     found: Scan, batch: CsvBatch
@@ -315,22 +358,27 @@ def _encode_batch(
     if found.label_kind == "numeric":
         columns.append(FloatColumn(key=header[label_index], values=to_numbers(label)[0]))
     else:
-        vocabulary = found.label_vocabulary or []
-        if found.label_numeric:
-            floats = to_numbers(label)[0]
-            classes = pc.index_in(floats, value_set=pa.array([float(v) for v in vocabulary]))
-        else:
-            label = pc.utf8_trim_whitespace(label)
-            classes = pc.index_in(label, value_set=pa.array(vocabulary, pa.string()))
-        names = pc.take(pa.array(vocabulary, pa.string()), classes)
+        classes = _classes(found, label)
+        names = pc.take(pa.array(found.label_vocabulary or [], pa.string()), classes)
         columns.append(BytesColumn(key=header[label_index], values=names))
     return encode_examples(columns), numbers, classes
 
 
+def _classes(found: Scan, label: pa.Array) -> pa.Array:
+    """The class id of each of the text values ``label`` of a class label."""
+    vocabulary = found.label_vocabulary or []
+    if found.label_numeric:
+        floats = to_numbers(label)[0]
+        return pc.index_in(floats, value_set=pa.array([float(v) for v in vocabulary]))
+    label = pc.utf8_trim_whitespace(label)
+    return pc.index_in(label, value_set=pa.array(vocabulary, pa.string()))
+
+
 @dataclass
-class _Stats:
+class ColumnStats:
     """Exact running train-split sums of one numeric column, shifted by its first value for
-    the numerical stability of the variance; exact, so batching cannot change the result."""
+    the numerical stability of the variance; exact, so batching cannot change the result.
+    Sums of parts of the file under the same ``shift`` merge exactly (:meth:`merge`)."""
 
     shift: float | None = None
     total: ExactSum = field(default_factory=ExactSum)
@@ -347,6 +395,17 @@ class _Stats:
         self.squares.add(np.square(shifted))
         self.count += values.size
 
+    def merge(self, other: ColumnStats) -> None:
+        """Adds the sums of other values, summed under the same shift."""
+        if other.count == 0:
+            return
+        if self.count and self.shift != other.shift:
+            raise ValueError(f"sums under shifts {self.shift} and {other.shift} do not add up")
+        self.shift = other.shift
+        self.total.merge(other.total)
+        self.squares.merge(other.squares)
+        self.count += other.count
+
     def mean_std(self) -> tuple[float, float]:
         if self.count == 0 or self.shift is None:
             return 0.0, 1.0
@@ -356,24 +415,42 @@ class _Stats:
         return self.shift + float(mean_shifted), std if std > 0 and math.isfinite(std) else 1.0
 
 
+@dataclass(frozen=True)
+class RowsBefore:
+    """Where a part of the file begins: the rows before it in each stratum of the split plan,
+    and in each split. The start of the file by default."""
+
+    strata: list[int] | None = None
+    splits: dict[str, int] | None = None
+
+
 @dataclass
-class _Encoder:
+class Encoder:
     """The second pass, one batch at a time: split, shard and bucket of every row, records,
-    and statistics. Its counters run over the whole file, so batching changes nothing."""
+    and statistics. Its counters run over the whole file, so batching changes nothing.
+
+    An encoder of a part of the file starts its counters at ``before``, and its statistics at
+    ``shifts`` (each column's first train value in the file): then it encodes the part as the
+    encoder of the whole file does.
+    """
 
     found: Scan
-    plan: _SplitPlan
-    layout: _BucketLayout
+    plan: SplitPlan
+    layout: BucketLayout
     seed: int
+    before: RowsBefore = field(default_factory=RowsBefore)
+    shifts: dict[int, float] = field(default_factory=dict)
     rows: int = 0
-    stats: dict[int, _Stats] = field(default_factory=dict)
+    stats: dict[int, ColumnStats] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self._seen = np.zeros(len(self.plan.sizes), dtype=np.int64)  # rows per stratum so far
-        self._dealt = {split: 0 for split in SPLITS}  # rows per split so far
+        # Rows per stratum so far, and rows per split so far.
+        strata = self.before.strata or [0] * len(self.plan.sizes)
+        self._seen = np.array(strata, dtype=np.int64)
+        self._dealt = dict(self.before.splits or {split: 0 for split in SPLITS})
         self._order_key = stream_key(self.seed, "order")
         self.stats = {
-            j: _Stats()
+            j: ColumnStats(shift=self.shifts.get(j))
             for j, k in enumerate(self.found.kinds)
             if k == "numeric" and j != self.found.label_index
         }
@@ -382,12 +459,7 @@ class _Encoder:
         """``(bucket, key, record)`` of each row of ``batch``."""
         records, numbers, classes = _encode_batch(self.found, batch)
         n = batch.rows
-        strata = (
-            np.zeros(n, dtype=np.int64)
-            if classes is None
-            else classes.to_numpy(zero_copy_only=False).astype(np.int64)
-        )
-        validation = self._validation_rows(strata)
+        validation = self._validation_rows(classes, n)
         row_numbers = np.arange(batch.first_row, batch.first_row + n)
         keys = row_keys(self._order_key, row_numbers)
         bucket = np.empty(n, dtype=np.int64)
@@ -403,15 +475,26 @@ class _Encoder:
             fraction = (keys[index] >> np.uint64(11)).astype(np.float64) / float(1 << 53)
             within = np.minimum((fraction * per_shard).astype(np.int64), per_shard - 1)
             bucket[index] = self.layout.first(split, shard) + within
-        train = ~validation
-        for j, values in numbers.items():
-            present = values.is_valid().to_numpy(zero_copy_only=False) & train
-            self.stats[j].add(values.to_numpy(zero_copy_only=False)[present])
+        for j, values in train_values(numbers, validation).items():
+            self.stats[j].add(values)
         self.rows += n
         return bucket, keys, records
 
-    def _validation_rows(self, strata: np.ndarray) -> np.ndarray:
+    def split(self, batch: CsvBatch) -> np.ndarray:
+        """Whether each row of ``batch`` goes to validation, without encoding it; the next
+        batch's rows follow these."""
+        label = batch.columns[self.found.label_index]
+        classes = None if self.found.label_kind == "numeric" else _classes(self.found, label)
+        self.rows += batch.rows
+        return self._validation_rows(classes, batch.rows)
+
+    def _validation_rows(self, classes: pa.Array | None, n: int) -> np.ndarray:
         """Whether each row goes to validation, from its position within its stratum."""
+        strata = (
+            np.zeros(n, dtype=np.int64)
+            if classes is None
+            else classes.to_numpy(zero_copy_only=False).astype(np.int64)
+        )
         order = np.argsort(strata, kind="stable")
         sorted_strata = strata[order]
         starts = np.flatnonzero(np.r_[True, sorted_strata[1:] != sorted_strata[:-1]])
@@ -428,8 +511,19 @@ class _Encoder:
         return validation
 
 
+def train_values(numbers: dict[int, pa.Array], validation: np.ndarray) -> dict[int, np.ndarray]:
+    """The non-empty values of the train split's rows, per numeric column: what its
+    statistics are over."""
+    train = ~validation
+    values = {}
+    for j, column in numbers.items():
+        present = column.is_valid().to_numpy(zero_copy_only=False) & train
+        values[j] = column.to_numpy(zero_copy_only=False)[present]
+    return values
+
+
 def _columns(
-    found: Scan, stats: dict[int, _Stats], names: list[str], fill: str | float | None
+    found: Scan, stats: dict[int, ColumnStats], names: list[str], fill: str | float | None
 ) -> list[Column]:
     columns = []
     features = [j for j in range(len(found.header)) if j != found.label_index]
@@ -460,7 +554,7 @@ def _columns(
 
 
 def _write_split(
-    out_dir: str, split: str, spill: Spill, layout: _BucketLayout, progress: Progress
+    out_dir: str, split: str, spill: Spill, layout: BucketLayout, progress: Progress
 ) -> list[Shard]:
     """Writes the shards of ``split``, each from its buckets in key order."""
     if layout.shards[split] == 0:
@@ -468,7 +562,7 @@ def _write_split(
     storage.makedirs(storage.join(out_dir, split))
     written = []
     for k in range(layout.shards[split]):
-        relative = f"{split}/part-{k:05d}.tfrecord"
+        relative = shard_name(split, k)
         first = layout.first(split, k)
         with ShardWriter(storage.join(out_dir, relative)) as writer:
             for bucket in range(first, first + layout.per_shard[split]):

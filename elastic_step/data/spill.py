@@ -13,6 +13,7 @@ Tests: tests/unit/test_preprocess_streaming.py (tiny memory budgets, a CSV large
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -36,15 +37,8 @@ class Spill:
 
     def add(self, buckets: np.ndarray, keys: np.ndarray, records: pa.Array) -> None:
         """Sends ``records[i]``, with sort key ``keys[i]``, to bucket ``buckets[i]``."""
-        order = np.argsort(buckets, kind="stable")
-        sorted_buckets = buckets[order]
-        starts = np.flatnonzero(np.r_[True, sorted_buckets[1:] != sorted_buckets[:-1]])
-        ends = np.r_[starts[1:], len(order)]
-        taken = records.take(pa.array(order))
-        for start, end in zip(starts, ends, strict=True):
-            bucket = int(sorted_buckets[start])
-            part = taken.slice(start, end - start)
-            self._pending.setdefault(bucket, []).append((keys[order[start:end]], part))
+        for bucket, bucket_keys, part in by_bucket(buckets, keys, records):
+            self._pending.setdefault(bucket, []).append((bucket_keys, part))
             self._pending_bytes += part.nbytes
         if self._pending_bytes >= self._flush_bytes:
             self.flush()
@@ -85,5 +79,27 @@ class Spill:
                         pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
                     )
                 )
-        order = np.argsort(np.concatenate(keys), kind="stable")
-        return pa.concat_arrays(blocks).take(pa.array(order))
+        return in_key_order(keys, blocks)
+
+
+def by_bucket(
+    buckets: np.ndarray, keys: np.ndarray, records: pa.Array
+) -> Iterator[tuple[int, np.ndarray, pa.Array]]:
+    """``(bucket, keys, records)`` of each bucket in ``buckets``, in bucket order: the rows
+    sent to it, in their order in ``records``."""
+    order = np.argsort(buckets, kind="stable")
+    sorted_buckets = buckets[order]
+    starts = np.flatnonzero(np.r_[True, sorted_buckets[1:] != sorted_buckets[:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    taken = records.take(pa.array(order))
+    for start, end in zip(starts, ends, strict=True):
+        yield int(sorted_buckets[start]), keys[order[start:end]], taken.slice(start, end - start)
+
+
+def in_key_order(keys: list[np.ndarray], blocks: list[pa.Array]) -> pa.Array:
+    """The records of all ``blocks`` sorted by their keys (``keys[i]`` are those of
+    ``blocks[i]``'s records); a bucket in the order its shard holds it."""
+    if not blocks:
+        return pa.array([], pa.large_binary())
+    order = np.argsort(np.concatenate(keys), kind="stable")
+    return pa.concat_arrays([b.cast(pa.large_binary()) for b in blocks]).take(pa.array(order))

@@ -15,6 +15,7 @@ All I/O goes through :mod:`elastic_step.data.storage`.
 from __future__ import annotations
 
 import functools
+import shutil
 import struct
 import uuid
 from types import TracebackType
@@ -35,6 +36,7 @@ INDEX_SUFFIX = ".index"
 _HEADER = 12  # uint64 length + uint32 crc of the length
 _FOOTER = 4  # uint32 crc of the data
 _MASK_DELTA = 0xA282EAD8
+_COPY_BYTES = 8 << 20  # bytes copied at a time by ShardWriter.append_shard
 
 
 def _make_table() -> list[int]:
@@ -164,6 +166,16 @@ class ShardWriter:
         )
         end = self._offsets[-1]
         self._offsets.extend((end + np.cumsum(lengths + _HEADER + _FOOTER)).tolist())
+
+    def append_shard(self, path: str) -> None:
+        """Appends the records of the shard ``path`` (with its index), copying their frames as
+        they are."""
+        if self._closed:
+            raise ValueError(f"{self.path}: write after close")
+        offsets = np.frombuffer(storage.read_bytes(index_path(path)), dtype="<u8")
+        with storage.open_file(path, "rb") as f:
+            shutil.copyfileobj(f, self._file, _COPY_BYTES)
+        self._offsets.extend((self._offsets[-1] + offsets[1:].astype(np.int64)).tolist())
 
     def close(self) -> None:
         """Publishes the shard, then its index. Closing twice is a no-op."""

@@ -44,6 +44,8 @@ class MlflowServer:
                 "--artifacts-destination", str(self.root / "artifacts"),
             ],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            # Its job runner (7 more processes, for GenAI jobs) is not what a job uses.
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -80,6 +80,20 @@ def test_empty_shard(tmp_path: Path) -> None:
     assert storage.size(path) == 0
 
 
+def test_appended_shards_are_one_shard(shard: str, tmp_path: Path) -> None:
+    """Shards joined by append_shard, after a record of its own: the records of all, in
+    order, with one index, byte for byte what writing them all at once gives."""
+    joined, direct = str(tmp_path / "joined.tfrecord"), str(tmp_path / "direct.tfrecord")
+    with ShardWriter(joined) as writer:
+        writer.write(b"first")
+        writer.append_shard(shard)
+        writer.append_shard(shard)
+    tfrecord.write_shard(direct, [b"first", *RECORDS, *RECORDS])
+    assert read_records(joined, 0, count_records(joined)) == [b"first", *RECORDS, *RECORDS]
+    for path in (joined, index_path(joined)):
+        assert Path(path).read_bytes() == Path(path.replace("joined", "direct")).read_bytes()
+
+
 def test_writer_publishes_only_on_success(tmp_path: Path) -> None:
     path = str(tmp_path / "x.tfrecord")
     with pytest.raises(RuntimeError), ShardWriter(path) as writer:

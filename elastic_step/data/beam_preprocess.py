@@ -1,0 +1,294 @@
+"""``elastic-step preprocess --runner beam``: the preprocessing of preprocess.py as an Apache
+Beam pipeline, which writes the same files, byte for byte.
+
+This process reads the header and the first rows (the columns' kinds) and builds the
+pipeline; the steps are beam_steps.py's. Before them the file is cut into ranges of whole
+rows (csv_ranges.py: each chunk counts its quotes in parallel). The output goes into a
+temporary directory beside ``output`` that replaces it when the pipeline has succeeded, as
+on a single machine. On a remote runner the workers read the input and write the output
+themselves, so both must be where they can reach them (``s3://``, ``gs://``), and the
+workers need elastic-step installed.
+
+Beam is imported here and only when called: plain ``preprocess`` needs no Beam. Without a
+``--runner`` among the Beam options, the pipeline runs on Beam's local FnApiRunner in this
+process (DirectRunner would first try Prism, whose binary it downloads).
+Tests: tests/unit/test_beam_preprocess.py, tests/e2e/test_beam_training.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
+from typing import Any
+
+from elastic_step.data import beam_steps, storage
+from elastic_step.data.beam_steps import PIECES, Job
+from elastic_step.data.csv_ranges import (
+    CHUNK_BYTES,
+    ChunkQuotes,
+    RowRange,
+    chunk_quotes,
+    chunk_starts,
+    row_ranges,
+)
+from elastic_step.data.csv_scan import infer_columns, leading_batches
+from elastic_step.data.preprocess import (
+    SPLITS,
+    MemoryBudget,
+    check_arguments,
+    describe,
+    keras_input_names,
+    open_input,
+    wrote_line,
+)
+from elastic_step.data.schema import SCHEMA_FILE, Schema
+from elastic_step.errors import ElasticStepError, InputError
+
+BEAM_MISSING = "--runner beam needs Apache Beam: pip install 'elastic-step[beam]' (or apache-beam)"
+#: The runner when the options name none: Beam's local batch runner, in this process.
+LOCAL_RUNNER = "FnApiRunner"
+_MEMORY = MemoryBudget()
+_STATS = "stats"
+#: What Beam adds to the message of an exception raised in a step.
+_STEP_NOTE = re.compile(r" \[while running '[^']*'\]")
+_WORKER_INPUT_ERROR = re.compile(r"^elastic_step\.errors\.InputError: (.*)$", re.MULTILINE)
+
+
+def preprocess_on_beam(
+    *,
+    input_path: str,
+    label: str,
+    output: str,
+    shards: int = 4,
+    validation_fraction: float = 0.2,
+    seed: int = 0,
+    categorical: Sequence[str] = (),
+    label_kind: str = "auto",
+    fill_missing: str | None = None,
+    one_hot: bool = False,
+    beam_options: Sequence[str] = (),
+    progress: Callable[[str], None] | None = None,
+    memory: MemoryBudget = _MEMORY,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> Schema:
+    """What :func:`elastic_step.data.preprocess.preprocess` does, with the same arguments, as
+    a Beam pipeline on the runner that ``beam_options`` (flags of Beam's PipelineOptions,
+    such as ``--runner=DataflowRunner``) name. ``chunk_bytes`` is about the bytes of CSV text
+    that one step reads at a time. Bad input, and a bad Beam option, raise an
+    :class:`InputError` of one line."""
+    beam = import_beam()
+    pipeline = new_pipeline(beam, beam_options)
+    say = progress or (lambda _line: None)
+    fill = check_arguments(shards, validation_fraction, label_kind, fill_missing)
+    source = open_input(input_path, label, categorical, memory)
+    batches = source.batches()
+    try:
+        leading = leading_batches(batches)
+    finally:
+        batches.close()
+    found = infer_columns(
+        source, leading, label=label, categorical=set(categorical), label_kind=label_kind
+    )
+    names = keras_input_names(found, say)
+    runner = type(pipeline.runner).__name__
+    say(f"preprocessing {input_path} with Apache Beam on {runner}")
+    with storage.atomic_directory(output) as tmp, _beam_logs(runner):
+        job = Job(
+            source=source,
+            found=found,
+            data_start=0 if source.gzipped else source.data_offset(),
+            label_kind=label_kind,
+            fill=fill,
+            validation_fraction=validation_fraction,
+            shards=shards,
+            seed=seed,
+            bucket_bytes=memory.bucket_bytes,
+            names=names,
+            one_hot=one_hot,
+            out_dir=tmp,
+        )
+        _run(beam, pipeline, job, chunk_bytes)
+        storage.remove(storage.join(tmp, PIECES))
+        if not storage.exists(storage.join(tmp, SCHEMA_FILE)):  # keep the old output then
+            raise InputError(
+                f"{output}: the pipeline on {runner} wrote nothing here; its workers must "
+                "reach --input and --output (URIs such as s3:// or gs://)"
+            )
+    schema = Schema.load(output)
+    say(f"read {sum(schema.records.values())} rows, {len(found.header)} columns from {input_path}")
+    say(describe(schema))
+    for split in SPLITS:
+        say(wrote_line(schema, split))
+    say(f"wrote {output}")
+    return schema
+
+
+def import_beam() -> ModuleType:
+    """``apache_beam``; an :class:`InputError` saying how to install it when it is missing."""
+    # At import, Beam's BigQuery client warns that apitools is missing: nothing here needs it.
+    logging.disable(logging.WARNING)
+    try:
+        import apache_beam
+    except ImportError:
+        raise InputError(BEAM_MISSING) from None
+    finally:
+        logging.disable(logging.NOTSET)
+    logging.getLogger("apache_beam.runners.common").addFilter(_reported_here)
+    return apache_beam
+
+
+def _reported_here(record: logging.LogRecord) -> bool:
+    """Drops Beam's log, with its traceback, of an error that the command reports in one
+    line."""
+    return not (record.exc_info and isinstance(record.exc_info[1], ElasticStepError))
+
+
+def new_pipeline(beam: ModuleType, flags: Sequence[str]) -> Any:
+    """A Beam pipeline with the options ``flags`` (see :func:`pipeline_options`)."""
+    try:
+        return beam.Pipeline(options=pipeline_options(flags))
+    except (ValueError, ImportError) as e:  # a runner that Beam does not know, or lacks
+        raise InputError(f"--beam-option: {e}") from None
+
+
+def pipeline_options(flags: Sequence[str]) -> Any:
+    """Beam's PipelineOptions of ``flags`` (``--name=value``), with :data:`LOCAL_RUNNER`
+    unless they name a runner; an :class:`InputError` for a flag that Beam does not know or
+    whose value it refuses."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    for flag in flags:
+        if not flag.startswith("--"):
+            raise InputError(
+                f"--beam-option {flag}: expected an option of Beam's pipelines, such as "
+                "--beam-option=--runner=DataflowRunner"
+            )
+    options = PipelineOptions(list(flags))
+    refused = io.StringIO()
+    try:
+        # Beam would log the flags it does not know, and drop them; they are errors here.
+        with contextlib.redirect_stderr(refused), _quiet("apache_beam.options.pipeline_options"):
+            known = options.get_all_options()
+            given = options.get_all_options(retain_unknown_options=True)
+    except SystemExit:  # argparse refused a value, after printing its usage
+        problem = refused.getvalue().strip().splitlines()[-1].partition("error: ")[2]
+        raise InputError(f"--beam-option: {problem}") from None
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise InputError(f"--beam-option --{unknown[0]}: Apache Beam has no such option")
+    if options.view_as(StandardOptions).runner is None:
+        options.view_as(StandardOptions).runner = LOCAL_RUNNER
+    return options
+
+
+@contextlib.contextmanager
+def _quiet(logger: str, level: int = logging.ERROR) -> Iterator[None]:
+    log = logging.getLogger(logger)
+    before = log.level
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.setLevel(before)
+
+
+def _beam_logs(runner: str) -> contextlib.AbstractContextManager:
+    """Beam's logs, but for its INFO lines on a local runner: they tell a user nothing (a
+    remote runner's say where the job is)."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    if runner in StandardOptions.LOCAL_RUNNERS:
+        return _quiet("apache_beam", logging.WARNING)
+    # The steps' type hints are strings (``from __future__ import annotations``), which Beam
+    # reads as Any, saying so at INFO for each.
+    return _quiet("apache_beam.typehints", logging.WARNING)
+
+
+def _run(beam: ModuleType, pipeline: Any, job: Job, chunk_bytes: int) -> None:
+    """Builds the pipeline's steps and runs it to its end."""
+    try:
+        with pipeline:
+            _build(beam, pipeline, job, chunk_bytes)
+    except InputError as e:
+        # Beam adds the step that raised it; the message names the file, line and column.
+        raise InputError(_STEP_NOTE.sub("", str(e))) from None
+    except Exception as e:
+        # Workers in other processes (--direct_running_mode=multi_processing, a remote
+        # runner) send back their exception as the text of its traceback.
+        found = _WORKER_INPUT_ERROR.search(str(e))
+        if found is None:
+            raise
+        raise InputError(_STEP_NOTE.sub("", found.group(1))) from None
+
+
+def _build(beam: ModuleType, pipeline: Any, job: Job, chunk_bytes: int) -> None:
+    """The steps of beam_steps.py, joined."""
+    singleton, every = beam.pvalue.AsSingleton, beam.pvalue.AsList
+    ranges = _ranges(beam, pipeline, job, chunk_bytes)
+    plan = (
+        ranges
+        | "count" >> beam.Map(beam_steps.count_range, job)
+        | "all counts" >> beam.combiners.ToList()
+        | "plan" >> beam.Map(beam_steps.make_plan, job)
+    )
+    placed = (
+        ranges
+        | "split" >> beam.Map(beam_steps.split_range, job, singleton(plan))
+        | "all splits" >> beam.combiners.ToList()
+        | "place" >> beam.Map(beam_steps.place, singleton(plan))
+    )
+    encoded = ranges | "encode" >> beam.FlatMap(_encode, job, singleton(placed)).with_outputs(
+        _STATS, main="buckets"
+    )
+    shards = (
+        encoded.buckets
+        | "group buckets" >> beam.GroupByKey()
+        | "write buckets" >> beam.Map(beam_steps.write_bucket, job, singleton(placed))
+        | "group shards" >> beam.GroupByKey()
+        | "join shards" >> beam.Map(beam_steps.join_shard, job)
+    )
+    stats = encoded[_STATS] | "merge stats" >> beam.CombineGlobally(beam_steps.merge_stats)
+    _ = (
+        pipeline
+        | "once" >> beam.Create([None])
+        | "schema"
+        >> beam.Map(
+            beam_steps.write_schema, job, singleton(placed), singleton(stats), every(shards)
+        )
+    )
+
+
+def _ranges(beam: ModuleType, pipeline: Any, job: Job, chunk_bytes: int) -> Any:
+    """The file's ranges of whole rows, spread over the workers."""
+    size = job.source.total_bytes
+    if job.source.gzipped:  # no reading from the middle: one range
+        ranges = pipeline | "one range" >> beam.Create([RowRange(index=0, start=0, end=size)])
+    else:
+        starts = chunk_starts(job.data_start, size, chunk_bytes)
+        ranges = (
+            pipeline
+            | "chunks" >> beam.Create(list(zip(starts, [*starts[1:], size], strict=True)))
+            | "count quotes" >> beam.Map(_quotes, job.source.path)
+            | "all chunks" >> beam.combiners.ToList()
+            | "cut at row ends" >> beam.FlatMap(_cut, job.data_start, size)
+        )
+    return ranges | "spread ranges" >> beam.Reshuffle()
+
+
+def _quotes(chunk: tuple[int, int], path: str) -> ChunkQuotes:
+    return chunk_quotes(path, *chunk)
+
+
+def _cut(chunks: list[ChunkQuotes], data_start: int, size: int) -> list[RowRange]:
+    return row_ranges(data_start, size, chunks)
+
+
+def _encode(part: RowRange, job: Job, plan: beam_steps.Plan) -> Iterator[Any]:
+    from apache_beam.pvalue import TaggedOutput
+
+    for item in beam_steps.encode_range(part, job, plan):
+        yield item if isinstance(item, tuple) else TaggedOutput(_STATS, item)
