@@ -38,6 +38,9 @@ class JobView:
     evaluations: tuple[dict, ...]
     #: Training-loss windows, oldest first (see JobRecord.train_loss_windows).
     train_loss: tuple[dict, ...]
+    #: The first window a training task still out can report into: the windows before it
+    #: are final (see TaskManager.lowest_report_version); None: no training task is out.
+    first_open_window: int | None = None
 
     @classmethod
     def of(cls, coordinator: Coordinator) -> JobView:
@@ -50,6 +53,7 @@ class JobView:
         for role in Role:
             for instance in instances.live(role):
                 counts[role.value][instance.state.value] += 1
+        lowest = tasks.lowest_report_version
         return cls(
             phase=record.phase.value,
             epoch=tasks.current_epoch,
@@ -64,6 +68,7 @@ class JobView:
             eta_s=coordinator.eta_s(),
             evaluations=tuple(record.evaluations),
             train_loss=tuple(record.train_loss_windows()),
+            first_open_window=None if lowest is None else lowest // coordinator.train_loss_window,
         )
 
     @property

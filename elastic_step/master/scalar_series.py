@@ -4,7 +4,8 @@ Series, each at step = model version (the same names in both):
 - ``eval/loss``, ``eval/NAME``: each evaluation round's scalar metrics, at the version it
   measured;
 - ``train/loss``, ``train/NAME``: each training-loss window's mean, at its highest version,
-  once the next window has begun (the last one at the end);
+  once it is final: the next window has begun, and no training task still out can report
+  into it (a late report would change it after it was shown); the last one at the end;
 - ``job/live_workers``, ``job/examples_per_second``: at each take;
 - ``restarts/REASON``: worker and PS restarts so far, when the count changes.
 
@@ -45,6 +46,9 @@ class NewScalars:
         for window in complete:
             if window["window"] in self._windows:
                 continue
+            open_from = view.first_open_window
+            if not final and open_from is not None and window["window"] >= open_from:
+                break  # it, and those after it, may still grow
             step = window["max_model_version"]
             points.append(("train/loss", window["loss"], step))
             for name, value in scalar_metrics(window).items():

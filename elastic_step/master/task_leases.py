@@ -24,6 +24,9 @@ class Lease:
     #: The highest batch count the worker reported under this lease.
     batches: int
     deadline: float
+    #: The job's model version when the task was handed out: its worker pushes after that,
+    #: so its report carries this version or a later one. Not durable (0 after a restore).
+    version: int = 0
 
 
 class Leases:
@@ -63,9 +66,9 @@ class Leases:
         lease = self._by_task.get(task_id)
         return lease is not None and lease.worker == worker and lease.lease_id == lease_id
 
-    def add(self, task_id: int, worker: str, lease_id: int, batches: int) -> None:
+    def add(self, task_id: int, worker: str, lease_id: int, batches: int, version: int = 0) -> None:
         deadline = self._clock() + self._timeout_s
-        self._by_task[task_id] = Lease(worker, lease_id, batches, deadline)
+        self._by_task[task_id] = Lease(worker, lease_id, batches, deadline, version)
         self._tasks[lease_id] = task_id
         self._held.setdefault(worker, {})[task_id] = None
         self.next_id = max(self.next_id, lease_id + 1)
@@ -98,6 +101,13 @@ class Leases:
                 break
             expired.append((task_id, lease.worker))
         return expired
+
+    def lowest_version(self, counted: Callable[[int], bool]) -> int | None:
+        """The lowest :attr:`Lease.version` of the leases of the tasks ``counted``; None when
+        none is out."""
+        return min(
+            (lease.version for t, lease in self._by_task.items() if counted(t)), default=None
+        )
 
     def refresh(self) -> None:
         """Gives every lease a full ``timeout_s`` from now."""

@@ -300,7 +300,7 @@ class TaskManager:
             return None
         task = self._build(task_id)
         try:
-            states = self._check_report(task, evaluation)
+            states = check_report(task, evaluation, self._evaluation)
         except InvalidReportError as e:
             raise self.reject_report(
                 task_id, worker=worker, lease_id=lease_id, problem=str(e)
@@ -411,6 +411,11 @@ class TaskManager:
             if self.records_trained(epoch) < self.records_per_epoch:
                 return epoch
         return self.last_epoch
+
+    @property
+    def lowest_report_version(self) -> int | None:
+        """The lowest version a training task out can report (Lease.version); None: none."""
+        return self._leases.lowest_version(lambda t: t < self._eval_base)
 
     @property
     def training_done(self) -> bool:
@@ -550,7 +555,7 @@ class TaskManager:
             case "epoch":
                 self._create_epoch(record["epoch"])
             case "lease":
-                self._leases.add(task_id, record["worker"], record["lease"], 0)
+                self._leases.add(task_id, record["worker"], record["lease"], 0, self.model_version)
             case "progress":
                 self._leases.renew(task_id, record["batches"])
             case "release":
@@ -673,24 +678,6 @@ class TaskManager:
         first = split.first_index(position)
         return Task(task_id, kind, shard, start, end, epoch, round_id, lease_id, failures, first)
 
-    def _check_report(self, task: Task, evaluation: EvaluationResult | None) -> list[np.ndarray]:
-        """The report's metric states as float64 arrays; raises InvalidReportError."""
-
-        def invalid(problem: str) -> InvalidReportError:
-            return InvalidReportError(f"invalid report for {task.describe()}: {problem}")
-
-        if task.kind is not TaskKind.EVALUATE:
-            if evaluation is not None:
-                what = "training" if task.kind is TaskKind.TRAIN else "prediction"
-                raise invalid(f"a {what} task was reported with an evaluation result")
-            return []
-        if evaluation is None:
-            raise invalid("an evaluation task was reported without an evaluation result")
-        try:
-            return self._evaluation.check(task.round, evaluation)
-        except ResultError as e:
-            raise invalid(str(e)) from None
-
 
 class _Epoch(Group):
     """The training tasks of one epoch, in their shuffled order, and the records trained."""
@@ -702,3 +689,24 @@ class _Epoch(Group):
 
 def _cause(text: str) -> str:
     return text if len(text) <= MAX_CAUSE_CHARS else "..." + text[-(MAX_CAUSE_CHARS - 3) :]
+
+
+def check_report(
+    task: Task, evaluation: EvaluationResult | None, rounds: EvaluationRounds
+) -> list[np.ndarray]:
+    """A report's metric states as float64 arrays; raises InvalidReportError."""
+
+    def invalid(problem: str) -> InvalidReportError:
+        return InvalidReportError(f"invalid report for {task.describe()}: {problem}")
+
+    if task.kind is not TaskKind.EVALUATE:
+        if evaluation is not None:
+            what = "training" if task.kind is TaskKind.TRAIN else "prediction"
+            raise invalid(f"a {what} task was reported with an evaluation result")
+        return []
+    if evaluation is None:
+        raise invalid("an evaluation task was reported without an evaluation result")
+    try:
+        return rounds.check(task.round, evaluation)
+    except ResultError as e:
+        raise invalid(str(e)) from None

@@ -61,9 +61,10 @@ def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, floa
 
 
 def assert_history(client, run_id: str, key: str, expected: list[tuple[int, float]]) -> None:
-    """``key``'s history is ``expected``: the same steps, the same values (as floats)."""
-    got = history(client, run_id, key)
-    assert [s for s, _ in got] == [s for s, _ in expected], key
+    """``key``'s history is ``expected``: the same steps, the same values (as floats). Both
+    sorted: MLflow's history of points sent together (one timestamp) has no set order."""
+    got, expected = sorted(history(client, run_id, key)), sorted(expected)
+    assert [s for s, _ in got] == [s for s, _ in expected], (key, got, expected)
     assert [v for _, v in got] == pytest.approx([v for _, v in expected]), key
 
 

@@ -194,6 +194,30 @@ def test_train_loss_windows_reach_status_summary_and_tensorboard(tmp_path, clock
     again.close()
 
 
+def test_a_window_that_a_task_still_out_can_report_into_is_not_written_yet(tmp_path, clock) -> None:
+    # Reports come out of version order: a task handed out at v0 can still report into
+    # window 0 after window 2 has begun. TensorBoard (and MLflow) must not show window 0
+    # before it, or they would show another value than summary.json.
+    master = Master(tmp_path, clock)
+    coordinator = master.coordinator
+    slow = master.get("worker-1")
+    for version in (3, 12, 25):  # windows 0, 1 and 2
+        task = master.get("worker-0")
+        master.report("worker-0", task, version, loss=1.0, train_metrics={})
+    events = TrainingEvents(str(tmp_path / "out"), str(tmp_path / "local"))
+    with coordinator.lock:
+        events.write(JobView.of(coordinator))
+    assert "train/loss" not in _tensorboard(tmp_path / "out" / "tensorboard")
+
+    master.report("worker-1", slow, 9, loss=3.0, train_metrics={})  # late, into window 0
+    with coordinator.lock:
+        events.write(JobView.of(coordinator))
+    events.close()
+    # Window 0 once, with both reports; window 1; window 2, the newest, not yet.
+    assert _tensorboard(tmp_path / "out" / "tensorboard")["train/loss"] == [(9, 2.0), (12, 1.0)]
+    master.close()
+
+
 def test_events_for_an_object_store_output_are_copied_there(tmp_path, clock, s3_env) -> None:
     from elastic_step.data import storage
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -71,9 +72,9 @@ class RunTracker(ABC):
         run. Raises TrackingError."""
 
     @abstractmethod
-    def logged_steps(self) -> dict[str, int]:
-        """The step of each metric's last point in the run: what a restarted master need
-        not send again (empty for a run made by :meth:`open`)."""
+    def logged_points(self) -> Counter[tuple[str, int, float]]:
+        """The points the run has, as (key, step, value), each with how often: what a
+        restarted master need not send again (empty for a run made by :meth:`open`)."""
 
     @abstractmethod
     def log_params(self, params: dict[str, str]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -82,17 +83,17 @@ class MlflowRunTracker(RunTracker):
         self.run_id = run.info.run_id
         return self.run_id
 
-    def logged_steps(self) -> dict[str, int]:
+    def logged_points(self) -> Counter[tuple[str, int, float]]:
+        points: Counter[tuple[str, int, float]] = Counter()
         if self._existing is None:
-            return {}
+            return points
         client, run_id = self._client, self._run()
-        steps = {}
         for key in self._existing.data.metrics:
-            points = self._call(
+            history = self._call(
                 f"reading {key}'s history", lambda k=key: client.get_metric_history(run_id, k)
             )
-            steps[key] = max((p.step for p in points), default=-1)
-        return steps
+            points.update((key, p.step, p.value) for p in history)
+        return points
 
     def log_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param

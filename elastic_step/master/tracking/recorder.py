@@ -17,14 +17,14 @@ import logging
 import shutil
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from elastic_step.data import storage
 from elastic_step.master.job_view import JobView
 from elastic_step.master.scalar_series import NewScalars, ScalarPoint
-from elastic_step.master.tracking.api import MetricPoint, RunStatus, RunTracker, TrackingError
+from elastic_step.master.tracking.api import MetricPoint, RunStatus, RunTracker
 
 log = logging.getLogger("elastic_step.master")
 
@@ -65,9 +65,9 @@ class TrackingRecorder:
         it is open (the master keeps it, to resume the run). ``owns_run``: the job ends the
         run (not when the platform that made it does).
 
-        A restarted master takes every point of the job again, and sends only those past
-        the run's last step of each metric: none twice, and none lost that the master
-        before it had not sent."""
+        A restarted master takes every point of the job again, and sends those the run
+        does not have (a multiset: two rounds may measure one model): none twice, and none
+        lost that the master before it had not sent."""
         self.owns_run = owns_run
         self._tracker = tracker
         self._where = where
@@ -75,8 +75,8 @@ class TrackingRecorder:
         self._resume = resume_run_id
         self._on_run = on_run
         self._scalars = NewScalars()
-        #: Per metric, the last step the run already has.
-        self._logged: dict[str, int] = {}
+        #: The points the run already had when it was opened, as (key, step, value).
+        self._logged: Counter[tuple[str, int, float]] = Counter()
         self._lock = threading.Lock()
         self._waiting: deque[MetricPoint] = deque()
         self._dropped = 0
@@ -154,7 +154,7 @@ class TrackingRecorder:
                 ending = self._ending
             try:
                 self._send(ending)
-            except (TrackingError, OSError) as e:  # OSError: reading an artifact
+            except Exception as e:  # whatever fails (the server, an artifact), the job goes on
                 if not self._failing:
                     self._failing = True
                     log.warning(
@@ -190,13 +190,21 @@ class TrackingRecorder:
             self._wake.wait(SEND_EVERY_S)
             self._wake.clear()
 
+    def _already_logged(self, point: MetricPoint) -> bool:
+        """Whether the run had ``point`` when it was opened (then it counts it once)."""
+        key = (point.key, point.step, point.value)
+        if self._logged[key] > 0:
+            self._logged[key] -= 1
+            return True
+        return False
+
     def _send(self, ending: _Ending | None) -> None:
         """Opens the run, logs the params, sends the waiting points, then ``ending``'s work.
         What was sent is not sent again after a failure."""
         tracker = self._tracker
         if self.run_id is None:
             self.run_id = tracker.open(self._resume)
-            self._logged = tracker.logged_steps()
+            self._logged = tracker.logged_points()
             log.info("MLflow: logging to run %s at %s", self.run_id, self._where)
             self._on_run(self.run_id)
         if self._params is not None:
@@ -204,7 +212,7 @@ class TrackingRecorder:
             self._params = None
         with self._lock:
             batch = list(self._waiting)
-        new = [p for p in batch if p.step > self._logged.get(p.key, -1)]
+        new = [p for p in batch if not self._already_logged(p)]
         if new:
             tracker.log_metrics(new)
         if batch:
