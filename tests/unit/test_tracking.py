@@ -1,15 +1,19 @@
 """Where a job's MLflow run is (flags, MLflow's and KFP's variables, in that order of say),
-and the short reasons the master logs when a server is away. The runs themselves, against a
+the short reasons the master logs when a server is away, and the recorder's count of what a
+resumed run already has. The runs themselves, against a
 real server: tests/e2e/test_mlflow.py and tests/e2e/test_mlflow_kfp_local.py."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 
 import pytest
 
+from elastic_step.master.tracking.api import MetricPoint, RunStatus, RunTracker, TrackingError
 from elastic_step.master.tracking.mlflow_tracker import reason
+from elastic_step.master.tracking.recorder import TrackingRecorder
 from elastic_step.master.tracking.target import DEFAULT_EXPERIMENT, tracking_target
 
 KFP = {
@@ -119,3 +123,52 @@ def test_a_failure_s_reason_is_the_system_s_error_or_the_first_line() -> None:
     assert reason(ValueError("RESOURCE_DOES_NOT_EXIST: run x\nmore")) == (
         "ValueError: RESOURCE_DOES_NOT_EXIST: run x"
     )
+
+
+class RunInMemory(RunTracker):
+    """A RunTracker that keeps the run in memory, for the recorder's own bookkeeping (its
+    work against a real server is in tests/e2e/test_mlflow.py): the run already holds
+    ``had``, and the first ``fail`` sends of metrics fail as a server that is away does."""
+
+    def __init__(self, had: list[MetricPoint], fail: int) -> None:
+        self.points = list(had)
+        self.fail = fail
+        self.ended: RunStatus | None = None
+
+    def open(self, resume_run_id: str | None) -> str:
+        return "run-1"
+
+    def logged_points(self) -> Counter[tuple[str, int, float]]:
+        return Counter((p.key, p.step, p.value) for p in self.points)
+
+    def log_params(self, params: dict[str, str]) -> None:
+        pass
+
+    def log_metrics(self, points) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise TrackingError("logging metrics: [Errno 111] Connection refused")
+        self.points += points
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        pass
+
+    def end(self, status: RunStatus) -> None:
+        self.ended = status
+
+
+def test_a_resumed_run_gets_each_point_once_though_a_send_failed() -> None:
+    # The run had the first round (and a second one at the same step and value: two rounds
+    # of one model) from the master before; this master takes all three rounds again, and
+    # its first send fails.
+    had = [MetricPoint("eval/loss", 0.5, 10, 0), MetricPoint("eval/loss", 0.5, 10, 0)]
+    run = RunInMemory(had, fail=1)
+    recorder = TrackingRecorder(
+        run, where="memory", params={}, resume_run_id="run-1", on_run=lambda _: None
+    )
+    recorder._queue([("eval/loss", 0.5, 10), ("eval/loss", 0.5, 10), ("eval/loss", 0.25, 20)])
+    recorder.start()
+    recorder.finish(None, status=RunStatus.FINISHED, final_metrics={}, artifacts=[], timeout_s=30)
+    recorder.close()
+    assert [(p.step, p.value) for p in run.points] == [(10, 0.5), (10, 0.5), (20, 0.25)]
+    assert run.ended is RunStatus.FINISHED and run.fail == 0

@@ -45,7 +45,6 @@ class _Ending:
     artifacts: list[tuple[str, str | None]]
     end_run: bool
     tries: int = 0
-    gave_up: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -80,6 +79,8 @@ class TrackingRecorder:
         self._lock = threading.Lock()
         self._waiting: deque[MetricPoint] = deque()
         self._dropped = 0
+        #: The timestamp of the last point queued, in milliseconds.
+        self._stamp = 0
         self._ending: _Ending | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -103,11 +104,10 @@ class TrackingRecorder:
         final_metrics: dict[str, float],
         artifacts: list[tuple[str, str | None]],
         timeout_s: float,
-    ) -> bool:
+    ) -> None:
         """Queues the last points of ``view`` (the last training window too), the final
         metrics (as ``final/NAME``), the artifacts (path or URI, artifact path) and, if the
-        job owns the run, its end with ``status``; waits for them at most ``timeout_s``.
-        Says whether they were sent."""
+        job owns the run, its end with ``status``; waits for them at most ``timeout_s``."""
         if view is not None:
             self._queue(self._scalars.take(view, final=True))
         ending = _Ending(status, final_metrics, list(artifacts), self.owns_run)
@@ -120,8 +120,6 @@ class TrackingRecorder:
                 "the job ends without them",
                 timeout_s,
             )
-            return False
-        return not ending.gave_up
 
     def close(self) -> None:
         self._stop.set()
@@ -139,13 +137,15 @@ class TrackingRecorder:
     # -- the thread --
 
     def _queue(self, points: list[ScalarPoint]) -> None:
-        now = int(time.time() * 1000)
         with self._lock:
             for name, value, step in points:
                 if len(self._waiting) == MAX_WAITING:
                     self._waiting.popleft()
                     self._dropped += 1
-                self._waiting.append(MetricPoint(name, float(value), int(step), now))
+                # A millisecond apart at least: MLflow keeps one of two points that agree
+                # in key, step, value and timestamp (two rounds of one model would).
+                self._stamp = max(int(time.time() * 1000), self._stamp + 1)
+                self._waiting.append(MetricPoint(name, float(value), int(step), self._stamp))
 
     def _loop(self) -> None:
         delay = FIRST_RETRY_S
@@ -172,7 +172,6 @@ class TrackingRecorder:
                             len(self._waiting),
                             e,
                         )
-                        ending.gave_up = True
                         ending.done.set()
                         return
                     delay = FIRST_RETRY_S
@@ -190,14 +189,6 @@ class TrackingRecorder:
             self._wake.wait(SEND_EVERY_S)
             self._wake.clear()
 
-    def _already_logged(self, point: MetricPoint) -> bool:
-        """Whether the run had ``point`` when it was opened (then it counts it once)."""
-        key = (point.key, point.step, point.value)
-        if self._logged[key] > 0:
-            self._logged[key] -= 1
-            return True
-        return False
-
     def _send(self, ending: _Ending | None) -> None:
         """Opens the run, logs the params, sends the waiting points, then ``ending``'s work.
         What was sent is not sent again after a failure."""
@@ -212,12 +203,14 @@ class TrackingRecorder:
             self._params = None
         with self._lock:
             batch = list(self._waiting)
-        new = [p for p in batch if not self._already_logged(p)]
+        logged = self._logged.copy()  # counted off only once the batch is sent
+        new = [p for p in batch if not _counted_off(logged, p)]
         if new:
             tracker.log_metrics(new)
-        if batch:
-            with self._lock:
-                for _ in batch:
+        self._logged = logged
+        with self._lock:
+            for point in batch:  # those _queue dropped meanwhile are gone already
+                if self._waiting and self._waiting[0] is point:
                     self._waiting.popleft()
         if ending is None:
             return
@@ -238,3 +231,12 @@ class TrackingRecorder:
             tracker.end(ending.status)
         if self._dropped:
             log.warning("MLflow: %d points were dropped while the server was away", self._dropped)
+
+
+def _counted_off(logged: Counter[tuple[str, int, float]], point: MetricPoint) -> bool:
+    """Whether ``logged`` still holds ``point``; if so, takes one of it off."""
+    key = (point.key, point.step, point.value)
+    if logged[key] > 0:
+        logged[key] -= 1
+        return True
+    return False
