@@ -5,10 +5,16 @@ master to adopt. The backend records its instances (pid and the process's start 
 tells a reused pid apart) in ``work_dir/instances.json``; a new master reads that record to
 find the live ones. Output goes to ``work_dir/logs/NAME.log``.
 
+Workers and PS (``python -m elastic_step ...``) are forked from a fork server
+(``fork_server.py``) that imported TensorFlow once: the first such launch starts it, and
+launches wait while it loads. Should it fail or go, instances start as new processes again,
+and those it forked are watched like adopted ones. Any other command starts as a new process.
+
 With ``slots`` (``--local-slots``), at most that many instances run at once; a launch beyond
 it waits, pending with a message that says so, and starts when one ends, the way a pod waits
 for room on a cluster. Without it, every launch starts at once.
-Tests: tests/unit/test_local_backend.py, tests/unit/test_local_backend_contract.py.
+Tests: tests/unit/test_local_backend.py, tests/unit/test_local_backend_contract.py,
+tests/unit/test_fork_server.py.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from elastic_step.backends.api import (
     Role,
     take_events,
 )
+from elastic_step.backends.fork_server import ForkServer, ForkServerError, ServerState, serves
 from elastic_step.data import storage
 
 log = logging.getLogger(__name__)
@@ -73,8 +80,21 @@ class _Instance:
     index: int
     pid: int
     start_time: int
-    popen: subprocess.Popen | None  # None for an instance adopted from an earlier master
+    #: How to learn its exit status: None for an instance adopted from an earlier master, or
+    #: forked by a fork server that has gone since.
+    process: subprocess.Popen | _Forked | None
     deleting: bool = False
+
+
+@dataclass
+class _Forked:
+    """An instance the fork server started: the server tells how it ended."""
+
+    server: ForkServer
+    pid: int
+
+    def poll(self) -> int | None:
+        return self.server.exit_code(self.pid)
 
 
 class LocalBackend(Backend):
@@ -90,6 +110,7 @@ class LocalBackend(Backend):
         os.makedirs(self._log_dir, exist_ok=True)
         self._lock = threading.Lock()
         self._instances: dict[str, _Instance] = {}
+        self._fork_server: ForkServer | None = None
         self._events: queue.Queue[InstanceEvent] = queue.Queue()
         self._closed = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="local-backend", daemon=True)
@@ -102,10 +123,13 @@ class LocalBackend(Backend):
         with self._lock:
             if spec.name in self._instances or spec.name in self._waiting:
                 return  # already running or waiting: a launch is idempotent
-            if self._slots is not None and (self._waiting or self._in_use() >= self._slots):
+            if self._slots is not None and self._in_use() + len(self._waiting) >= self._slots:
                 self._waiting[spec.name] = spec  # first come, first started
                 why = f"waiting for a free local slot (all {self._slots} of --local-slots in use)"
                 self._events.put(InstanceEvent(spec.name, EventKind.PENDING, message=why))
+                return
+            if self._waiting or self._loading(spec):
+                self._waiting[spec.name] = spec  # started by the watcher once it has loaded
                 return
             self._starting += 1
         try:
@@ -114,11 +138,43 @@ class LocalBackend(Backend):
             with self._lock:
                 self._starting -= 1
 
+    def _loading(self, spec: LaunchSpec) -> bool:
+        """Whether ``spec`` must wait for the fork server to load, which it starts if none is
+        there yet (holding the lock)."""
+        if not serves(spec.command):
+            return False
+        if self._fork_server is None:
+            log_path = os.path.join(self._log_dir, "fork-server.log")
+            self._fork_server = ForkServer(log_path)
+            log.info("started the fork server (pid %d)", self._fork_server.pid)
+        return self._fork_server.state() is ServerState.LOADING
+
     def _start(self, spec: LaunchSpec) -> None:
         env = {**os.environ, **spec.env, **spec.secret_env, "ELASTIC_STEP_INSTANCE": spec.name}
+        process = self._fork(spec, env) or self._popen(spec, env)
+        start_time = process_start_time(process.pid) or 0
+        instance = _Instance(spec.name, spec.role, spec.index, process.pid, start_time, process)
+        with self._lock:
+            self._instances[spec.name] = instance
+            self._save_registry()
+        self._events.put(InstanceEvent(spec.name, EventKind.STARTED, pid=process.pid))
+
+    def _fork(self, spec: LaunchSpec, env: dict[str, str]) -> _Forked | None:
+        """``spec`` forked by the fork server; None where the server cannot start it."""
+        server = self._fork_server
+        if server is None or not serves(spec.command) or server.state() is ServerState.GONE:
+            return None  # it said once why it went
+        try:
+            pid = server.fork(spec.name, spec.command[3:], env, self.log_path(spec.name))
+        except ForkServerError as e:
+            log.warning("%s starts as a new process: %s", spec.name, e)
+            return None
+        return _Forked(server, pid)
+
+    def _popen(self, spec: LaunchSpec, env: dict[str, str]) -> subprocess.Popen:
         try:
             with open(self.log_path(spec.name), "ab") as out:
-                popen = subprocess.Popen(
+                return subprocess.Popen(
                     spec.command,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -128,12 +184,6 @@ class LocalBackend(Backend):
                 )
         except OSError as e:
             raise BackendError(f"cannot start {spec.name} ({spec.command[0]}): {e}") from e
-        start_time = process_start_time(popen.pid) or 0
-        instance = _Instance(spec.name, spec.role, spec.index, popen.pid, start_time, popen)
-        with self._lock:
-            self._instances[spec.name] = instance
-            self._save_registry()
-        self._events.put(InstanceEvent(spec.name, EventKind.STARTED, pid=popen.pid))
 
     def delete(self, name: str, grace_period_s: float = 5.0) -> None:
         with self._lock:
@@ -169,6 +219,8 @@ class LocalBackend(Backend):
     def close(self) -> None:
         self._closed.set()
         self._watcher.join(timeout=2)
+        if self._fork_server is not None:
+            self._fork_server.close()
 
     def _adopt_recorded(self) -> None:
         """Takes over the live instances an earlier master recorded."""
@@ -228,6 +280,7 @@ class LocalBackend(Backend):
     def _watch(self) -> None:
         while not self._closed.wait(_POLL_INTERVAL_S):
             with self._lock:
+                self._forget_gone_fork_server()
                 ended = [(i, self._exit_status(i)) for i in list(self._instances.values())]
                 ended = [(i, status) for i, status in ended if status is not None]
                 for instance, _ in ended:
@@ -235,7 +288,7 @@ class LocalBackend(Backend):
                 if ended:
                     self._save_registry()
                 starting = []
-                while self._waiting and self._in_use() < (self._slots or 0):
+                while self._waiting and self._may_start(next(iter(self._waiting.values()))):
                     starting.append(self._waiting.pop(next(iter(self._waiting))))
                     self._starting += 1
             for instance, (code, reason, message) in ended:
@@ -255,6 +308,22 @@ class LocalBackend(Backend):
                     with self._lock:
                         self._starting -= 1
 
+    def _may_start(self, spec: LaunchSpec) -> bool:
+        """Whether the oldest waiting launch, ``spec``, may start now (holding the lock)."""
+        if self._slots is not None and self._in_use() >= self._slots:
+            return False
+        return not self._loading(spec)
+
+    def _forget_gone_fork_server(self) -> None:
+        """Once the fork server has gone, its instances are watched like adopted ones: their
+        exit statuses went with it (holding the lock)."""
+        server = self._fork_server
+        if server is None or server.state() is not ServerState.GONE:
+            return
+        for instance in self._instances.values():
+            if isinstance(instance.process, _Forked) and instance.process.poll() is None:
+                instance.process = None
+
     def _in_use(self) -> int:
         """Slots taken: running instances, and waiting ones being started now."""
         return len(self._instances) + self._starting
@@ -262,14 +331,14 @@ class LocalBackend(Backend):
     @staticmethod
     def _exit_status(instance: _Instance) -> tuple[int | None, ExitReason, str] | None:
         """How the instance ended, or None while it runs."""
-        if instance.popen is None:
+        if instance.process is None:
             if process_start_time(instance.pid) == instance.start_time:
                 return None
-            # Not our child: its exit status went to init.
+            # Adopted, or forked by a fork server that has gone: its exit status went to init.
             if instance.deleting:
-                return None, ExitReason.DELETED, "deleted (adopted process; status unknown)"
-            return None, ExitReason.LOST, "adopted process exited (status unknown)"
-        code = instance.popen.poll()
+                return None, ExitReason.DELETED, "deleted (status unknown: not our child)"
+            return None, ExitReason.LOST, "exited (status unknown: not our child)"
+        code = instance.process.poll()
         if code is None:
             return None
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"

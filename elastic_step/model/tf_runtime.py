@@ -87,13 +87,20 @@ def configure_threads(environ: Mapping[str, str] | None = None) -> tuple[int, in
     return counts
 
 
+_started = False
+
+
 def import_tensorflow_quietly() -> None:
     """Imports TensorFlow and probes its devices with file descriptor 2 sent to /dev/null.
 
     Thread pools are sized (:func:`configure_threads`) between the import and the first op.
+    Once per process: an instance forked from the local backend's fork server finds
+    TensorFlow imported but not started, and starts it here.
     """
-    if "tensorflow" in sys.modules or os.environ.get("ELASTIC_STEP_TF_LOGS") == "1":
+    global _started
+    if _started or os.environ.get("ELASTIC_STEP_TF_LOGS") == "1":
         return
+    _started = True
     sys.stderr.flush()
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)

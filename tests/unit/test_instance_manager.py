@@ -245,8 +245,8 @@ def test_an_adopted_worker_that_exits_unseen_after_its_dismissal_is_done_not_los
     backend = FakeBackend()
     manager = started(make(backend))
     manager.dismiss("worker-0")
-    backend.end("worker-0", ExitReason.LOST, None, "adopted process exited (status unknown)")
-    backend.end("worker-1", ExitReason.LOST, None, "adopted process exited (status unknown)")
+    backend.end("worker-0", ExitReason.LOST, None, "exited (status unknown: not our child)")
+    backend.end("worker-1", ExitReason.LOST, None, "exited (status unknown: not our child)")
     done, lost = pump(manager)
     assert done.state is ProcessState.SUCCEEDED
     assert "after the master dismissed it" in done.message

@@ -1,0 +1,290 @@
+"""The local backend's fork server: one process that imports TensorFlow once and forks every
+worker and PS from there, so that a new instance starts in a fraction of a second instead of
+importing TensorFlow again (3-4 s of CPU, 20-30 s on a busy machine).
+
+The server imports TensorFlow, Keras and the worker's and PS's code, but runs no TensorFlow op
+and starts no gRPC channel: its only other threads are the C libraries' own (OpenBLAS's pool,
+jemalloc's), which keep their locks safe across ``fork``. A forked instance therefore starts
+as a new process would after its imports: it sizes TensorFlow's thread pools, runs its first
+op, and leads a session of its own, with its own environment, ``argv``, log file and name.
+
+The protocol is JSON lines over the server's stdin and stdout:
+
+- server: ``{"ready": PID}`` once its imports are done;
+- client: ``{"name", "args", "env", "log"}`` (the instance's ``python -m elastic_step`` args);
+- server: ``{"name", "pid"}`` or ``{"name", "error"}``;
+- server, whenever an instance it forked ends: ``{"exited": PID, "code": CODE}``, where CODE
+  is ``subprocess``'s: the exit status, or minus the signal that killed it.
+
+The server exits when its stdin closes: the master that started it has gone. The instances
+it forked go on (they lead their own sessions) and are adopted by the next master, like
+instances started by ``subprocess``.
+Tests: tests/unit/test_fork_server.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import logging
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+#: How long the server may take to import TensorFlow before the backend stops waiting for it.
+LOAD_TIMEOUT_S = 180.0
+#: How long one fork may take to be answered.
+FORK_TIMEOUT_S = 30.0
+_REAP_INTERVAL_S = 0.05
+
+
+class ForkServerError(Exception):
+    """The fork server cannot start an instance (it is gone, or did not answer in time)."""
+
+
+class ServerState(enum.Enum):
+    LOADING = "loading"  # importing TensorFlow
+    READY = "ready"  # forks instances
+    GONE = "gone"  # exited, failed, or given up on: instances start as new processes
+
+
+def serves(command: list[str]) -> bool:
+    """Whether the fork server can start ``command``: ``python -m elastic_step ...`` with this
+    interpreter, as the master launches its workers and PS."""
+    return len(command) > 3 and command[:3] == [sys.executable, "-m", "elastic_step"]
+
+
+class ForkServer:
+    """The master's side: starts the server process and asks it for forks.
+
+    ``log_path`` takes the server's own output (its start-up errors).
+    """
+
+    def __init__(self, log_path: str) -> None:
+        self._state = ServerState.LOADING
+        self._changed = threading.Condition()
+        self._replies: queue.Queue[dict] = queue.Queue()
+        self._exits: dict[int, int] = {}
+        self._request_lock = threading.Lock()
+        self._deadline = time.monotonic() + LOAD_TIMEOUT_S
+        with open(log_path, "ab") as out:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "elastic_step.backends.fork_server"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=out,
+                start_new_session=True,
+            )
+        self._reader = threading.Thread(target=self._read, name="fork-server", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def state(self) -> ServerState:
+        """The server's state; a server still loading past ``LOAD_TIMEOUT_S`` is given up."""
+        with self._changed:
+            if self._state is ServerState.LOADING and time.monotonic() > self._deadline:
+                log.warning(
+                    "the fork server did not load TensorFlow within %.0f s; "
+                    "starting instances as new processes",
+                    LOAD_TIMEOUT_S,
+                )
+                self._give_up()
+            return self._state
+
+    def fork(self, name: str, args: list[str], env: dict[str, str], log_path: str) -> int:
+        """Forks instance ``name`` running ``python -m elastic_step ARGS`` with ``env`` and its
+        output appended to ``log_path``; returns its pid. Raises ForkServerError when the server
+        is not ready or does not answer within ``FORK_TIMEOUT_S`` (it is then given up)."""
+        request = {"name": name, "args": args, "env": env, "log": log_path}
+        with self._request_lock:
+            if self.state() is not ServerState.READY:
+                raise ForkServerError(f"the fork server is {self._state.value}")
+            try:
+                self._process.stdin.write(json.dumps(request).encode() + b"\n")
+                self._process.stdin.flush()
+                reply = self._replies.get(timeout=FORK_TIMEOUT_S)
+            except (OSError, ValueError) as e:
+                raise ForkServerError(f"the fork server is gone ({e})") from e
+            except queue.Empty:
+                with self._changed:
+                    self._give_up()
+                raise ForkServerError(
+                    f"the fork server did not answer within {FORK_TIMEOUT_S:.0f} s"
+                ) from None
+        if reply.get("name") != name or "pid" not in reply:
+            raise ForkServerError(reply.get("error") or f"the fork server answered {reply}")
+        return int(reply["pid"])
+
+    def exit_code(self, pid: int) -> int | None:
+        """How instance ``pid`` ended (``subprocess``'s return code), or None while it runs,
+        or when the server is gone before it could tell."""
+        with self._changed:
+            return self._exits.get(pid)
+
+    def close(self) -> None:
+        """Ends the server; the instances it forked go on."""
+        with self._changed:
+            self._give_up()
+        self._reader.join(timeout=2)
+
+    def _give_up(self) -> None:
+        """Stops the server process (holding ``_changed``)."""
+        self._state = ServerState.GONE
+        self._changed.notify_all()
+        if self._process.poll() is None:
+            with contextlib.suppress(OSError):
+                self._process.stdin.close()
+            try:
+                self._process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+
+    def _read(self) -> None:
+        for line in self._process.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                log.warning("the fork server wrote %r, which is not a message", line[:200])
+                continue
+            with self._changed:
+                if "exited" in message:
+                    self._exits[int(message["exited"])] = int(message["code"])
+                elif "ready" in message:
+                    if self._state is ServerState.LOADING:
+                        self._state = ServerState.READY
+                    self._changed.notify_all()
+                else:
+                    self._replies.put(message)
+        self._replies.put({"error": "the fork server exited"})  # to a fork waiting for it
+        with self._changed:
+            if self._state is not ServerState.GONE:
+                code = self._process.wait()
+                log.warning(
+                    "the fork server exited (%s); starting instances as new processes",
+                    _describe_exit(code),
+                )
+            self._state = ServerState.GONE
+            self._changed.notify_all()
+
+
+def _describe_exit(code: int) -> str:
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+
+
+# -- the server process --
+
+
+def _import_instance_code() -> None:
+    """What every instance imports before it starts, with TensorFlow's C++ banner (fd 2) sent
+    to /dev/null, as ``import_tensorflow_quietly`` does; no op runs here."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        if os.environ.get("ELASTIC_STEP_TF_LOGS") != "1":
+            os.dup2(devnull, 2)
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+
+        import elastic_step.cli
+        import elastic_step.ps.server
+        import elastic_step.worker.worker  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _send(message: dict) -> None:
+    data = json.dumps(message).encode() + b"\n"
+    while data:
+        data = data[os.write(1, data) :]
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def serve() -> dict | None:
+    """The server's loop. Returns None in the server when its stdin closes, and the request in
+    each forked instance, which then runs it (:func:`run_instance`)."""
+    _import_instance_code()
+    _send({"ready": os.getpid()})
+    pending = b""
+    while True:
+        readable, _, _ = select.select([0], [], [], _REAP_INTERVAL_S)
+        _reap()
+        if not readable:
+            continue
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            _reap()  # those that ended are accounted to this process, and so to the master
+            return None
+        pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            # The answer waits until the instance leads its session under its own name, so
+            # that the pid it gives can be signalled as a group at once.
+            settled, settled_w = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError as e:
+                os.close(settled)
+                os.close(settled_w)
+                _send({"name": request["name"], "error": f"cannot fork: {e}"})
+                continue
+            if pid == 0:
+                os.close(settled)
+                return {**request, "settled_fd": settled_w}
+            os.close(settled_w)
+            os.read(settled, 1)  # b"" if it died first: its exit follows
+            os.close(settled)
+            _send({"name": request["name"], "pid": pid})
+
+
+def run_instance(request: dict) -> int:
+    """Becomes instance ``request["name"]`` in a forked child and runs it: its own session,
+    output to its log, its environment and ``argv``, then ``elastic_step``'s ``main``."""
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(null)
+    os.close(out)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
+        comm.write(request["name"][:15])  # what ps and top show
+    os.write(request["settled_fd"], b"+")
+    os.close(request["settled_fd"])
+    sys.argv = [os.path.join(os.path.dirname(os.path.dirname(__file__)), "__main__.py")]
+    sys.argv += request["args"]
+    from elastic_step.cli import main
+
+    return main(request["args"])
+
+
+if __name__ == "__main__":
+    _request = serve()
+    sys.exit(0 if _request is None else run_instance(_request))
