@@ -80,6 +80,6 @@ def run_demo(workdir: str, epochs: int = 8) -> int:
     for epoch in summary["epochs"]:
         trained, expected = epoch["records_trained"], epoch["records_expected"]
         print(f"epoch {epoch['epoch']}: {trained}/{expected} records")
-    print(f"outputs: {output}/ (model.keras, saved_model/, summary.json)")
+    print(f"outputs: {output}/ (model.keras, saved_model/, summary.json, report.html)")
     print(f"metrics: {metrics_path}")
     return 0

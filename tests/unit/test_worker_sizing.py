@@ -103,6 +103,17 @@ def test_a_worker_left_pending_is_given_back_and_asked_for_again_ever_later() ->
     assert back.reason.endswith("asking again in 120 s at the earliest")
 
 
+def test_the_wait_before_asking_again_doubles_up_to_ten_minutes() -> None:
+    job = Job({1: 100.0, 2: 200.0})
+    for expected in (60, 120, 240, 480, 600, 600):
+        for _ in range(1000):  # measured at 1 worker, then asks for a 2nd
+            if job.run(1):
+                break
+        assert job.wanted == 2
+        [back] = job.run(30, pending_for=30.0)
+        assert back.reason.endswith(f"asking again in {expected} s at the earliest")
+
+
 def test_a_window_without_training_or_with_a_cold_worker_decides_nothing() -> None:
     policy = create_worker_sizing("throughput", SizingSettings(workers=1, max_workers=3))
     view = dict(wanted=1, running=1, stable_for_s=0, pending_for_s=0, pending_message="")

@@ -10,7 +10,8 @@ finished a task (a new worker's start-up is not counted against it). Then:
 - otherwise that worker is given back, and the job settles one below: adding workers has
   stopped paying (a shared data source, the PS, the network);
 - a worker asked for that is still pending after ``pending_s`` (the cluster has no room) is
-  given back, and the next is asked for no sooner than ``pending_s`` x 2, 4, 8... after.
+  given back, and the next is asked for no sooner than ``pending_s`` x 2, 4, 8... after, at
+  most ``MAX_ASK_AGAIN_S`` after: room that comes later is still found.
 
 Once settled it decides nothing more. Only training records count; a window in which nothing
 trained (an evaluation round with training held) decides nothing.
@@ -26,6 +27,14 @@ from elastic_step.master.worker_sizing.api import (
     SizingView,
     WorkerSizing,
 )
+
+#: The longest wait before asking again for a worker after one was left pending.
+MAX_ASK_AGAIN_S = 600.0
+
+
+def ask_again_after_s(settings: SizingSettings, give_backs: int) -> float:
+    """Seconds to wait before asking for a worker again after ``give_backs`` pending ones."""
+    return min(settings.pending_s * 2**give_backs, max(MAX_ASK_AGAIN_S, settings.pending_s))
 
 
 class ThroughputSizing(WorkerSizing):
@@ -115,7 +124,7 @@ class ThroughputSizing(WorkerSizing):
         if view.wanted <= s.workers or view.pending_for_s < s.pending_s:
             return None
         self.give_backs += 1
-        wait = s.pending_s * 2**self.give_backs
+        wait = ask_again_after_s(s, self.give_backs)
         self._no_grow_before = view.elapsed_s + wait
         return self._decision(
             view,
@@ -156,5 +165,5 @@ class ThroughputSizing(WorkerSizing):
             self.settled = True
         elif decision.action is SizingAction.SHRINK:  # a pending worker given back
             self.give_backs += 1
-            wait = self.settings.pending_s * 2**self.give_backs
+            wait = ask_again_after_s(self.settings, self.give_backs)
             self._no_grow_before = decision.at_s + wait
