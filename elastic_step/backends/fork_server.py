@@ -65,7 +65,8 @@ def serves(command: list[str]) -> bool:
 class ForkServer:
     """The master's side: starts the server process and asks it for forks.
 
-    ``log_path`` takes the server's own output (its start-up errors).
+    ``log_path`` takes the server's own output (its start-up errors). No lock is held while
+    it waits for the process; a fork is awaited at most ``FORK_TIMEOUT_S``.
     """
 
     def __init__(self, log_path: str) -> None:
@@ -74,33 +75,44 @@ class ForkServer:
         self._replies: queue.Queue[dict] = queue.Queue()
         self._exits: dict[int, int] = {}
         self._request_lock = threading.Lock()
+        #: The instance whose fork is awaited; a pid answered for any other is killed.
+        self._awaited: str | None = None
         self._deadline = time.monotonic() + LOAD_TIMEOUT_S
-        with open(log_path, "ab") as out:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "elastic_step.backends.fork_server"],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=out,
-                start_new_session=True,
-            )
+        self._process: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        try:
+            with open(log_path, "ab") as out:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "elastic_step.backends.fork_server"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=out,
+                    start_new_session=True,
+                )
+        except OSError as e:
+            log.warning("cannot start the fork server (%s); starting instances as new processes", e)
+            self._state = ServerState.GONE
+            return
         self._reader = threading.Thread(target=self._read, name="fork-server", daemon=True)
         self._reader.start()
 
     @property
-    def pid(self) -> int:
-        return self._process.pid
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
 
     def state(self) -> ServerState:
         """The server's state; a server still loading past ``LOAD_TIMEOUT_S`` is given up."""
         with self._changed:
-            if self._state is ServerState.LOADING and time.monotonic() > self._deadline:
-                log.warning(
-                    "the fork server did not load TensorFlow within %.0f s; "
-                    "starting instances as new processes",
-                    LOAD_TIMEOUT_S,
-                )
-                self._give_up()
-            return self._state
+            late = self._state is ServerState.LOADING and time.monotonic() > self._deadline
+            state = ServerState.GONE if late else self._state
+        if late:
+            log.warning(
+                "the fork server did not load TensorFlow within %.0f s; "
+                "starting instances as new processes",
+                LOAD_TIMEOUT_S,
+            )
+            self._give_up(gently=False)
+        return state
 
     def fork(self, name: str, args: list[str], env: dict[str, str], log_path: str) -> int:
         """Forks instance ``name`` running ``python -m elastic_step ARGS`` with ``env`` and its
@@ -108,8 +120,11 @@ class ForkServer:
         is not ready or does not answer within ``FORK_TIMEOUT_S`` (it is then given up)."""
         request = {"name": name, "args": args, "env": env, "log": log_path}
         with self._request_lock:
-            if self.state() is not ServerState.READY:
-                raise ForkServerError(f"the fork server is {self._state.value}")
+            state = self.state()
+            if state is not ServerState.READY or self._process is None:
+                raise ForkServerError(f"the fork server is {state.value}")
+            with self._changed:
+                self._awaited = name
             try:
                 self._process.stdin.write(json.dumps(request).encode() + b"\n")
                 self._process.stdin.flush()
@@ -117,11 +132,13 @@ class ForkServer:
             except (OSError, ValueError) as e:
                 raise ForkServerError(f"the fork server is gone ({e})") from e
             except queue.Empty:
-                with self._changed:
-                    self._give_up()
+                self._give_up(gently=False)
                 raise ForkServerError(
                     f"the fork server did not answer within {FORK_TIMEOUT_S:.0f} s"
                 ) from None
+            finally:
+                with self._changed:
+                    self._awaited = None
         if reply.get("name") != name or "pid" not in reply:
             raise ForkServerError(reply.get("error") or f"the fork server answered {reply}")
         return int(reply["pid"])
@@ -134,30 +151,56 @@ class ForkServer:
 
     def close(self) -> None:
         """Ends the server; the instances it forked go on."""
-        with self._changed:
-            self._give_up()
-        self._reader.join(timeout=2)
+        self._give_up(gently=True)
+        if self._reader is not None:
+            self._reader.join(timeout=2)
 
-    def _give_up(self) -> None:
-        """Stops the server process (holding ``_changed``)."""
-        self._state = ServerState.GONE
-        self._changed.notify_all()
-        if self._process.poll() is None:
+    def _give_up(self, *, gently: bool) -> None:
+        """Marks the server gone, then ends its process: ``gently``, its stdin closed and 2 s
+        to exit before SIGKILL; otherwise (it stopped answering) SIGKILL at once, without
+        waiting, as callers may hold the backend's lock. The reader thread reaps it."""
+        with self._changed:
+            self._state = ServerState.GONE
+            self._changed.notify_all()
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        if not gently:
             with contextlib.suppress(OSError):
-                self._process.stdin.close()
-            try:
-                self._process.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+                process.kill()
+            return
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+        try:
+            process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
 
     def _read(self) -> None:
-        for line in self._process.stdout:
+        try:
+            for line in self._process.stdout:
+                self._take(line)
+        finally:
+            self._replies.put({"error": "the fork server exited"})  # to a fork waiting for it
+            with self._changed:
+                unexpected = self._state is not ServerState.GONE
+                self._state = ServerState.GONE
+                self._changed.notify_all()
             try:
-                message = json.loads(line)
-            except ValueError:
-                log.warning("the fork server wrote %r, which is not a message", line[:200])
-                continue
+                how = _describe_exit(self._process.wait(timeout=5))
+            except subprocess.TimeoutExpired:
+                how = "its output closed"
+            if unexpected:
+                log.warning("the fork server exited (%s); starting instances as new processes", how)
+
+    def _take(self, line: bytes) -> None:
+        """One message from the server."""
+        try:
+            message = json.loads(line)
+            if not isinstance(message, dict):
+                raise ValueError("not an object")
             with self._changed:
                 if "exited" in message:
                     self._exits[int(message["exited"])] = int(message["code"])
@@ -165,18 +208,22 @@ class ForkServer:
                     if self._state is ServerState.LOADING:
                         self._state = ServerState.READY
                     self._changed.notify_all()
-                else:
+                elif message.get("name") == self._awaited:
+                    if "pid" in message:  # a pid used again: what ended before is not this
+                        self._exits.pop(int(message["pid"]), None)
                     self._replies.put(message)
-        self._replies.put({"error": "the fork server exited"})  # to a fork waiting for it
-        with self._changed:
-            if self._state is not ServerState.GONE:
-                code = self._process.wait()
-                log.warning(
-                    "the fork server exited (%s); starting instances as new processes",
-                    _describe_exit(code),
-                )
-            self._state = ServerState.GONE
-            self._changed.notify_all()
+                elif "pid" in message:
+                    self._kill_late(message["name"], int(message["pid"]))
+        except (ValueError, TypeError, KeyError) as e:
+            log.warning("the fork server wrote %r, which is not a message (%s)", line[:200], e)
+
+    @staticmethod
+    def _kill_late(name: str, pid: int) -> None:
+        """An instance forked after its launch was given up: it was started as a new process
+        instead, so this one must not run."""
+        log.warning("%s (pid %d) was forked after its launch was given up; killing it", name, pid)
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def _describe_exit(code: int) -> str:
@@ -206,13 +253,13 @@ def _import_instance_code() -> None:
         os.close(devnull)
 
 
-def _send(message: dict) -> None:
+def _send(fd: int, message: dict) -> None:
     data = json.dumps(message).encode() + b"\n"
     while data:
-        data = data[os.write(1, data) :]
+        data = data[os.write(fd, data) :]
 
 
-def _reap() -> None:
+def _reap(fd: int) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -220,23 +267,26 @@ def _reap() -> None:
             return
         if pid == 0:
             return
-        _send({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        _send(fd, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
 def serve() -> dict | None:
     """The server's loop. Returns None in the server when its stdin closes, and the request in
     each forked instance, which then runs it (:func:`run_instance`)."""
+    # Messages go out on a descriptor of their own; what anything else prints goes to the log.
+    proto = os.dup(1)
+    os.dup2(2, 1)
     _import_instance_code()
-    _send({"ready": os.getpid()})
+    _send(proto, {"ready": os.getpid()})
     pending = b""
     while True:
         readable, _, _ = select.select([0], [], [], _REAP_INTERVAL_S)
-        _reap()
+        _reap(proto)
         if not readable:
             continue
         chunk = os.read(0, 1 << 16)
         if not chunk:
-            _reap()  # those that ended are accounted to this process, and so to the master
+            _reap(proto)  # those that ended are accounted to this process, and so to the master
             return None
         pending += chunk
         while b"\n" in pending:
@@ -250,20 +300,21 @@ def serve() -> dict | None:
             except OSError as e:
                 os.close(settled)
                 os.close(settled_w)
-                _send({"name": request["name"], "error": f"cannot fork: {e}"})
+                _send(proto, {"name": request["name"], "error": f"cannot fork: {e}"})
                 continue
             if pid == 0:
                 os.close(settled)
-                return {**request, "settled_fd": settled_w}
+                return {**request, "settled_fd": settled_w, "proto_fd": proto}
             os.close(settled_w)
             os.read(settled, 1)  # b"" if it died first: its exit follows
             os.close(settled)
-            _send({"name": request["name"], "pid": pid})
+            _send(proto, {"name": request["name"], "pid": pid})
 
 
 def run_instance(request: dict) -> int:
     """Becomes instance ``request["name"]`` in a forked child and runs it: its own session,
     output to its log, its environment and ``argv``, then ``elastic_step``'s ``main``."""
+    os.close(request["proto_fd"])  # the master must see the server's end, not this one's
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
     out = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -19,6 +19,7 @@ tests/unit/test_fork_server.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -47,8 +48,9 @@ log = logging.getLogger(__name__)
 _POLL_INTERVAL_S = 0.1
 
 
-def process_start_time(pid: int) -> int | None:
-    """The start time of a live process in clock ticks since boot; None if there is none."""
+def _process_state(pid: int) -> tuple[str, int] | None:
+    """The state letter of process ``pid`` and its start time in clock ticks since boot; None
+    if there is no such process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -56,9 +58,13 @@ def process_start_time(pid: int) -> int | None:
         return None
     # The command name may hold spaces; the fields after it are space-separated.
     fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] == "Z":
-        return None
-    return int(fields[19])
+    return fields[0], int(fields[19])
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of a live process in clock ticks since boot; None if there is none."""
+    state = _process_state(pid)
+    return None if state is None or state[0] == "Z" else state[1]
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,10 @@ class LocalBackend(Backend):
         self._slots = (options or LocalOptions()).slots
         #: Launches waiting for a free slot, oldest first.
         self._waiting: dict[str, LaunchSpec] = {}
-        self._starting = 0  # taken from the waiting, not registered yet
+        #: Launches being started now (taken from the waiting, not registered yet), and
+        #: those of them deleted meanwhile: they are stopped as soon as they are registered.
+        self._starting: set[str] = set()
+        self._deleted_while_starting: set[str] = set()
         self._work_dir = work_dir
         self._registry_path = os.path.join(work_dir, "instances.json")
         self._log_dir = os.path.join(work_dir, "logs")
@@ -131,12 +140,11 @@ class LocalBackend(Backend):
             if self._waiting or self._loading(spec):
                 self._waiting[spec.name] = spec  # started by the watcher once it has loaded
                 return
-            self._starting += 1
+            self._starting.add(spec.name)
         try:
             self._start(spec)
         finally:
-            with self._lock:
-                self._starting -= 1
+            self._started(spec.name)
 
     def _loading(self, spec: LaunchSpec) -> bool:
         """Whether ``spec`` must wait for the fork server to load, which it starts if none is
@@ -157,7 +165,15 @@ class LocalBackend(Backend):
         with self._lock:
             self._instances[spec.name] = instance
             self._save_registry()
+            deleted = spec.name in self._deleted_while_starting
         self._events.put(InstanceEvent(spec.name, EventKind.STARTED, pid=process.pid))
+        if deleted:
+            self.delete(spec.name)
+
+    def _started(self, name: str) -> None:
+        with self._lock:
+            self._starting.discard(name)
+            self._deleted_while_starting.discard(name)
 
     def _fork(self, spec: LaunchSpec, env: dict[str, str]) -> _Forked | None:
         """``spec`` forked by the fork server; None where the server cannot start it."""
@@ -188,12 +204,15 @@ class LocalBackend(Backend):
     def delete(self, name: str, grace_period_s: float = 5.0) -> None:
         with self._lock:
             if self._waiting.pop(name, None) is not None:
-                gone = "deleted while it waited for a local slot"
+                gone = "deleted before it started"
                 self._events.put(
                     InstanceEvent(name, EventKind.EXITED, reason=ExitReason.DELETED, message=gone)
                 )
                 return
             instance = self._instances.get(name)
+            if instance is None and name in self._starting:
+                self._deleted_while_starting.add(name)
+                return
             if instance is None or instance.deleting:
                 return
             instance.deleting = True
@@ -290,7 +309,7 @@ class LocalBackend(Backend):
                 starting = []
                 while self._waiting and self._may_start(next(iter(self._waiting.values()))):
                     starting.append(self._waiting.pop(next(iter(self._waiting))))
-                    self._starting += 1
+                    self._starting.add(starting[-1].name)
             for instance, (code, reason, message) in ended:
                 self._events.put(
                     InstanceEvent(
@@ -305,8 +324,7 @@ class LocalBackend(Backend):
                         InstanceEvent(spec.name, EventKind.EXITED, 128, ExitReason.CRASHED, str(e))
                     )
                 finally:
-                    with self._lock:
-                        self._starting -= 1
+                    self._started(spec.name)
 
     def _may_start(self, spec: LaunchSpec) -> bool:
         """Whether the oldest waiting launch, ``spec``, may start now (holding the lock)."""
@@ -326,7 +344,7 @@ class LocalBackend(Backend):
 
     def _in_use(self) -> int:
         """Slots taken: running instances, and waiting ones being started now."""
-        return len(self._instances) + self._starting
+        return len(self._instances) + len(self._starting)
 
     @staticmethod
     def _exit_status(instance: _Instance) -> tuple[int | None, ExitReason, str] | None:
@@ -334,6 +352,7 @@ class LocalBackend(Backend):
         if instance.process is None:
             if process_start_time(instance.pid) == instance.start_time:
                 return None
+            _reap_if_ours(instance)
             # Adopted, or forked by a fork server that has gone: its exit status went to init.
             if instance.deleting:
                 return None, ExitReason.DELETED, "deleted (status unknown: not our child)"
@@ -349,6 +368,14 @@ class LocalBackend(Backend):
         # A signal the master did not send is the program's fault here: this machine has
         # no platform that preempts or evicts (the OOM killer's SIGKILL looks the same).
         return code, ExitReason.CRASHED, how
+
+
+def _reap_if_ours(instance: _Instance) -> None:
+    """Reaps ``instance`` if it has become this process's zombie: a master that is PID 1 (a
+    container's) inherits the instances of a fork server that has gone."""
+    if _process_state(instance.pid) == ("Z", instance.start_time):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(instance.pid, os.WNOHANG)
 
 
 def _read_registry(path: str) -> list[_Instance]:

@@ -142,3 +142,18 @@ def test_a_closed_backends_forked_instances_run_on_for_the_next_to_adopt(
     assert process_start_time(pid) is not None
     adopted = procs.backend(tmp_path).list_instances()
     assert [(i.name, i.pid) for i in adopted] == [("ps-0", pid)]
+
+
+def test_a_launch_deleted_while_the_server_loads_never_starts(
+    tmp_path: Path, procs: Processes
+) -> None:
+    backend = procs.backend(tmp_path)
+    backend.launch(ps_spec("ps-0"))  # the server has just started to import TensorFlow
+    backend.delete("ps-0")
+    event = wait_for(backend, "ps-0", EventKind.EXITED)
+    assert (event.reason, event.message) == (ExitReason.DELETED, "deleted before it started")
+
+    backend.launch(ps_spec("ps-1"))  # the next one waits for the server, then is forked
+    pid = started(backend, procs, "ps-1")
+    assert parent_pid(pid) != os.getpid()
+    assert backend.next_events(0.5) == [] and not (tmp_path / "logs" / "ps-0.log").exists()
