@@ -157,3 +157,8 @@ def test_a_launch_deleted_while_the_server_loads_never_starts(
     pid = started(backend, procs, "ps-1")
     assert parent_pid(pid) != os.getpid()
     assert backend.next_events(0.5) == [] and not (tmp_path / "logs" / "ps-0.log").exists()
+
+    backend.delete("ps-1", grace_period_s=5.0)  # SIGTERM to its session: the PS stops
+    event = wait_for(backend, "ps-1", EventKind.EXITED)
+    assert (event.reason, event.pid) == (ExitReason.DELETED, pid)
+    assert process_start_time(pid) is None
