@@ -115,6 +115,10 @@ class LaunchSpec:
     #: instance's environment refers to, never in its spec.
     secret_env: dict[str, str] = field(default_factory=dict)
     resources: Resources = field(default_factory=Resources)
+    #: Modules the program imports before it does anything else. A backend may import them
+    #: once and share them between instances: the local backend forks a ``python -m``
+    #: command that has some from a process that imported them (``fork_server.py``).
+    preload: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,18 @@
-"""The local backend's fork server: one process that imports TensorFlow once and forks every
-worker and PS from there, so that a new instance starts in a fraction of a second instead of
+"""The local backend's fork server: one process that imports an instance's modules once
+(``LaunchSpec.preload``: TensorFlow, Keras, the worker's and PS's code) and forks every
+instance from there, so that a new worker starts in a fraction of a second instead of
 importing TensorFlow again (3-4 s of CPU, 20-30 s on a busy machine).
 
-The server imports TensorFlow, Keras and the worker's and PS's code, but runs no TensorFlow op
-and starts no gRPC channel: its only other threads are the C libraries' own (OpenBLAS's pool,
-jemalloc's), which keep their locks safe across ``fork``. A forked instance therefore starts
-as a new process would after its imports: it sizes TensorFlow's thread pools, runs its first
-op, and leads a session of its own, with its own environment, ``argv``, log file and name.
+The server only imports: it runs no TensorFlow op and opens no gRPC channel, so its only
+other threads are the C libraries' own (OpenBLAS's pool, jemalloc's), which keep their locks
+safe across ``fork``. A forked instance then runs its ``python -m MODULE ARGS`` command as a
+new process would after those imports (it sizes TensorFlow's thread pools and runs its first
+op itself), in a session of its own, with its own environment, ``argv``, log file and name.
 
 The protocol is JSON lines over the server's stdin and stdout:
 
 - server: ``{"ready": PID}`` once its imports are done;
-- client: ``{"name", "args", "env", "log"}`` (the instance's ``python -m elastic_step`` args);
+- client: ``{"name", "module", "args", "env", "log"}``;
 - server: ``{"name", "pid"}`` or ``{"name", "error"}``;
 - server, whenever an instance it forked ends: ``{"exited": PID, "code": CODE}``, where CODE
   is ``subprocess``'s: the exit status, or minus the signal that killed it.
@@ -26,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import importlib
 import json
 import logging
 import os
 import queue
+import runpy
 import select
 import signal
 import subprocess
@@ -56,20 +59,21 @@ class ServerState(enum.Enum):
     GONE = "gone"  # exited, failed, or given up on: instances start as new processes
 
 
-def serves(command: list[str]) -> bool:
-    """Whether the fork server can start ``command``: ``python -m elastic_step ...`` with this
-    interpreter, as the master launches its workers and PS."""
-    return len(command) > 3 and command[:3] == [sys.executable, "-m", "elastic_step"]
+def forkable(command: list[str], preload: tuple[str, ...]) -> bool:
+    """Whether a fork server can start ``command``: ``python -m MODULE ...`` with this
+    interpreter, with modules to preload."""
+    return bool(preload) and len(command) > 2 and command[:2] == [sys.executable, "-m"]
 
 
 class ForkServer:
     """The master's side: starts the server process and asks it for forks.
 
-    ``log_path`` takes the server's own output (its start-up errors). No lock is held while
-    it waits for the process; a fork is awaited at most ``FORK_TIMEOUT_S``.
+    It imports ``preload``; ``log_path`` takes its own output (its start-up errors). No lock
+    is held while it waits for the process; a fork is awaited at most ``FORK_TIMEOUT_S``.
     """
 
-    def __init__(self, log_path: str) -> None:
+    def __init__(self, preload: tuple[str, ...], log_path: str) -> None:
+        self.preload = preload
         self._state = ServerState.LOADING
         self._changed = threading.Condition()
         self._replies: queue.Queue[dict] = queue.Queue()
@@ -83,7 +87,7 @@ class ForkServer:
         try:
             with open(log_path, "ab") as out:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-m", "elastic_step.backends.fork_server"],
+                    [sys.executable, "-m", "elastic_step.backends.fork_server", *preload],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=out,
@@ -114,11 +118,13 @@ class ForkServer:
             self._give_up(gently=False)
         return state
 
-    def fork(self, name: str, args: list[str], env: dict[str, str], log_path: str) -> int:
-        """Forks instance ``name`` running ``python -m elastic_step ARGS`` with ``env`` and its
-        output appended to ``log_path``; returns its pid. Raises ForkServerError when the server
-        is not ready or does not answer within ``FORK_TIMEOUT_S`` (it is then given up)."""
-        request = {"name": name, "args": args, "env": env, "log": log_path}
+    def fork(self, name: str, command: list[str], env: dict[str, str], log_path: str) -> int:
+        """Forks instance ``name`` running ``command`` (``python -m MODULE ARGS``, see
+        :func:`forkable`) with ``env`` and its output appended to ``log_path``; returns its
+        pid. Raises ForkServerError when the server is not ready or does not answer within
+        ``FORK_TIMEOUT_S`` (it is then given up)."""
+        module, args = command[2], command[3:]
+        request = {"name": name, "module": module, "args": args, "env": env, "log": log_path}
         with self._request_lock:
             state = self.state()
             if state is not ServerState.READY or self._process is None:
@@ -233,20 +239,16 @@ def _describe_exit(code: int) -> str:
 # -- the server process --
 
 
-def _import_instance_code() -> None:
-    """What every instance imports before it starts, with TensorFlow's C++ banner (fd 2) sent
-    to /dev/null, as ``import_tensorflow_quietly`` does; no op runs here."""
+def _preload(modules: list[str]) -> None:
+    """Imports ``modules``, with TensorFlow's C++ banner (fd 2) sent to /dev/null, as
+    ``import_tensorflow_quietly`` does."""
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
         if os.environ.get("ELASTIC_STEP_TF_LOGS") != "1":
             os.dup2(devnull, 2)
-        import keras  # noqa: F401
-        import tensorflow  # noqa: F401
-
-        import elastic_step.cli
-        import elastic_step.ps.server
-        import elastic_step.worker.worker  # noqa: F401
+        for module in modules:
+            importlib.import_module(module)
     finally:
         os.dup2(saved, 2)
         os.close(saved)
@@ -270,13 +272,14 @@ def _reap(fd: int) -> None:
         _send(fd, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def serve() -> dict | None:
-    """The server's loop. Returns None in the server when its stdin closes, and the request in
-    each forked instance, which then runs it (:func:`run_instance`)."""
+def serve(preload: list[str]) -> dict | None:
+    """The server's loop, once it has imported ``preload``. Returns None in the server when
+    its stdin closes, and the request in each forked instance, which then runs it
+    (:func:`run_instance`)."""
     # Messages go out on a descriptor of their own; what anything else prints goes to the log.
     proto = os.dup(1)
     os.dup2(2, 1)
-    _import_instance_code()
+    _preload(preload)
     _send(proto, {"ready": os.getpid()})
     pending = b""
     while True:
@@ -313,7 +316,8 @@ def serve() -> dict | None:
 
 def run_instance(request: dict) -> int:
     """Becomes instance ``request["name"]`` in a forked child and runs it: its own session,
-    output to its log, its environment and ``argv``, then ``elastic_step``'s ``main``."""
+    output to its log, its environment, then its module as ``python -m`` runs it (which
+    exits with the program's status)."""
     os.close(request["proto_fd"])  # the master must see the server's end, not this one's
     os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
@@ -329,13 +333,11 @@ def run_instance(request: dict) -> int:
         comm.write(request["name"][:15])  # what ps and top show
     os.write(request["settled_fd"], b"+")
     os.close(request["settled_fd"])
-    sys.argv = [os.path.join(os.path.dirname(os.path.dirname(__file__)), "__main__.py")]
-    sys.argv += request["args"]
-    from elastic_step.cli import main
-
-    return main(request["args"])
+    sys.argv = ["-m", *request["args"]]  # runpy puts the module's path first, as -m does
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    return 0
 
 
 if __name__ == "__main__":
-    _request = serve()
+    _request = serve(sys.argv[1:])
     sys.exit(0 if _request is None else run_instance(_request))

@@ -5,10 +5,11 @@ master to adopt. The backend records its instances (pid and the process's start 
 tells a reused pid apart) in ``work_dir/instances.json``; a new master reads that record to
 find the live ones. Output goes to ``work_dir/logs/NAME.log``.
 
-Workers and PS (``python -m elastic_step ...``) are forked from a fork server
-(``fork_server.py``) that imported TensorFlow once: the first such launch starts it, and
-launches wait while it loads. Should it fail or go, instances start as new processes again,
-and those it forked are watched like adopted ones. Any other command starts as a new process.
+A ``python -m`` command with modules to preload (``LaunchSpec.preload``: a worker's or PS's
+TensorFlow and code) is forked from a fork server (``fork_server.py``) that imported them
+once: the first such launch starts it, and launches wait while it loads. Should it fail or
+go, instances start as new processes again, and those it forked are watched like adopted
+ones. Any other command, or other modules to preload, starts as a new process.
 
 With ``slots`` (``--local-slots``), at most that many instances run at once; a launch beyond
 it waits, pending with a message that says so, and starts when one ends, the way a pod waits
@@ -40,7 +41,7 @@ from elastic_step.backends.api import (
     Role,
     take_events,
 )
-from elastic_step.backends.fork_server import ForkServer, ForkServerError, ServerState, serves
+from elastic_step.backends.fork_server import ForkServer, ForkServerError, ServerState, forkable
 from elastic_step.data import storage
 
 log = logging.getLogger(__name__)
@@ -149,12 +150,13 @@ class LocalBackend(Backend):
     def _loading(self, spec: LaunchSpec) -> bool:
         """Whether ``spec`` must wait for the fork server to load, which it starts if none is
         there yet (holding the lock)."""
-        if not serves(spec.command):
+        if not forkable(spec.command, spec.preload):
             return False
         if self._fork_server is None:
             log_path = os.path.join(self._log_dir, "fork-server.log")
-            self._fork_server = ForkServer(log_path)
-            log.info("started the fork server (pid %d)", self._fork_server.pid)
+            self._fork_server = ForkServer(spec.preload, log_path)
+            if self._fork_server.pid is not None:
+                log.info("started the fork server (pid %d)", self._fork_server.pid)
         return self._fork_server.state() is ServerState.LOADING
 
     def _start(self, spec: LaunchSpec) -> None:
@@ -178,10 +180,12 @@ class LocalBackend(Backend):
     def _fork(self, spec: LaunchSpec, env: dict[str, str]) -> _Forked | None:
         """``spec`` forked by the fork server; None where the server cannot start it."""
         server = self._fork_server
-        if server is None or not serves(spec.command) or server.state() is ServerState.GONE:
-            return None  # it said once why it went
+        if server is None or not forkable(spec.command, spec.preload):
+            return None
+        if spec.preload != server.preload or server.state() is ServerState.GONE:
+            return None  # a gone server said once why it went
         try:
-            pid = server.fork(spec.name, spec.command[3:], env, self.log_path(spec.name))
+            pid = server.fork(spec.name, spec.command, env, self.log_path(spec.name))
         except ForkServerError as e:
             log.warning("%s starts as a new process: %s", spec.name, e)
             return None

@@ -9,6 +9,15 @@ from elastic_step.backends import Role
 from elastic_step.backends.api import LaunchSpec
 from elastic_step.master.job_keys import JobKeys
 
+#: What a worker or PS imports first; the local backend loads it once for all of them.
+INSTANCE_PRELOAD = (
+    "tensorflow",
+    "keras",
+    "elastic_step.cli",
+    "elastic_step.worker.worker",
+    "elastic_step.ps.server",
+)
+
 
 def launch_spec(
     role: Role, slot: int, name: str, master_address: str, credentials: dict[str, str]
@@ -25,6 +34,7 @@ def launch_spec(
         slot,
         [sys.executable, "-m", "elastic_step", *args],
         secret_env=credentials,
+        preload=INSTANCE_PRELOAD,
     )
 
 

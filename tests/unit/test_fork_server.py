@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 
 from elastic_step.backends.api import EventKind, ExitReason, LaunchSpec, Role
-from elastic_step.backends.fork_server import serves
+from elastic_step.backends.fork_server import forkable
 from elastic_step.backends.local import process_start_time
 from elastic_step.master.job_keys import JobKeys
+from elastic_step.master.launch import INSTANCE_PRELOAD
 from elastic_step.rpc import auth
 from tests.unit import test_local_backend
-from tests.unit.test_local_backend import Processes, wait_for, wait_for_text
+from tests.unit.test_local_backend import SLEEP, Processes, wait_for, wait_for_text
 
 procs = test_local_backend.procs  # the fixture: every process a test started ends with it
 
@@ -40,7 +41,9 @@ def ps_spec(name: str = "ps-0") -> LaunchSpec:
     """A PS whose master never answers: it runs until it is killed."""
     args = ("ps", "--master", f"127.0.0.1:{closed_port()}", "--shard", "0", "--name", name)
     secret = JobKeys("s" * 32, "job-1", tls=False).instance_env(name)
-    return LaunchSpec(name, Role.PS, 0, elastic_step(*args), secret_env=secret)
+    return LaunchSpec(
+        name, Role.PS, 0, elastic_step(*args), secret_env=secret, preload=INSTANCE_PRELOAD
+    )
 
 
 def parent_pid(pid: int) -> int:
@@ -64,11 +67,13 @@ def started(backend, procs: Processes, name: str) -> int:
     return pid
 
 
-def test_only_this_interpreters_elastic_step_commands_are_forked() -> None:
-    assert serves(elastic_step("worker", "--master", "m:1", "--name", "worker-0"))
-    assert not serves([sys.executable, "-c", "pass"])
-    assert not serves(["/other/python", "-m", "elastic_step", "worker"])
-    assert not serves(elastic_step())
+def test_only_this_interpreters_python_m_commands_with_modules_to_preload_are_forked() -> None:
+    worker = elastic_step("worker", "--master", "m:1", "--name", "worker-0")
+    assert forkable(worker, INSTANCE_PRELOAD)
+    assert forkable([sys.executable, "-m", "elastic_step"], ("tensorflow",))
+    assert not forkable(worker, ())  # nothing to share
+    assert not forkable([sys.executable, "-c", "pass"], INSTANCE_PRELOAD)
+    assert not forkable(["/other/python", "-m", "elastic_step", "worker"], INSTANCE_PRELOAD)
 
 
 def test_a_forked_instance_is_an_instance_of_its_own(tmp_path: Path, procs: Processes) -> None:
@@ -96,6 +101,7 @@ def test_a_forked_instance_is_an_instance_of_its_own(tmp_path: Path, procs: Proc
             Role.PS,
             1,
             elastic_step("ps", "--master", "m:1", "--shard", "1", "--name", "ps-1"),
+            preload=INSTANCE_PRELOAD,
         )
     )
     pid = started(backend, procs, "ps-1")
@@ -105,6 +111,12 @@ def test_a_forked_instance_is_an_instance_of_its_own(tmp_path: Path, procs: Proc
     wait_for_text(tmp_path / "logs" / "ps-1.log", "ps-1: ")
     text = (tmp_path / "logs" / "ps-1.log").read_text()
     assert "exiting" in text and "oneDNN" not in text and "ps-0" not in text
+
+    # Other commands, or other modules to preload, start as new processes of this one.
+    other = LaunchSpec("ps-2", Role.PS, 2, elastic_step("ps"), preload=("tensorflow",))
+    for spec in (other, LaunchSpec("worker-9", Role.WORKER, 0, [sys.executable, "-c", SLEEP])):
+        backend.launch(spec)
+        assert parent_pid(started(backend, procs, spec.name)) == os.getpid()
 
 
 def test_when_the_server_goes_its_instances_are_watched_and_new_ones_start_as_processes(
