@@ -113,7 +113,7 @@ class LocalBackend(Backend):
         #: Launches being started now (taken from the waiting, not registered yet), and
         #: those of them deleted meanwhile: they are stopped as soon as they are registered.
         self._starting: set[str] = set()
-        self._deleted_while_starting: set[str] = set()
+        self._deleted_while_starting: dict[str, float] = {}  # name: grace period
         self._work_dir = work_dir
         self._registry_path = os.path.join(work_dir, "instances.json")
         self._log_dir = os.path.join(work_dir, "logs")
@@ -167,15 +167,15 @@ class LocalBackend(Backend):
         with self._lock:
             self._instances[spec.name] = instance
             self._save_registry()
-            deleted = spec.name in self._deleted_while_starting
+            grace_period_s = self._deleted_while_starting.get(spec.name)
         self._events.put(InstanceEvent(spec.name, EventKind.STARTED, pid=process.pid))
-        if deleted:
-            self.delete(spec.name)
+        if grace_period_s is not None:
+            self.delete(spec.name, grace_period_s)
 
     def _started(self, name: str) -> None:
         with self._lock:
             self._starting.discard(name)
-            self._deleted_while_starting.discard(name)
+            self._deleted_while_starting.pop(name, None)
 
     def _fork(self, spec: LaunchSpec, env: dict[str, str]) -> _Forked | None:
         """``spec`` forked by the fork server; None where the server cannot start it."""
@@ -215,7 +215,7 @@ class LocalBackend(Backend):
                 return
             instance = self._instances.get(name)
             if instance is None and name in self._starting:
-                self._deleted_while_starting.add(name)
+                self._deleted_while_starting[name] = grace_period_s
                 return
             if instance is None or instance.deleting:
                 return
