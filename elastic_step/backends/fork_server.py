@@ -75,7 +75,7 @@ class ForkServer:
     def __init__(self, preload: tuple[str, ...], log_path: str) -> None:
         self.preload = preload
         self._state = ServerState.LOADING
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()  # the state, the exit codes and the awaited name
         self._replies: queue.Queue[dict] = queue.Queue()
         self._exits: dict[int, int] = {}
         self._request_lock = threading.Lock()
@@ -106,7 +106,7 @@ class ForkServer:
 
     def state(self) -> ServerState:
         """The server's state; a server still loading past ``LOAD_TIMEOUT_S`` is given up."""
-        with self._changed:
+        with self._lock:
             late = self._state is ServerState.LOADING and time.monotonic() > self._deadline
             state = ServerState.GONE if late else self._state
         if late:
@@ -129,7 +129,7 @@ class ForkServer:
             state = self.state()
             if state is not ServerState.READY or self._process is None:
                 raise ForkServerError(f"the fork server is {state.value}")
-            with self._changed:
+            with self._lock:
                 self._awaited = name
             try:
                 self._process.stdin.write(json.dumps(request).encode() + b"\n")
@@ -143,7 +143,7 @@ class ForkServer:
                     f"the fork server did not answer within {FORK_TIMEOUT_S:.0f} s"
                 ) from None
             finally:
-                with self._changed:
+                with self._lock:
                     self._awaited = None
         if reply.get("name") != name or "pid" not in reply:
             raise ForkServerError(reply.get("error") or f"the fork server answered {reply}")
@@ -152,7 +152,7 @@ class ForkServer:
     def exit_code(self, pid: int) -> int | None:
         """How instance ``pid`` ended (``subprocess``'s return code), or None while it runs,
         or when the server is gone before it could tell."""
-        with self._changed:
+        with self._lock:
             return self._exits.get(pid)
 
     def close(self) -> None:
@@ -165,9 +165,8 @@ class ForkServer:
         """Marks the server gone, then ends its process: ``gently``, its stdin closed and 2 s
         to exit before SIGKILL; otherwise (it stopped answering) SIGKILL at once, without
         waiting, as callers may hold the backend's lock. The reader thread reaps it."""
-        with self._changed:
+        with self._lock:
             self._state = ServerState.GONE
-            self._changed.notify_all()
         process = self._process
         if process is None or process.poll() is not None:
             return
@@ -190,12 +189,11 @@ class ForkServer:
                 self._take(line)
         finally:
             self._replies.put({"error": "the fork server exited"})  # to a fork waiting for it
-            with self._changed:
+            with self._lock:
                 unexpected = self._state is not ServerState.GONE
                 self._state = ServerState.GONE
-                self._changed.notify_all()
             try:
-                how = _describe_exit(self._process.wait(timeout=5))
+                how = describe_exit(self._process.wait(timeout=5))
             except subprocess.TimeoutExpired:
                 how = "its output closed"
             if unexpected:
@@ -207,13 +205,12 @@ class ForkServer:
             message = json.loads(line)
             if not isinstance(message, dict):
                 raise ValueError("not an object")
-            with self._changed:
+            with self._lock:
                 if "exited" in message:
                     self._exits[int(message["exited"])] = int(message["code"])
                 elif "ready" in message:
                     if self._state is ServerState.LOADING:
                         self._state = ServerState.READY
-                    self._changed.notify_all()
                 elif message.get("name") == self._awaited:
                     if "pid" in message:  # a pid used again: what ended before is not this
                         self._exits.pop(int(message["pid"]), None)
@@ -232,7 +229,8 @@ class ForkServer:
             os.killpg(pid, signal.SIGKILL)
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """``subprocess``'s return code in words: "exit status 1", "killed by SIGKILL"."""
     return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
 
 

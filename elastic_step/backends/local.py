@@ -41,7 +41,13 @@ from elastic_step.backends.api import (
     Role,
     take_events,
 )
-from elastic_step.backends.fork_server import ForkServer, ForkServerError, ServerState, forkable
+from elastic_step.backends.fork_server import (
+    ForkServer,
+    ForkServerError,
+    ServerState,
+    describe_exit,
+    forkable,
+)
 from elastic_step.data import storage
 
 log = logging.getLogger(__name__)
@@ -364,7 +370,7 @@ class LocalBackend(Backend):
         code = instance.process.poll()
         if code is None:
             return None
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        how = describe_exit(code)
         if instance.deleting:
             return code, ExitReason.DELETED, f"deleted ({how})"
         if code == 0:
