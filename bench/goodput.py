@@ -18,6 +18,9 @@ the first ``connected to PS`` line in the log of the instance that took the kill
 slot (the master log names the slot and the instance), which a worker logs right before it
 asks for its first task and a promoted standby right after it is given the slot.
 
+With ``--repeat N`` each epoch count's set of runs is made N times, one set after the other,
+and the ratios divide mean wall times: on 2 cores one set cannot resolve 10 %.
+
 It prints, per epoch count, each run's wall time, the ratio of each faulty run to the mean
 undisturbed wall time (target <= 1.10, judged on the run with standby; the one without is
 shown beside it), the kills, the recovery seconds of each kill and their mean without and with
@@ -458,10 +461,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="undisturbed runs per epoch count: 1 (before the faulty ones), or 2 (before and "
         "after them; the ratios use their mean, which evens out load that comes and goes)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each epoch count's set of runs N times, one set after the other (names "
+        "suffixed -1 .. -N); the ratios divide mean wall times. Identical undisturbed runs "
+        "differ by up to 17 %% on 2 cores, so one set cannot resolve 10 %%; 3 roughly can",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="bound on each run, s")
     args = parser.parse_args(argv)
     if args.standby < 1:
         parser.error("--standby must be >= 1 (the run without standby is made anyway)")
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, not {args.repeat}")
     return args
 
 
@@ -473,26 +487,47 @@ def ratio_text(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.3f}"
 
 
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def mean_recovery_of(runs: list[dict]) -> float | None:
+    """The mean kill -> slot training again over every kill of ``runs``."""
+    return mean_recovery_s({"recoveries": [x for r in runs for x in r["recoveries"]]})
+
+
 def run_epochs(args, data_dir: str, epochs: int) -> dict:
-    """The runs of one epoch count, one after the other; prints and returns their results."""
+    """The runs of one epoch count, one after the other, ``--repeat`` times over; prints and
+    returns their results. The ratios divide mean wall times."""
     where = os.path.join(args.workdir, f"epochs-{epochs}")
     os.makedirs(where, exist_ok=True)
 
     def run(name: str, kill: bool, standby: int = 0) -> dict:
         return run_job(args, data_dir, where, name, epochs, kill=kill, standby=standby)
 
-    clean = [run("clean", kill=False)]
-    faulty = run("faulty", kill=True)
-    # The same job with its standby, undisturbed: what an idle standby costs by itself.
-    clean_standby = run("clean-standby", kill=False, standby=args.standby)
-    with_standby = run("faulty-standby", kill=True, standby=args.standby)
-    if args.clean_runs == 2:
-        clean.append(run("clean-after", kill=False))
-    clean_wall = sum(r["wall_s"] for r in clean) / len(clean)
-    ratio = with_standby["wall_s"] / clean_wall if clean_wall else None
-    ratio_no_standby = faulty["wall_s"] / clean_wall if clean_wall else None
-    ratio_like_for_like = with_standby["wall_s"] / clean_standby["wall_s"]
-    idle_standby_cost = clean_standby["wall_s"] / clean_wall if clean_wall else None
+    kinds: dict[str, list[dict]] = {
+        kind: [] for kind in ("clean", "faulty", "clean-standby", "faulty-standby", "clean-after")
+    }
+    runs: list[tuple[str, dict]] = []
+    for repeat in range(1, args.repeat + 1):
+        suffix = f"-{repeat}" if args.repeat > 1 else ""
+        plan = [("clean", False, 0), ("faulty", True, 0)]
+        # The same job with its standby, undisturbed: what an idle standby costs by itself.
+        plan += [("clean-standby", False, args.standby), ("faulty-standby", True, args.standby)]
+        if args.clean_runs == 2:
+            plan.append(("clean-after", False, 0))
+        for kind, kill, standby in plan:
+            result = run(kind + suffix, kill=kill, standby=standby)
+            kinds[kind].append(result)
+            runs.append((kind + suffix, result))
+    clean = kinds["clean"] + kinds["clean-after"]
+    clean_wall = mean([r["wall_s"] for r in clean])
+    walls = {kind: mean([r["wall_s"] for r in rs]) for kind, rs in kinds.items() if rs}
+    ratio = walls["faulty-standby"] / clean_wall if clean_wall else None
+    ratio_no_standby = walls["faulty"] / clean_wall if clean_wall else None
+    ratio_like_for_like = walls["faulty-standby"] / walls["clean-standby"]
+    idle_standby_cost = walls["clean-standby"] / clean_wall if clean_wall else None
+    faulty_runs = [(name, r) for name, r in runs if name.startswith("faulty")]
 
     print()
     print(
@@ -500,13 +535,6 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         f"{args.records_per_task} records/task, seed {args.seed}; a worker SIGKILLed every "
         f"{args.kill_every:g} s in the faulty runs, without and with --standby {args.standby} =="
     )
-    runs = [
-        ("clean", clean[0]),
-        ("faulty", faulty),
-        ("faulty-standby", with_standby),
-        ("clean-standby", clean_standby),
-        *(("clean-after", c) for c in clean[1:]),
-    ]
     print(f"{'run':<16}{'wall s':>8}{'exit':>6}{'accounting':>12}{'accuracy':>10}  restarts")
     for name, r in runs:
         accuracy = "-" if r["accuracy"] is None else f"{r['accuracy']:.4f}"
@@ -517,7 +545,7 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
             + (f" standby {r['standby']}" if r["standby"] else "")
         )
     print("kills, and kill -> slot training again (the replacement's first `connected to PS`):")
-    for name, r in runs[1:3]:
+    for name, r in faulty_runs:
         kills = r["kills"]
         print(
             f"  {name}: {len(kills)} kills ("
@@ -538,9 +566,17 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         )
     if ratio is not None:
         verdict = "PASS" if ratio <= TARGET else "MISS"
+        each = ""
+        if args.repeat > 1:
+            pairs = zip(kinds["faulty-standby"], kinds["clean"], strict=True)
+            each = (
+                " (each repeat's: "
+                + ", ".join(f"{f['wall_s'] / c['wall_s']:.3f}" for f, c in pairs)
+                + ")"
+            )
         print(
             f"ratio faulty / mean undisturbed wall time: with --standby {args.standby} "
-            f"{ratio:.3f} (target <= {TARGET:.2f}: {verdict}); without standby "
+            f"{ratio:.3f} (target <= {TARGET:.2f}: {verdict}){each}; without standby "
             f"{ratio_no_standby:.3f}"
         )
         print(
@@ -550,14 +586,14 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         )
     clean_training = [training_s(c) for c in clean]
     if all(clean_training):
-        mean = sum(clean_training) / len(clean_training)
+        clean_mean = mean(clean_training)
         phases = [
-            f"{name} {training_s(r):.0f} s (ratio {training_s(r) / mean:.3f})"
-            for name, r in runs[1:3]
+            f"{name} {training_s(r):.0f} s (ratio {training_s(r) / clean_mean:.3f})"
+            for name, r in faulty_runs
             if training_s(r)
         ]
         print(
-            f"training phase only (master up -> all epochs trained): clean {mean:.0f} s, "
+            f"training phase only (master up -> all epochs trained): clean {clean_mean:.0f} s, "
             + ", ".join(phases)
         )
     for name, r in runs:
@@ -578,10 +614,9 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         )
     return {
         "epochs": epochs,
-        "clean": clean,
-        "faulty": faulty,
-        "faulty_standby": with_standby,
-        "clean_standby": clean_standby,
+        "repeat": args.repeat,
+        "runs": dict(runs),
+        "wall_s": {kind: round(wall, 2) for kind, wall in walls.items()},
         "clean_wall_s": round(clean_wall, 2),
         "ratio": ratio,
         "ratio_no_standby": ratio_no_standby,
@@ -590,8 +625,8 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         "target": TARGET,
         "meets_target": None if ratio is None else ratio <= TARGET,
         "mean_recovery_s": {
-            "no_standby": mean_recovery_s(faulty),
-            "standby": mean_recovery_s(with_standby),
+            "no_standby": mean_recovery_of(kinds["faulty"]),
+            "standby": mean_recovery_of(kinds["faulty-standby"]),
         },
     }
 
@@ -617,8 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         verdict = "-" if r["meets_target"] is None else ("PASS" if r["meets_target"] else "MISS")
         recovery = r["mean_recovery_s"]
         print(
-            f"{r['epochs']:>6}{r['clean_wall_s']:>9.1f}{r['faulty']['wall_s']:>14.1f}"
-            f"{ratio_text(r['ratio_no_standby']):>7}{r['faulty_standby']['wall_s']:>11.1f}"
+            f"{r['epochs']:>6}{r['clean_wall_s']:>9.1f}{r['wall_s']['faulty']:>14.1f}"
+            f"{ratio_text(r['ratio_no_standby']):>7}{r['wall_s']['faulty-standby']:>11.1f}"
             f"{ratio_text(r['ratio']):>7}{verdict:>8}{seconds(recovery['no_standby'], 2):>22}"
             f"{seconds(recovery['standby'], 2):>9}"
         )

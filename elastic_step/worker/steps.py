@@ -11,6 +11,10 @@
   compiled call that takes its batches straight from the input pipeline's iterator, as
   ``model.fit`` does with ``steps_per_execution``: no Python per batch. It returns the summed
   loss (each batch's mean times its size) and the examples. None where it does not apply.
+  :meth:`Steps.run_window` calls it with the step count as a tensor, so that one trace serves
+  windows of every length (a task's last window is often shorter); :meth:`Steps.warm_up`
+  traces and instantiates it on zero steps, which trains nothing (a standby does that while
+  it waits, so that the slot it takes trains at once).
 
 Each of them also adds the batch to the model's metrics (the definition's, as evaluation
 reports them), in the same compiled call and on the outputs the step computed, as
@@ -138,6 +142,23 @@ class Steps:
             return loss_fn(labels, outputs)
 
         self.evaluate = evaluate
+
+    def run_window(self, iterator, steps: int) -> tuple[float, int]:
+        """``local_window`` on the next ``steps`` batches of ``iterator``: their summed loss
+        and their examples."""
+        import tensorflow as tf
+
+        loss_sum, examples = self.local_window(iterator, tf.constant(steps, tf.int32))
+        return float(loss_sum), int(examples)
+
+    def warm_up(self, iterator) -> bool:
+        """Compiles ``local_window`` for ``iterator`` without training: the call runs zero
+        steps, so no batch is taken and no variable changes. False where the window does not
+        apply (a model with tables, or K = 1), whose steps compile at their first batch."""
+        if self.local_window is None:
+            return False
+        self.run_window(iterator, 0)
+        return True
 
     def reset_metrics(self) -> None:
         for metric in self.metrics.values():

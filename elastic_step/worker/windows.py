@@ -12,7 +12,7 @@ so a task is reported only after its last push: a worker that dies loses at most
 window, and its task is re-queued. ``train`` returns the task's mean training loss and the
 model's metrics on the same batches, which the worker reports with the task.
 ``train_queued`` does the same for a model without tables with K > 1, a window per compiled
-call (``Steps.local_window``) that reads its batches from the input pipeline's iterator.
+call (``Steps.run_window``) that reads its batches from the input pipeline's iterator.
 Tests: tests/unit/test_model_parameters.py.
 """
 
@@ -104,7 +104,7 @@ class WindowTrainer:
 
     def train_queued(self, iterator, batches: int) -> TrainingLoss:
         """Trains a task whose ``batches`` batches wait in ``iterator``, a window of K steps
-        per compiled call (``Steps.local_window``, which must apply); as :meth:`train`.
+        per compiled call (``Steps.run_window``, which must apply); as :meth:`train`.
         The caller checks that the examples add up to the task's records."""
         loss = TrainingLoss()
         if batches == 0:
@@ -116,11 +116,11 @@ class WindowTrainer:
         while done < batches:
             steps = min(self.local_steps, batches - done)
             try:
-                loss_sum, examples = self.steps.local_window(iterator, steps)
+                loss_sum, examples = self.steps.run_window(iterator, steps)
             except Exception as e:
                 raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
-            loss.loss_sum += float(loss_sum)
-            loss.examples += int(examples)
+            loss.loss_sum += loss_sum
+            loss.examples += examples
             for _ in range(steps):
                 self._on_step()
             done += steps

@@ -390,3 +390,56 @@ def test_batchnorm_statistics_travel_through_the_ps(start_ps: StartPS) -> None:
     b.pull_all(ps)
     for name in (BN_MEAN, BN_VARIANCE):
         np.testing.assert_array_equal(b.state_values()[name], moved[name])
+
+
+# -- the compiled window --
+
+
+def build_dense_model(seed: int = 7) -> keras.Model:
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(seed)
+    features = keras.Input(shape=(4,))
+    return keras.Model(features, keras.layers.Dense(1)(features))
+
+
+def test_a_warm_up_trains_nothing_and_one_trace_serves_every_window() -> None:
+    """A standby compiles its window on zero steps: no batch taken, no variable moved, and
+    windows of 3 and then 2 steps run on that one trace, training as 5 SGD steps do."""
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(20, 4)).astype("float32")
+    labels = features.sum(axis=1, keepdims=True)
+
+    def iterator():
+        return iter(tf.data.Dataset.from_tensor_slices((features, labels)).batch(4))
+
+    model = build_dense_model()
+    optimizer = keras.optimizers.SGD(LR)
+    steps = Steps(model, loss, ModelParameters(model), optimizer)
+    initial = [v.numpy() for v in model.trainable_variables]
+    batches = iterator()
+    assert steps.warm_up(batches)
+    assert steps.local_window.experimental_get_tracing_count() == 1
+    assert int(optimizer.iterations) == 0
+    for before, variable in zip(initial, model.trainable_variables, strict=True):
+        np.testing.assert_array_equal(variable.numpy(), before)
+
+    assert steps.run_window(batches, 3)[1] == 12  # the warm-up took no batch
+    assert steps.run_window(batches, 2)[1] == 8
+    assert steps.local_window.experimental_get_tracing_count() == 1
+
+    reference = build_dense_model()
+    reference_optimizer = keras.optimizers.SGD(LR)
+    for x, y in iterator():
+        with tf.GradientTape() as tape:
+            value = loss(y, reference(x))
+        grads = tape.gradient(value, reference.trainable_variables)
+        reference_optimizer.apply(grads, reference.trainable_variables)
+    for got, want in zip(model.trainable_variables, reference.trainable_variables, strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_with_tables_has_no_window_to_warm_up() -> None:
+    model = build_model()
+    steps = Steps(model, loss, ModelParameters(model), keras.optimizers.SGD(LR))
+    assert steps.local_window is None
+    assert not steps.warm_up(iter(batches(1)))
