@@ -38,7 +38,7 @@ browser:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q tests/unit tests/e2e
+	$(BIN)/python -m pytest -q --durations=25 tests/unit tests/e2e
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
