@@ -40,6 +40,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -193,9 +194,10 @@ def recoveries(log_path: str, output: str, kills: list[dict]) -> list[dict]:
     return found
 
 
-def mean_recovery_s(run: dict) -> float | None:
-    found = [r["recovery_s"] for r in run["recoveries"] if r["recovery_s"] is not None]
-    return round(sum(found) / len(found), 2) if found else None
+def mean_recovery_s(runs: list[dict]) -> float | None:
+    """The mean kill -> slot training again over every kill of ``runs`` that has a figure."""
+    found = [x["recovery_s"] for r in runs for x in r["recoveries"] if x["recovery_s"] is not None]
+    return round(statistics.fmean(found), 2) if found else None
 
 
 # -- one run --
@@ -487,15 +489,6 @@ def ratio_text(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.3f}"
 
 
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
-def mean_recovery_of(runs: list[dict]) -> float | None:
-    """The mean kill -> slot training again over every kill of ``runs``."""
-    return mean_recovery_s({"recoveries": [x for r in runs for x in r["recoveries"]]})
-
-
 def run_epochs(args, data_dir: str, epochs: int) -> dict:
     """The runs of one epoch count, one after the other, ``--repeat`` times over; prints and
     returns their results. The ratios divide mean wall times."""
@@ -521,8 +514,8 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
             kinds[kind].append(result)
             runs.append((kind + suffix, result))
     clean = kinds["clean"] + kinds["clean-after"]
-    clean_wall = mean([r["wall_s"] for r in clean])
-    walls = {kind: mean([r["wall_s"] for r in rs]) for kind, rs in kinds.items() if rs}
+    clean_wall = statistics.fmean(r["wall_s"] for r in clean)
+    walls = {kind: statistics.fmean(r["wall_s"] for r in rs) for kind, rs in kinds.items() if rs}
     ratio = walls["faulty-standby"] / clean_wall if clean_wall else None
     ratio_no_standby = walls["faulty"] / clean_wall if clean_wall else None
     ratio_like_for_like = walls["faulty-standby"] / walls["clean-standby"]
@@ -561,7 +554,7 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
             )
         missing = sum(1 for x in r["recoveries"] if x["recovery_s"] is None)
         print(
-            f"    mean {seconds(mean_recovery_s(r), 2)}"
+            f"    mean {seconds(mean_recovery_s([r]), 2)}"
             + (f" ({missing} of {len(kills)} not found)" if missing else "")
         )
     if ratio is not None:
@@ -586,7 +579,7 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         )
     clean_training = [training_s(c) for c in clean]
     if all(clean_training):
-        clean_mean = mean(clean_training)
+        clean_mean = statistics.fmean(clean_training)
         phases = [
             f"{name} {training_s(r):.0f} s (ratio {training_s(r) / clean_mean:.3f})"
             for name, r in faulty_runs
@@ -625,8 +618,8 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         "target": TARGET,
         "meets_target": None if ratio is None else ratio <= TARGET,
         "mean_recovery_s": {
-            "no_standby": mean_recovery_of(kinds["faulty"]),
-            "standby": mean_recovery_of(kinds["faulty-standby"]),
+            "no_standby": mean_recovery_s(kinds["faulty"]),
+            "standby": mean_recovery_s(kinds["faulty-standby"]),
         },
     }
 
