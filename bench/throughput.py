@@ -21,6 +21,11 @@ reports a steady-state rate in examples/s that leaves out a warm-up of the same 
   over TensorFlow's context), a custom training loop (gradient step and the optimizer's update
   in one ``strategy.run``); the time from the end of the warm-up steps to the end of the last.
 
+Rounds (``--rounds``, 3): a fit run, then each round's elastic runs followed by a fit run, so
+every elastic run lies between two fit runs. A round's ratio is its elastic rate over the mean
+of those two fit rates, and the ratio judged is the median of the rounds' ratios: on a shared
+2-core machine one fit run alone can differ from the next by a third.
+
 The ratio elastic / keras is compared with the target of 0.95, elastic / pss with 1.5, and the
 validation accuracies of elastic and keras must be within 1 point.
 Results go to ``WORKDIR/throughput.json`` (default ``bench/results/``). See bench/README.md.
@@ -33,6 +38,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -432,10 +438,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--shards", type=int, default=4, help="TFRecord shards per split")
     parser.add_argument(
-        "--keras-runs",
+        "--rounds",
         type=int,
-        default=2,
-        help="Keras runs (2: one before and one after the elastic run; the mean is used)",
+        default=3,
+        help="rounds of elastic runs (one per --local-steps value), each followed by a "
+        "model.fit run, after a first model.fit run; each round's ratio divides its elastic "
+        "rate by the mean of the two fit runs either side of it, and the ratio judged is the "
+        "median of the rounds'",
     )
     parser.add_argument("--seed", type=int, default=0, help="data, split and model seed")
     parser.add_argument(
@@ -457,7 +466,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--pss-child", metavar="OUT.json", help=argparse.SUPPRESS)
     parser.add_argument("-v", "--verbose", action="store_true", help="show all training logs")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, not {args.rounds}")
+    return args
+
+
+def bracketed_ratios(elastic: list[dict], keras: list[dict]) -> list[float]:
+    """Each round's ratio: its elastic rate over the mean of the fit runs before and after it,
+    so that load which comes and goes between rounds weighs on both sides alike."""
+    return [
+        run["examples_per_second"]
+        / statistics.fmean(k["examples_per_second"] for k in keras[i : i + 2])
+        for i, run in enumerate(elastic)
+    ]
+
+
+def summary_of(runs: list[dict]) -> dict:
+    """The median rate and accuracy of ``runs`` (one side's), with the runs themselves."""
+    return {
+        "examples_per_second": statistics.median(r["examples_per_second"] for r in runs),
+        "validation_accuracy": statistics.median(r["validation_accuracy"] for r in runs),
+        "runs": runs,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -471,45 +502,54 @@ def main(argv: list[str] | None = None) -> int:
         pss_child(args, os.path.join(args.workdir, "data"), args.pss_child)
         return 0
     local_steps = [int(k) for k in args.local_steps.split(",")]
+    sides = {"keras", "pss", "elastic"} if args.only is None else {args.only}
 
     load_before = load_average()
     log(f"load average before: {load_before} ({os.cpu_count()} CPUs)")
     data_dir = os.path.join(args.workdir, "data")
     prepare_data(args, data_dir)
 
-    # The Keras run is short, so it runs before AND after the elastic one (--keras-runs 2):
-    # their mean is less at the mercy of load that comes and goes on a shared machine.
+    # fit, then rounds of (elastic, fit): every elastic run lies between two fit runs.
     results: dict = {}
     loads: dict = {}
     keras_runs: list[dict] = []
-    run_keras_side = args.only in (None, "keras")
-    if run_keras_side and args.keras_runs >= 2:
-        keras_runs.append(run_keras(args, data_dir))
-        loads["after_keras_1"] = load_average()
-    if args.only in (None, "pss"):
-        results["pss"] = run_pss(args, data_dir)
-        loads["after_pss"] = load_average()
-    if args.only in (None, "elastic"):
-        results["elastic_runs"] = []
-        for k in local_steps:
-            results["elastic_runs"].append(run_elastic(args, data_dir, k))
-            loads[f"after_elastic_k{k}"] = load_average()
-            if args.tls_cost:
-                results.setdefault("elastic_tls_runs", []).append(
-                    run_elastic(args, data_dir, k, tls="on")
-                )
-                loads[f"after_elastic_k{k}_tls"] = load_average()
-        results["elastic"] = results["elastic_runs"][-1]
-    while run_keras_side and len(keras_runs) < max(1, args.keras_runs):
+    elastic_runs: dict[int, list[dict]] = {k: [] for k in local_steps}
+    tls_runs: dict[int, list[dict]] = {k: [] for k in local_steps}
+
+    def fit_once() -> None:
         keras_runs.append(run_keras(args, data_dir))
         loads[f"after_keras_{len(keras_runs)}"] = load_average()
+
+    if "keras" in sides:
+        fit_once()
+    if "pss" in sides:
+        results["pss"] = run_pss(args, data_dir)
+        loads["after_pss"] = load_average()
+    for round_ in range(1, args.rounds + 1):
+        if "elastic" in sides:
+            for k in local_steps:
+                elastic_runs[k].append(run_elastic(args, data_dir, k))
+                loads[f"after_elastic_k{k}_{round_}"] = load_average()
+                if args.tls_cost:
+                    tls_runs[k].append(run_elastic(args, data_dir, k, tls="on"))
+                    loads[f"after_elastic_k{k}_tls_{round_}"] = load_average()
+        if "keras" in sides:
+            fit_once()
+
+    k = local_steps[-1]
+    if "elastic" in sides:
+        results["elastic_by_k"] = {str(n): summary_of(runs) for n, runs in elastic_runs.items()}
+        results["elastic"] = {"local_steps": k, **summary_of(elastic_runs[k])}
+    if args.tls_cost:
+        results["tls_by_k"] = {str(n): summary_of(runs) for n, runs in tls_runs.items()}
     if keras_runs:
-        rates = [r["examples_per_second"] for r in keras_runs]
-        results["keras"] = {"examples_per_second": sum(rates) / len(rates), "runs": keras_runs}
+        results["keras"] = summary_of(keras_runs)
 
     ratio = ratio_pss = None
+    round_ratios: list[float] = []
     if "elastic" in results and "keras" in results:
-        ratio = results["elastic"]["examples_per_second"] / results["keras"]["examples_per_second"]
+        round_ratios = bracketed_ratios(elastic_runs[k], keras_runs)
+        ratio = statistics.median(round_ratios)
     if "elastic" in results and "pss" in results:
         ratio_pss = (
             results["elastic"]["examples_per_second"] / results["pss"]["examples_per_second"]
@@ -518,11 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         **run_header(
             load_average_before=load_before,
-            **{f"load_average_{k}": v for k, v in loads.items()},
+            **{f"load_average_{name}": v for name, v in loads.items()},
         ),
         "settings": {
-            k: getattr(args, k)
-            for k in (
+            name: getattr(args, name)
+            for name in (
                 "rows",
                 "features",
                 "hidden",
@@ -533,9 +573,11 @@ def main(argv: list[str] | None = None) -> int:
                 "validation_fraction",
                 "shards",
                 "seed",
+                "rounds",
             )
         },
         "results": results,
+        "round_ratios": round_ratios,
         "ratio": ratio,
         "ratio_pss": ratio_pss,
         "target": TARGET,
@@ -543,40 +585,51 @@ def main(argv: list[str] | None = None) -> int:
     }
     out_path = os.path.join(args.workdir, "throughput.json")
     write_result(out_path, document)
+    print_table(results, elastic_runs, tls_runs, round_ratios, ratio, ratio_pss, k)
+    print(
+        f"load average: before {load_before}; "
+        + "; ".join(f"{name} {v}" for name, v in loads.items())
+    )
+    print(f"wrote {out_path}")
+    return 0
 
+
+def print_table(results, elastic_runs, tls_runs, round_ratios, ratio, ratio_pss, k) -> None:
+    """Medians over the rounds, each run's rate beside them, and the verdicts."""
     print()
-    print(f"{'run':<40}{'examples/s':>12}{'val. accuracy':>15}")
+    print(f"{'run (median over the rounds)':<40}{'examples/s':>12}{'val. accuracy':>15}")
 
-    def row(name: str, result: dict, detail: str = "") -> None:
+    def row(name: str, result: dict) -> None:
         accuracy = result.get("validation_accuracy")
         shown = f"{accuracy:>15.4f}" if accuracy is not None else f"{'-':>15}"
+        runs = result.get("runs", [])
+        detail = ""
+        if len(runs) > 1:
+            rates = ", ".join(f"{r['examples_per_second']:.0f}" for r in runs)
+            detail = f"   (runs: {rates})"
         print(f"{name:<40}{result['examples_per_second']:>12.0f}{shown}{detail}")
 
-    for run in results.get("elastic_runs", []):
-        row(f"elastic-step train, K={run['local_steps']} (1 w, 1 PS)", run)
-    tls_runs = results.get("elastic_tls_runs", [])
-    for plain, tls in zip(results.get("elastic_runs", [])[: len(tls_runs)], tls_runs, strict=True):
-        row(f"  ... with mutual TLS, K={tls['local_steps']}", tls)
-        tls_ratio = tls["examples_per_second"] / plain["examples_per_second"]
-        label = f"  ratio TLS / plain, K={tls['local_steps']}"
-        print(f"{label:<40}{tls_ratio:>12.3f}")
+    for n, runs in elastic_runs.items():
+        if not runs:
+            continue
+        row(f"elastic-step train, K={n} (1 w, 1 PS)", summary_of(runs))
+        if tls_runs[n]:
+            row(f"  ... with mutual TLS, K={n}", summary_of(tls_runs[n]))
+            tls_ratio = statistics.median(
+                t["examples_per_second"] / p["examples_per_second"]
+                for p, t in zip(runs, tls_runs[n], strict=True)
+            )
+            print(f"{f'  ratio TLS / plain, K={n}':<40}{tls_ratio:>12.3f}")
     if "pss" in results:
         row("TF ParameterServerStrategy (1 w, 1 PS)", results["pss"])
     if "keras" in results:
-        runs = results["keras"]["runs"]
-        detail = ""
-        if len(runs) > 1:
-            detail = (
-                "   (mean of " + ", ".join(f"{r['examples_per_second']:.0f}" for r in runs) + ")"
-            )
-        accuracies = [r["validation_accuracy"] for r in runs]
-        keras_row = {**results["keras"], "validation_accuracy": sum(accuracies) / len(accuracies)}
-        row("keras model.fit", keras_row, detail)
-    k = results["elastic"]["local_steps"] if "elastic" in results else None
+        row("keras model.fit", results["keras"])
     if ratio is not None and math.isfinite(ratio):
         verdict = "PASS" if ratio >= TARGET else "BELOW"
+        rounds = ", ".join(f"{r:.3f}" for r in round_ratios)
         print(
-            f"{f'ratio elastic (K={k}) / keras':<40}{ratio:>12.3f}   target >= {TARGET}: {verdict}"
+            f"{f'ratio elastic (K={k}) / keras':<40}{ratio:>12.3f}   target >= {TARGET}: "
+            f"{verdict}   (median of the rounds: {rounds})"
         )
     if ratio_pss is not None and math.isfinite(ratio_pss):
         verdict = "PASS" if ratio_pss >= TARGET_PSS else "BELOW"
@@ -585,18 +638,13 @@ def main(argv: list[str] | None = None) -> int:
             f"target >= {TARGET_PSS}: {verdict}"
         )
     if "elastic" in results and "keras" in results:
-        runs = results["keras"]["runs"]
-        keras_accuracy = sum(r["validation_accuracy"] for r in runs) / len(runs)
-        gap = results["elastic"]["validation_accuracy"] - keras_accuracy
+        gap = results["elastic"]["validation_accuracy"] - results["keras"]["validation_accuracy"]
         # Rounded to the accuracy's own resolution (1 / validation records) before judging.
         verdict = "PASS" if round(abs(gap), 6) <= ACCURACY_POINTS else "BELOW"
         print(
             f"{f'accuracy elastic (K={k}) - keras':<40}{gap:>+12.4f}   "
             f"target within {ACCURACY_POINTS}: {verdict}"
         )
-    print(f"load average: before {load_before}; " + "; ".join(f"{k} {v}" for k, v in loads.items()))
-    print(f"wrote {out_path}")
-    return 0
 
 
 if __name__ == "__main__":
