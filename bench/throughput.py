@@ -540,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     if "elastic" in sides:
         results["elastic_by_k"] = {str(n): summary_of(runs) for n, runs in elastic_runs.items()}
         results["elastic"] = {"local_steps": k, **summary_of(elastic_runs[k])}
-    if args.tls_cost:
+    if args.tls_cost and "elastic" in sides:
         results["tls_by_k"] = {str(n): summary_of(runs) for n, runs in tls_runs.items()}
     if keras_runs:
         results["keras"] = summary_of(keras_runs)
