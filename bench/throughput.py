@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     k = local_steps[-1]
     if "elastic" in sides:
         results["elastic_by_k"] = {str(n): summary_of(runs) for n, runs in elastic_runs.items()}
-        results["elastic"] = {"local_steps": k, **summary_of(elastic_runs[k])}
+        results["elastic"] = {"local_steps": k, **results["elastic_by_k"][str(k)]}
     if args.tls_cost and "elastic" in sides:
         results["tls_by_k"] = {str(n): summary_of(runs) for n, runs in tls_runs.items()}
     if keras_runs:
@@ -585,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out_path = os.path.join(args.workdir, "throughput.json")
     write_result(out_path, document)
-    print_table(results, elastic_runs, tls_runs, round_ratios, ratio, ratio_pss, k)
+    print_table(results, round_ratios, ratio, ratio_pss, k)
     print(
         f"load average: before {load_before}; "
         + "; ".join(f"{name} {v}" for name, v in loads.items())
@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_table(results, elastic_runs, tls_runs, round_ratios, ratio, ratio_pss, k) -> None:
+def print_table(results: dict, round_ratios: list[float], ratio, ratio_pss, k: int) -> None:
     """Medians over the rounds, each run's rate beside them, and the verdicts."""
     print()
     print(f"{'run (median over the rounds)':<40}{'examples/s':>12}{'val. accuracy':>15}")
@@ -609,15 +609,14 @@ def print_table(results, elastic_runs, tls_runs, round_ratios, ratio, ratio_pss,
             detail = f"   (runs: {rates})"
         print(f"{name:<40}{result['examples_per_second']:>12.0f}{shown}{detail}")
 
-    for n, runs in elastic_runs.items():
-        if not runs:
-            continue
-        row(f"elastic-step train, K={n} (1 w, 1 PS)", summary_of(runs))
-        if tls_runs[n]:
-            row(f"  ... with mutual TLS, K={n}", summary_of(tls_runs[n]))
+    tls_by_k = results.get("tls_by_k", {})
+    for n, plain in results.get("elastic_by_k", {}).items():
+        row(f"elastic-step train, K={n} (1 w, 1 PS)", plain)
+        if n in tls_by_k:
+            row(f"  ... with mutual TLS, K={n}", tls_by_k[n])
             tls_ratio = statistics.median(
                 t["examples_per_second"] / p["examples_per_second"]
-                for p, t in zip(runs, tls_runs[n], strict=True)
+                for p, t in zip(plain["runs"], tls_by_k[n]["runs"], strict=True)
             )
             print(f"{f'  ratio TLS / plain, K={n}':<40}{tls_ratio:>12.3f}")
     if "pss" in results:
