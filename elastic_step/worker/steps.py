@@ -12,9 +12,15 @@
   ``model.fit`` does with ``steps_per_execution``: no Python per batch. It returns the summed
   loss (each batch's mean times its size) and the examples. None where it does not apply.
   :meth:`Steps.run_window` calls it with the step count as a tensor, so that one trace serves
-  windows of every length (a task's last window is often shorter); :meth:`Steps.warm_up`
-  traces and instantiates it on zero steps, which trains nothing (a standby does that while
-  it waits, so that the slot it takes trains at once).
+  windows of every length (a task's last window is often shorter).
+- ``Steps.evaluation_window`` (a model without tables, any K): the same for evaluation
+  batches, through :meth:`Steps.run_evaluation`. One trace serves every batch size, where
+  :meth:`Steps.evaluate` traces again for a task's shorter last batch.
+
+:meth:`Steps.warm_up` traces and instantiates both windows on zero steps, which trains and
+measures nothing. A worker does that before its first task, so that neither the first task
+nor the first evaluation round waits for a compile (the first evaluation's two traces held
+training up for 350 ms in bench/throughput.py).
 
 Each of them also adds the batch to the model's metrics (the definition's, as evaluation
 reports them), in the same compiled call and on the outputs the step computed, as
@@ -51,6 +57,26 @@ def _row_gradient(grad):
         values = tf.gather(grad, ids)
     unique, index = tf.unique(ids)
     return unique, tf.math.unsorted_segment_sum(values, index, tf.size(unique))
+
+
+def _window_of(step: Callable):
+    """A compiled loop of ``step`` over the next ``steps`` batches of an iterator, returning
+    the summed loss (each batch's mean times its size) and the examples."""
+    import tensorflow as tf
+
+    @tf.function
+    def window(iterator, steps):
+        loss_sum = tf.constant(0.0, tf.float64)
+        examples = tf.constant(0, tf.int64)
+        for _ in tf.range(steps):
+            features, labels = next(iterator)
+            loss = step(features, labels)
+            size = tf.shape(tf.nest.flatten(labels)[0], out_type=tf.int64)[0]
+            loss_sum += tf.cast(loss, tf.float64) * tf.cast(size, tf.float64)
+            examples += size
+        return loss_sum, examples
+
+    return window
 
 
 class Steps:
@@ -117,31 +143,21 @@ class Steps:
         self.local_window = None
         if local_optimizer is not None and not tables:
 
-            @tf.function
-            def local_window(iterator, steps):
-                loss_sum = tf.constant(0.0, tf.float64)
-                examples = tf.constant(0, tf.int64)
-                for _ in tf.range(steps):
-                    features, labels = next(iterator)
-                    loss, dense, _ = loss_and_gradients(features, labels)
-                    local_optimizer.apply(
-                        list(dense.values()), [parameters.dense[n] for n in dense]
-                    )
-                    first = tf.nest.flatten(labels)[0]
-                    size = tf.shape(first, out_type=tf.int64)[0]
-                    loss_sum += tf.cast(loss, tf.float64) * tf.cast(size, tf.float64)
-                    examples += size
-                return loss_sum, examples
+            def local_step(features, labels):
+                loss, dense, _ = loss_and_gradients(features, labels)
+                local_optimizer.apply(list(dense.values()), [parameters.dense[n] for n in dense])
+                return loss
 
-            self.local_window = local_window
+            self.local_window = _window_of(local_step)
 
-        @tf.function(reduce_retracing=True)
-        def evaluate(features, labels):
+        def evaluation_step(features, labels):
             outputs = model(features, training=False)
             update_metrics(labels, outputs)
             return loss_fn(labels, outputs)
 
-        self.evaluate = evaluate
+        self.evaluate = tf.function(evaluation_step, reduce_retracing=True)
+        #: See the module's docstring.
+        self.evaluation_window = None if tables else _window_of(evaluation_step)
 
     def run_window(self, iterator, steps: int) -> tuple[float, int]:
         """``local_window`` on the next ``steps`` batches of ``iterator``: their summed loss
@@ -151,14 +167,28 @@ class Steps:
         loss_sum, examples = self.local_window(iterator, tf.constant(steps, tf.int32))
         return float(loss_sum), int(examples)
 
-    def warm_up(self, iterator) -> bool:
-        """Compiles ``local_window`` for ``iterator`` without training: the call runs zero
-        steps, so no batch is taken and no variable changes. False where the window does not
-        apply (a model with tables, or K = 1), whose steps compile at their first batch."""
-        if self.local_window is None:
-            return False
-        self.run_window(iterator, 0)
-        return True
+    def run_evaluation(self, iterator, steps: int) -> tuple[float, int]:
+        """``evaluation_window`` on the next ``steps`` batches of ``iterator``: their summed
+        loss and their examples; the batches are added to the metrics."""
+        import tensorflow as tf
+
+        loss_sum, examples = self.evaluation_window(iterator, tf.constant(steps, tf.int32))
+        return float(loss_sum), int(examples)
+
+    def warm_up(self, training=None, evaluation=None) -> list[str]:
+        """Compiles the windows that apply for the iterators given (the training and the
+        evaluation input pipelines') without running them: each call runs zero steps, so no
+        batch is taken, no variable changes and no metric moves. Returns the windows it
+        compiled ("training", "evaluation"); the steps of a window that does not apply
+        compile at their first batch."""
+        compiled = []
+        if training is not None and self.local_window is not None:
+            self.run_window(training, 0)
+            compiled.append("training")
+        if evaluation is not None and self.evaluation_window is not None:
+            self.run_evaluation(evaluation, 0)
+            compiled.append("evaluation")
+        return compiled
 
     def reset_metrics(self) -> None:
         for metric in self.metrics.values():

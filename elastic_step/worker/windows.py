@@ -12,7 +12,8 @@ so a task is reported only after its last push: a worker that dies loses at most
 window, and its task is re-queued. ``train`` returns the task's mean training loss and the
 model's metrics on the same batches, which the worker reports with the task.
 ``train_queued`` does the same for a model without tables with K > 1, a window per compiled
-call (``Steps.run_window``) that reads its batches from the input pipeline's iterator.
+call (``Steps.run_window``) that reads its batches from the input pipeline's iterator;
+``evaluate_queued`` evaluates that way, for a model without tables and any K.
 Tests: tests/unit/test_model_parameters.py.
 """
 
@@ -33,15 +34,19 @@ from elastic_step.worker.steps import Steps
 
 log = logging.getLogger("elastic_step.worker")
 
+#: Evaluation batches per compiled call: the task's progress (which renews its lease) moves on
+#: between calls.
+EVALUATION_STEPS_PER_CALL = 32
+
 
 class UserCodeError(Exception):
     """The model definition's code failed while running a task."""
 
 
 @dataclass
-class TrainingLoss:
-    """A task's training loss: summed over its examples (each batch's mean loss times its
-    size), so that batches of different sizes weigh by their examples; and the model's
+class TaskLoss:
+    """A task's loss: summed over its examples (each batch's mean loss times its size), so
+    that batches of different sizes weigh by their examples; for training, the model's
     metrics over the same batches, by name (see :meth:`Steps.metric_results`)."""
 
     loss_sum: float = 0.0
@@ -83,10 +88,10 @@ class WindowTrainer:
         #: measured from with K > 1); None before the first pull.
         self._base: dict[str, np.ndarray] | None = None
 
-    def train(self, batches: Iterable[tuple]) -> TrainingLoss:
+    def train(self, batches: Iterable[tuple]) -> TaskLoss:
         """Trains on ``batches`` (a task's), a window of up to K steps per round trip;
         returns their training loss and metrics."""
-        loss = TrainingLoss()
+        loss = TaskLoss()
         batches = iter(batches)
         window, ids = self._window(batches)
         if not window:
@@ -102,11 +107,11 @@ class WindowTrainer:
         loss.metrics = self._metrics(self.steps.metric_results)
         return loss
 
-    def train_queued(self, iterator, batches: int) -> TrainingLoss:
+    def train_queued(self, iterator, batches: int) -> TaskLoss:
         """Trains a task whose ``batches`` batches wait in ``iterator``, a window of K steps
         per compiled call (``Steps.run_window``, which must apply); as :meth:`train`.
         The caller checks that the examples add up to the task's records."""
-        loss = TrainingLoss()
+        loss = TaskLoss()
         if batches == 0:
             return loss
         self._metrics(self.steps.reset_metrics)
@@ -127,6 +132,30 @@ class WindowTrainer:
             dense = {n: self._base[n] - v.numpy() for n, v in self.parameters.dense.items()}
             self._push(dense, {}, {})
         loss.metrics = self._metrics(self.steps.metric_results)
+        return loss
+
+    def evaluate_queued(
+        self, iterator, batches: int, on_batches: Callable[[int], None]
+    ) -> TaskLoss:
+        """Evaluates, on the PS's current values, a task whose ``batches`` batches wait in
+        ``iterator``: up to ``EVALUATION_STEPS_PER_CALL`` batches per compiled call
+        (``Steps.run_evaluation``, which must apply), ``on_batches`` told after each call
+        how many it took. The batches are added to the model's metrics, which the caller
+        resets before and reads after. The caller checks the examples, as for
+        :meth:`train_queued`."""
+        loss = TaskLoss()
+        self._pull({}, dense=True)
+        done = 0
+        while done < batches:
+            steps = min(EVALUATION_STEPS_PER_CALL, batches - done)
+            try:
+                loss_sum, examples = self.steps.run_evaluation(iterator, steps)
+            except Exception as e:
+                raise UserCodeError(f"evaluation failed: {type(e).__name__}: {e}") from e
+            loss.loss_sum += loss_sum
+            loss.examples += examples
+            on_batches(steps)
+            done += steps
         return loss
 
     def evaluation_batches(self, batches: Iterable[tuple]) -> Iterator[tuple]:
@@ -165,7 +194,7 @@ class WindowTrainer:
                 break
         return window, ids
 
-    def _run_window(self, window: list, ids: dict, loss: TrainingLoss) -> tuple[dict, Rows]:
+    def _run_window(self, window: list, ids: dict, loss: TaskLoss) -> tuple[dict, Rows]:
         """Runs the window's steps, adding their losses to ``loss``; its update: the gradients
         (K = 1), or the negated change of the worker's copy since the values last pulled
         (K > 1)."""

@@ -6,7 +6,8 @@ this task trains (:mod:`elastic_step.worker.stream`). A training task's batches 
 windows of ``--local-steps`` steps against the PS (see :mod:`elastic_step.worker.windows`);
 for a model without embedding tables and K > 1, each window is one compiled call that takes
 its batches from the pipeline itself. An evaluation task reports the loss and the metrics'
-states, not predictions. In a prediction job (``elastic-step predict``) the worker loads the
+states, not predictions; for a model without tables its batches, too, are taken in compiled
+calls. In a prediction job (``elastic-step predict``) the worker loads the
 trained model and writes each task's predictions (:mod:`elastic_step.worker.predictor`); it
 has no PS.
 
@@ -14,8 +15,9 @@ An error in the user's code fails the task (the master retries it elsewhere, up 
 limit); a PS that goes away is waited for and reconnected, and the window's update is pushed
 again.
 A master or PS that answers with an error that retrying cannot cure ends the worker (exit 1).
-A process the master started as a standby loads everything, builds its input pipelines and
-compiles its training window, then waits for a worker slot.
+Before its first task a worker builds its input pipelines and compiles its windows
+(:meth:`Worker.prepare_ahead`); a process the master started as a standby does that, then
+waits for a worker slot.
 Tests: tests/unit/test_rpc_errors.py; killed mid-epoch in tests/e2e/test_fault_tolerance.py.
 """
 
@@ -26,6 +28,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -44,7 +47,7 @@ from elastic_step.rpc.master_client import (
 )
 from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, Traffic
 from elastic_step.rpc.tensors import to_proto
-from elastic_step.worker.windows import UserCodeError, WindowTrainer
+from elastic_step.worker.windows import TaskLoss, UserCodeError, WindowTrainer
 
 if TYPE_CHECKING:
     from elastic_step.worker.stream import BatchStream
@@ -150,26 +153,34 @@ class Worker:
         return self.master.call("Register", request)
 
     def prepare_ahead(self) -> None:
-        """A standby's last step of loading, so that the slot it takes trains at once: its
-        input pipelines built and its training window compiled (on zero steps: it trains
-        nothing). A new worker does that at its first tasks: about 1 s for the digits example
-        on 2 cores. An error is logged and left for the first task to meet, where it fails the
-        task as the model's code."""
+        """The last step of loading, before the first task: the input pipelines built and
+        the training and evaluation windows compiled (on zero steps: they run nothing), so
+        that neither the first task nor the first evaluation round waits for them; about 1 s
+        for the digits example on 2 cores. A standby does it while it waits for a slot. An
+        error is logged and left for the first task to meet, where it fails the task as the
+        model's code."""
         started = time.monotonic()
         if self.predictor:
             modes = ["predict"]
         else:  # evaluation tasks come only from a validation split
             modes = ["train", *(["evaluate"] if self.schema.splits.get("validation") else [])]
         try:
-            streams = [self._stream(mode) for mode in modes]
-            compiled = self.predictor is None and self.trainer.steps.warm_up(streams[0].iterator)
+            streams = {mode: self._stream(mode) for mode in modes}
+            compiled = []
+            if self.predictor is None:
+                iterators = {mode: stream.iterator for mode, stream in streams.items()}
+                compiled = self.trainer.steps.warm_up(
+                    iterators.get("train"), iterators.get("evaluate")
+                )
         except Exception as e:
             log.warning("%s: could not prepare ahead (%s: %s)", self.name, type(e).__name__, e)
             return
         log.info(
             "%s: built its input pipelines%s in %.1f s",
             self.name,
-            " and compiled its training window" if compiled else "",
+            f" and compiled its {' and '.join(compiled)} window{'s' * (len(compiled) > 1)}"
+            if compiled
+            else "",
             time.monotonic() - started,
         )
 
@@ -255,10 +266,10 @@ class Worker:
         """
         # Heartbeats from the start: they tell a standby, too, when the job is over.
         threading.Thread(target=self._heartbeats, daemon=True).start()
-        if self.setup():  # a standby
-            self.prepare_ahead()
-            if not self.wait_for_a_slot():
-                return self._finish()
+        standby = self.setup()
+        self.prepare_ahead()
+        if standby and not self.wait_for_a_slot():
+            return self._finish()
         if self.predictor is None:
             self.connect_ps()
         log.info("%s: ready; asking for tasks", self.name)
@@ -323,7 +334,7 @@ class Worker:
             elif task.kind == master_pb2.Task.PREDICT:
                 self.predictor.predict(task, self._batches(stream, records))
             else:
-                self.evaluate(stream, records, report)
+                self.evaluate(stream, records, batches, report)
         except (UserCodeError, InputError) as e:  # the model's code, or the task's data
             log.error("%s: task %d failed: %s", self.name, task.id, e)
             report = master_pb2.TaskReport(
@@ -406,24 +417,38 @@ class Worker:
         if self.trainer.steps.local_window is None:
             loss = self.trainer.train(self._batches(stream, records))
         else:  # K steps per compiled call, the batches taken in the graph
-            try:
-                loss = self.trainer.train_queued(stream.iterator, batches)
-            except BaseException:
-                stream.broken = True  # what it left queued is unknown
-                raise
-            if loss.examples != records:
-                stream.broken = True
-                raise UserCodeError(
-                    f"the feed gave {loss.examples} examples for {records} records in "
-                    f"{batches} batches; it must map each batch of records to one batch of as "
-                    "many examples"
-                )
+            loss = self._queued(
+                stream,
+                records,
+                batches,
+                lambda: self.trainer.train_queued(stream.iterator, batches),
+            )
         report.train_loss, report.train_examples = loss.mean, loss.examples
         report.train_metrics.update(loss.metrics)
 
-    def evaluate(self, stream: BatchStream, records: int, report: master_pb2.TaskReport) -> None:
+    def evaluate(
+        self, stream: BatchStream, records: int, batches: int, report: master_pb2.TaskReport
+    ) -> None:
         steps = self.trainer.steps
         steps.reset_metrics()
+        if steps.evaluation_window is None:
+            loss_sum, count = self._evaluate_one_by_one(stream, records)
+        else:  # the batches taken in the graph
+            loss = self._queued(
+                stream,
+                records,
+                batches,
+                lambda: self.trainer.evaluate_queued(stream.iterator, batches, self._evaluated),
+            )
+            loss_sum, count = loss.loss_sum, loss.examples
+        report.loss_sum, report.example_count = loss_sum, count
+        for name, metric in steps.metrics.items():
+            for i, variable in enumerate(metric.variables):
+                report.metric_states.append(to_proto(f"{name}/{i}", np.asarray(variable.numpy())))
+
+    def _evaluate_one_by_one(self, stream: BatchStream, records: int) -> tuple[float, int]:
+        """A model with tables: each batch's rows pulled, then the batch evaluated."""
+        steps = self.trainer.steps
         loss_sum, count = 0.0, 0
         for features, labels in self.trainer.evaluation_batches(self._batches(stream, records)):
             try:
@@ -434,10 +459,29 @@ class Worker:
             loss_sum += float(loss) * n
             count += n
             self._batches_done += 1
-        report.loss_sum, report.example_count = loss_sum, count
-        for name, metric in steps.metrics.items():
-            for i, variable in enumerate(metric.variables):
-                report.metric_states.append(to_proto(f"{name}/{i}", np.asarray(variable.numpy())))
+        return loss_sum, count
+
+    def _evaluated(self, batches: int) -> None:
+        self._batches_done += batches
+
+    def _queued(
+        self, stream: BatchStream, records: int, batches: int, run: Callable[[], TaskLoss]
+    ) -> TaskLoss:
+        """``run`` a task's ``batches`` queued batches of ``records`` records in the graph;
+        the stream is broken when it fails or the examples do not add up to the records."""
+        try:
+            loss = run()
+        except BaseException:
+            stream.broken = True  # what it left queued is unknown
+            raise
+        if loss.examples != records:
+            stream.broken = True
+            raise UserCodeError(
+                f"the feed gave {loss.examples} examples for {records} records in "
+                f"{batches} batches; it must map each batch of records to one batch of as "
+                "many examples"
+            )
+        return loss
 
 
 def main(argv: list[str] | None = None) -> int:

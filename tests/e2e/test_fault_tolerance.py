@@ -143,7 +143,9 @@ def test_a_standby_takes_a_killed_workers_slot_and_is_cleaned_up(train_run):
     assert "standby-0 takes worker slot" in log
     assert "launched standby-1 (standby slot 0)" in log
     standby_text = standby_log.read_text()
-    assert "built its input pipelines and compiled its training window" in standby_text
+    assert "built its input pipelines and compiled its training and evaluation windows" in (
+        standby_text
+    )
     assert "given a worker slot after" in standby_text
     final = run.status()
     members = final["workers"] + final["ps"] + final["standby"]

@@ -417,7 +417,7 @@ def test_a_warm_up_trains_nothing_and_one_trace_serves_every_window() -> None:
     steps = Steps(model, loss, ModelParameters(model), optimizer)
     initial = [v.numpy() for v in model.trainable_variables]
     batches = iterator()
-    assert steps.warm_up(batches)
+    assert steps.warm_up(batches) == ["training"]
     assert steps.local_window.experimental_get_tracing_count() == 1
     assert int(optimizer.iterations) == 0
     for before, variable in zip(initial, model.trainable_variables, strict=True):
@@ -441,5 +441,95 @@ def test_a_warm_up_trains_nothing_and_one_trace_serves_every_window() -> None:
 def test_a_model_with_tables_has_no_window_to_warm_up() -> None:
     model = build_model()
     steps = Steps(model, loss, ModelParameters(model), keras.optimizers.SGD(LR))
-    assert steps.local_window is None
-    assert not steps.warm_up(iter(batches(1)))
+    assert steps.local_window is None and steps.evaluation_window is None
+    assert steps.warm_up(iter(batches(1)), iter(batches(1))) == []
+
+
+def test_the_evaluation_window_measures_as_batch_by_batch_evaluation_on_one_trace() -> None:
+    """Warmed up on zero steps, the evaluation window took no batch and moved no metric;
+    then batches of 4, 4 and 2 examples run on that one trace and give the summed loss and
+    the metric states of evaluating them one by one."""
+    rng = np.random.default_rng(1)
+    features = rng.normal(size=(10, 4)).astype("float32")
+    labels = features.sum(axis=1, keepdims=True)
+
+    def iterator():
+        return iter(tf.data.Dataset.from_tensor_slices((features, labels)).batch(4))
+
+    model = build_dense_model()
+    mae = keras.metrics.MeanAbsoluteError()
+    steps = Steps(model, loss, ModelParameters(model), metrics={"mae": mae})
+    assert steps.local_window is None  # K = 1: no training window, but evaluation has one
+    batches = iterator()
+    assert steps.warm_up(iter(()), batches) == ["evaluation"]
+    assert [float(v.numpy()) for v in mae.variables] == [0.0, 0.0]
+
+    loss_sum, examples = steps.run_evaluation(batches, 3)
+    assert examples == 10  # the warm-up took no batch
+    assert steps.evaluation_window.experimental_get_tracing_count() == 1
+    window_states = [v.numpy() for v in mae.variables]
+
+    steps.reset_metrics()
+    expected = sum(float(steps.evaluate(x, y)) * len(y) for x, y in iterator())
+    np.testing.assert_allclose(loss_sum, expected, rtol=1e-6)
+    for got, want in zip(window_states, mae.variables, strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)
+    assert float(mae.variables[1].numpy()) == 10  # every example counted once
+
+
+def test_evaluate_queued_pulls_the_ps_values_and_reports_progress(start_ps: StartPS) -> None:
+    """A task evaluated in the graph uses the PS's values, not the worker's stale copy, and
+    tells the worker its progress after each compiled call."""
+    from elastic_step.worker import windows
+
+    _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
+    trained = build_dense_model()
+    values = ModelParameters(trained)
+    for variable in trained.trainable_variables:
+        variable.assign(variable + 0.5)
+    assert ps.initialize(values.dense_values(), {}, {}, 0, values.state_values()) == [True] * 2
+    model = build_dense_model()  # the initial values: what a stale copy holds
+    parameters = ModelParameters(model)
+    trainer = WindowTrainer(parameters, Steps(model, loss, parameters), 1, Connected(ps))
+    rng = np.random.default_rng(2)
+    features = rng.normal(size=(70, 4)).astype("float32")
+    labels = features.sum(axis=1, keepdims=True)
+    dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(2)  # 35 batches
+    progress: list[int] = []
+    measured = trainer.evaluate_queued(iter(dataset), 35, progress.append)
+
+    assert progress == [windows.EVALUATION_STEPS_PER_CALL, 35 - windows.EVALUATION_STEPS_PER_CALL]
+    assert measured.examples == 70
+    expected = sum(float(loss(y, trained(x))) * len(y) for x, y in dataset)
+    np.testing.assert_allclose(measured.loss_sum, expected, rtol=1e-5)
+
+
+def test_an_evaluation_feed_that_drops_records_fails_its_task_and_is_rebuilt(
+    start_ps: StartPS,
+) -> None:
+    """Evaluated in the graph, a task's examples must add up to its records, as in training:
+    a feed that drops half of them fails the task with a line that says so, and its input
+    pipeline is marked broken, to be built anew for the next task."""
+    from elastic_step.worker.stream import BatchStream
+    from elastic_step.worker.worker import Worker
+
+    _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
+    model = build_dense_model()
+    parameters = ModelParameters(model)
+    assert ps.initialize(parameters.dense_values(), {}, {}, 0, {}) == [True] * 2
+
+    def halving_feed(batches, mode, schema):
+        def examples(records):
+            kept = tf.shape(records)[0] // 2
+            return tf.zeros([kept, 4]), tf.zeros([kept, 1])
+
+        return batches.map(examples)
+
+    worker = Worker(master=None, name="worker-0", credentials=None)
+    worker.trainer = WindowTrainer(parameters, Steps(model, loss, parameters), 1, Connected(ps))
+    stream = BatchStream(halving_feed, "evaluate", schema=None, batch_size=4)
+    batches = stream.put([b"record"] * 8)
+    report = master_pb2.TaskReport()
+    with pytest.raises(UserCodeError, match="the feed gave 4 examples for 8 records in 2 batches"):
+        worker.evaluate(stream, 8, batches, report)
+    assert stream.broken
