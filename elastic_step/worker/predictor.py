@@ -36,7 +36,7 @@ class Predictor:
             try:
                 outputs.append(keras.ops.convert_to_numpy(self._forward(features)))
             except Exception as e:
-                raise UserCodeError(f"the model failed: {type(e).__name__}: {e}") from e
+                raise UserCodeError.of("the model", e) from e
             self._on_batch()
         rows = np.concatenate(outputs) if outputs else np.zeros((0, 1), np.float32)
         if len(rows) != task.end - task.start:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 from elastic_step.data.feed import apply_feed
 from elastic_step.model.definition import batch_size_of
+from elastic_step.user_errors import plain_message
 
 
 class FeedContractError(Exception):
@@ -73,7 +74,9 @@ class BatchStream:
                     features, labels = next(self.iterator)
                 except Exception as e:
                     self.broken = True
-                    raise FeedContractError(f"the feed failed: {type(e).__name__}: {e}") from e
+                    raise FeedContractError(
+                        f"the feed failed: {type(e).__name__}: {plain_message(e)}"
+                    ) from e
                 count = batch_size_of(labels, features)
                 if count > remaining:
                     self.broken = True

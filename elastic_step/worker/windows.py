@@ -30,6 +30,7 @@ import numpy as np
 from elastic_step.model.definition import batch_size_of
 from elastic_step.model.parameters import ModelParameters
 from elastic_step.rpc.ps_client import PSClient, PSUnavailableError, Rows
+from elastic_step.user_errors import plain_message
 from elastic_step.worker.steps import Steps
 
 log = logging.getLogger("elastic_step.worker")
@@ -41,6 +42,12 @@ EVALUATION_STEPS_PER_CALL = 32
 
 class UserCodeError(Exception):
     """The model definition's code failed while running a task."""
+
+    @classmethod
+    def of(cls, what: str, error: Exception) -> UserCodeError:
+        """``what failed: ValueError: ...``, on one line: a compiled step's error message
+        names the frames of the trace, which the worker's log keeps (its cause)."""
+        return cls(f"{what} failed: {type(error).__name__}: {plain_message(error)}")
 
 
 @dataclass
@@ -123,7 +130,7 @@ class WindowTrainer:
             try:
                 loss_sum, examples = self.steps.run_window(iterator, steps)
             except Exception as e:
-                raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
+                raise UserCodeError.of("the training step", e) from e
             loss.loss_sum += loss_sum
             loss.examples += examples
             for _ in range(steps):
@@ -151,7 +158,7 @@ class WindowTrainer:
             try:
                 loss_sum, examples = self.steps.run_evaluation(iterator, steps)
             except Exception as e:
-                raise UserCodeError(f"evaluation failed: {type(e).__name__}: {e}") from e
+                raise UserCodeError.of("evaluation", e) from e
             loss.loss_sum += loss_sum
             loss.examples += examples
             on_batches(steps)
@@ -175,13 +182,13 @@ class WindowTrainer:
         try:
             return call()
         except Exception as e:
-            raise UserCodeError(f"a metric failed: {type(e).__name__}: {e}") from e
+            raise UserCodeError.of("a metric", e) from e
 
     def _ids(self, features) -> dict[str, np.ndarray]:
         try:
             return self.parameters.batch_ids(features)
         except Exception as e:
-            raise UserCodeError(f"the model failed: {type(e).__name__}: {e}") from e
+            raise UserCodeError.of("the model", e) from e
 
     def _window(self, batches: Iterator[tuple]) -> tuple[list, dict[str, np.ndarray]]:
         """The next up to K batches, and the row ids they read by table (sorted, unique)."""
@@ -210,7 +217,7 @@ class WindowTrainer:
                 loss.add(self.steps.local(features, labels), batch_size_of(labels, features))
                 self._on_step()
         except Exception as e:
-            raise UserCodeError(f"the training step failed: {type(e).__name__}: {e}") from e
+            raise UserCodeError.of("the training step", e) from e
         dense = {n: self._base[n] - v.numpy() for n, v in self.parameters.dense.items()}
         rows = {n: (i, base_rows[n] - self.parameters.gather(n, i)) for n, i in ids.items()}
         return dense, rows

@@ -336,7 +336,9 @@ class Worker:
             else:
                 self.evaluate(stream, records, batches, report)
         except (UserCodeError, InputError) as e:  # the model's code, or the task's data
-            log.error("%s: task %d failed: %s", self.name, task.id, e)
+            # The cause's traceback (a compiled step's names the user's frames) stays here;
+            # the master gets the one line.
+            log.error("%s: task %d failed: %s", self.name, task.id, e, exc_info=e.__cause__)
             report = master_pb2.TaskReport(
                 task_id=task.id, lease_id=task.lease_id, ok=False, error=str(e)
             )
@@ -454,7 +456,7 @@ class Worker:
             try:
                 loss = steps.evaluate(features, labels)  # adds the batch to the metrics
             except Exception as e:
-                raise UserCodeError(f"evaluation failed: {type(e).__name__}: {e}") from e
+                raise UserCodeError.of("evaluation", e) from e
             n = int(np.shape(labels)[0])
             loss_sum += float(loss) * n
             count += n

@@ -438,6 +438,27 @@ def test_a_warm_up_trains_nothing_and_one_trace_serves_every_window() -> None:
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_an_error_in_a_compiled_window_fails_the_task_in_one_line(start_ps: StartPS) -> None:
+    """TensorFlow's message for an error raised in a traced function runs over many lines
+    (the frames of the trace); the task's error, which the master shows, is its last line,
+    and the cause keeps the rest for the worker's log."""
+    _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
+    model = build_dense_model()
+    parameters = ModelParameters(model)
+    assert ps.initialize(parameters.dense_values(), {}, {}, 0, {}) == [True] * 2
+
+    def broken_loss(labels, outputs):
+        raise ValueError("labels and outputs disagree")
+
+    steps = Steps(model, broken_loss, parameters, keras.optimizers.SGD(LR))
+    trainer = WindowTrainer(parameters, steps, 4, Connected(ps))
+    data = tf.data.Dataset.from_tensor_slices((np.zeros((8, 4), "float32"), np.zeros((8, 1))))
+    with pytest.raises(UserCodeError) as failed:
+        trainer.train_queued(iter(data.batch(4)), 2)
+    assert str(failed.value) == "the training step failed: ValueError: labels and outputs disagree"
+    assert "in user code" in str(failed.value.__cause__)  # what the worker logs
+
+
 def test_a_model_with_tables_has_no_window_to_warm_up() -> None:
     model = build_model()
     steps = Steps(model, loss, ModelParameters(model), keras.optimizers.SGD(LR))
