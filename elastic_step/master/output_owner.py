@@ -10,7 +10,7 @@ other job is refused (exit 2) before it writes anything there. (The token is a r
 a check: the lease fences a stale master.) A marker that cannot be read is set aside, never
 trusted and never deleted.
 Tests: tests/unit/test_output_owner.py; a second job on an output in
-tests/e2e/test_hardening.py.
+tests/e2e/test_hostile_conditions.py.
 """
 
 from __future__ import annotations

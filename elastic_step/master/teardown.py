@@ -1,6 +1,6 @@
 """How a job's end takes its workers and PS down: every instance deleted, then backend
 events applied until none is live or a bound has passed (nothing waits forever). Tests:
-tests/e2e/test_fault_tolerance.py (a stopped run) and tests/k8s/ (no pod left)."""
+tests/e2e/test_master_and_standby.py (a stopped run) and tests/k8s/ (no pod left)."""
 
 from __future__ import annotations
 

@@ -500,7 +500,8 @@ def test_a_checkpoint_that_cannot_be_written_fails_no_push_and_a_full_disk_ends_
     start_cluster: StartCluster, monkeypatch, caplog
 ) -> None:
     """An error that may pass is tried again at the next checkpoint; a full disk is a
-    failure the PS tells the master at once (a real full disk: tests/e2e/test_hardening.py)."""
+    failure the PS tells the master at once (a real full disk:
+    tests/e2e/test_hostile_conditions.py)."""
     cluster = start_cluster(num_ps=1, checkpoint_steps=1)
     client = cluster.client()
     client.initialize(*_params(), model_version=0)
