@@ -64,6 +64,11 @@ class TaskLoss:
         self.loss_sum += loss * examples
         self.examples += examples
 
+    def add_summed(self, loss_sum: float, examples: int) -> None:
+        """Adds batches whose losses are already summed (a compiled window's)."""
+        self.loss_sum += loss_sum
+        self.examples += examples
+
     @property
     def mean(self) -> float:
         return self.loss_sum / self.examples if self.examples else math.nan
@@ -124,18 +129,14 @@ class WindowTrainer:
         self._metrics(self.steps.reset_metrics)
         if self._base is None:
             self._pull({}, dense=True)
-        done = 0
-        while done < batches:
-            steps = min(self.local_steps, batches - done)
+        for start in range(0, batches, self.local_steps):
+            steps = min(self.local_steps, batches - start)
             try:
-                loss_sum, examples = self.steps.run_window(iterator, steps)
+                loss.add_summed(*self.steps.run_window(iterator, steps))
             except Exception as e:
                 raise UserCodeError.of("the training step", e) from e
-            loss.loss_sum += loss_sum
-            loss.examples += examples
             for _ in range(steps):
                 self._on_step()
-            done += steps
             dense = {n: self._base[n] - v.numpy() for n, v in self.parameters.dense.items()}
             self._push(dense, {}, {})
         loss.metrics = self._metrics(self.steps.metric_results)
@@ -152,17 +153,13 @@ class WindowTrainer:
         :meth:`train_queued`."""
         loss = TaskLoss()
         self._pull({}, dense=True)
-        done = 0
-        while done < batches:
-            steps = min(EVALUATION_STEPS_PER_CALL, batches - done)
+        for start in range(0, batches, EVALUATION_STEPS_PER_CALL):
+            steps = min(EVALUATION_STEPS_PER_CALL, batches - start)
             try:
-                loss_sum, examples = self.steps.run_evaluation(iterator, steps)
+                loss.add_summed(*self.steps.run_evaluation(iterator, steps))
             except Exception as e:
                 raise UserCodeError.of("evaluation", e) from e
-            loss.loss_sum += loss_sum
-            loss.examples += examples
             on_batches(steps)
-            done += steps
         return loss
 
     def evaluation_batches(self, batches: Iterable[tuple]) -> Iterator[tuple]:
