@@ -536,7 +536,7 @@ class Coordinator:
                     "re-queued %s of %s%s",
                     ", ".join(t.describe() for t in lost),
                     instance.name,
-                    " (the task it ran counts as a failure: it died by itself)" if death else "",
+                    " (each counts as a failure: it died by itself)" if death else "",
                 )
             return
         if instance.role is Role.STANDBY:

@@ -29,8 +29,8 @@ elsewhere, or the task is done) changes nothing. A lease runs out ``task_timeout
 the hand-out or after the last progress (its batch count going up); heartbeats alone do not
 renew it; a worker's progress renews every lease it holds (the task it prefetched waits on
 the one in hand). A task taken back (lease ran out, worker lost, malformed report) is not a
-failure, unless its worker died running it: that counts as a failure of the task, as an
-error in user code does.
+failure, unless its worker died holding it: that counts as a failure of the task, as an
+error in user code does, for the task it prefetched too (see ``recover_tasks``).
 Past ``max_task_retries`` failures of one task the job fails with ``failure``.
 
 Accounting. Each task is counted once per epoch however often it ran: ``records_trained`` of
@@ -338,20 +338,23 @@ class TaskManager:
         self, worker: str, death: str | None = None, *, keep: Iterable[int] = ()
     ) -> list[Task]:
         """Takes back the tasks ``worker`` holds, but for the leases in ``keep``, to the
-        front of their queues. With ``death`` (how the worker died) that is a failure of the
-        task it was running, its oldest lease (a worker runs its tasks in the order it got
-        them); the one it had prefetched, never started, is only released."""
-        lost = []
+        front of their queues (the one it was running, its oldest lease, first: a worker runs
+        its tasks in the order it got them). With ``death`` (how the worker died) that is a
+        failure of each: the task it prefetched, too, had its records in the worker's input
+        pipeline, going through the model's code, so either may have killed it. The
+        prefetched one is charged first: a record that kills every worker reading it is in
+        every such death, so its task reaches ``max_task_retries`` first, and the job's
+        failure names it rather than the task it was held with."""
+        lost: list[Task] = []
         keep = set(keep)
-        for i, task_id in enumerate(self._leases.held_by(worker)):
+        held = [t for t in self._leases.held_by(worker) if self._leases[t].lease_id not in keep]
+        for task_id in reversed(held):
             lease_id = self._leases[task_id].lease_id
-            if lease_id in keep:
-                continue
-            if death is None or i > 0:
+            if death is None:
                 self._commit({"op": "release", "task": task_id})
             else:
                 self._commit({"op": "fail", "task": task_id, "cause": _cause(death), "front": True})
-            lost.append(self._build(task_id, lease_id))
+            lost.insert(0, self._build(task_id, lease_id))
         return lost
 
     def observe_model_version(self, version: int) -> None:

@@ -136,19 +136,28 @@ class TrainRun:
 
         A job can train all its epochs between two writes of status.json (every second), so
         waiting for a mid-epoch status races it, however slow the job was when the test was
-        written. This stops the job as soon as its workers are ready to ask for tasks (their
-        logs say so), then lets it run in short slices, each followed by the status the
-        master writes while it is stopped, until that status meets ``predicate``.
+        written. This stops each worker as soon as it is ready to ask for tasks (its log
+        says so), so that one cannot train the job through while another still loads (a
+        replacement compiles before it is ready); then it lets the job run in short slices,
+        each followed by the status the master writes while it is stopped, until that status
+        meets ``predicate``.
         """
         deadline = time.monotonic() + timeout
+        stopped: set[int] = set()
 
         def connected(status: dict) -> bool:
             workers = [m for m in status.get("workers", []) if m["state"] == "running"]
-            return bool(workers) and all(
-                "ready; asking for tasks" in self.instance_log(m["id"]) for m in workers
-            )
+            ready = [m for m in workers if "ready; asking for tasks" in self.instance_log(m["id"])]
+            waiting = {m["pid"] for m in ready if m["pid"]} - stopped
+            _signal_groups(waiting, signal.SIGSTOP)
+            stopped.update(waiting)
+            return bool(workers) and len(ready) == len(workers)
 
-        status = self.wait_for("workers ready for tasks", connected, timeout, poll_s=0.02)
+        try:
+            status = self.wait_for("workers ready for tasks", connected, timeout, poll_s=0.02)
+        except BaseException:
+            _signal_groups(stopped, signal.SIGCONT)
+            raise
         members = self.member_pids(status)
         while True:
             _signal_groups(members.values(), signal.SIGSTOP)

@@ -453,6 +453,27 @@ def test_a_late_failure_report_does_not_take_another_workers_lease() -> None:
     assert succeed(tm, again, "w2") == again
 
 
+def test_a_task_that_kills_each_worker_prefetching_it_fails_the_job_naming_it() -> None:
+    """Each worker holds an innocent task and has prefetched the poisoned one, whose records
+    its pipeline is feeding when it dies. Both go back to the front, so the next worker takes
+    the same pair; both are charged each time, the prefetched one first, so the job's failure
+    names the poisoned task."""
+    tm = make(max_task_retries=2)
+    innocent, poisoned = None, None
+    for attempt in range(3):
+        worker = f"worker-{attempt}"
+        running = tm.get_task(worker)
+        prefetched = tm.get_task(worker)
+        if innocent is None:
+            innocent, poisoned = running, prefetched
+        assert (running.id, prefetched.id) == (innocent.id, poisoned.id)
+        lost = tm.recover_tasks(worker, death=f"{worker} killed by SIGKILL")
+        assert [t.id for t in lost] == [innocent.id, poisoned.id]
+    assert tm.failure.startswith(f"train task {poisoned.id} (")
+    assert "failed 3 times, more than --max-task-retries=2" in tm.failure
+    assert f"task {innocent.id} (" not in tm.failure
+
+
 def test_a_failure_report_for_an_unknown_task_is_ignored() -> None:
     tm = make()
     assert tm.report_failure(999, worker="w", lease_id=LEASE_BASE, error="boom") is None
