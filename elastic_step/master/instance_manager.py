@@ -393,6 +393,8 @@ class InstanceManager:
         """Standby ``name`` has loaded everything and waits: it may be given a worker slot."""
         instance = self.instances.get(name)
         if instance is not None and instance.role is Role.STANDBY and not instance.state.ended:
+            if name not in self._ready_standbys:  # it asks again until it has a slot
+                log.info("%s is ready to take the next worker slot that frees up", name)
             self._ready_standbys.setdefault(name)
 
     def is_standby(self, name: str) -> bool:

@@ -36,6 +36,7 @@ def test_a_standby_takes_a_killed_workers_slot_and_is_cleaned_up(train_run):
     assert summary["restarts"]["worker"] == 1
     assert summary["metrics"]["accuracy"] > 0.85
     log = run.log()
+    assert "standby-0 is ready to take the next worker slot that frees up" in log
     assert "standby-0 takes worker slot" in log
     assert "launched standby-1 (standby slot 0)" in log
     standby_text = standby_log.read_text()

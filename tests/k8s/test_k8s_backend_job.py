@@ -44,7 +44,9 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
     argv = [
         sys.executable, "-m", "elastic_step", "train",
         "--model-def", path_of("digits"), "--data", str(digits), "--output", str(output),
-        "--batch-size", "32", "--records-per-task", "64", "--seed", "7", "--epochs", "3",
+        # Epochs enough to outlast a standby's loading (its windows compile before it is
+        # ready): 3 of them ended 5 s after the standby was ready.
+        "--batch-size", "32", "--records-per-task", "64", "--seed", "7", "--epochs", "15",
         "--workers", "2", "--ps", "1", "--standby", "1", "--job-name", job,
         "--backend", "kubernetes", "--kubeconfig", str(restricted.master_kubeconfig),
         "--namespace", ns, "--image", "local/process", "--ps-cpu", "1",
@@ -65,7 +67,7 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
 
             def training() -> bool:
                 assert master.poll() is None, log_path.read_text()[-3000:]
-                ready = "standby-0 registered" in log_path.read_text()
+                ready = "standby-0 is ready" in log_path.read_text()
                 return ready and status().get("model_version", 0) >= 4
 
             poll("training under way, a standby ready", training, timeout=240)
