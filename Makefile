@@ -39,7 +39,8 @@ browser:
 
 # Two test files at a time (pytest-xdist): an end-to-end job mostly waits (heartbeats, kills,
 # processes starting), using about 0.65 of 2 cores, so two at once took 17:40 against 25:09
-# one at a time. A file stays on one worker, so a module's job runs once.
+# one at a time, and 12 minutes once the two longest files were split. A file stays on one
+# worker, so a module's job runs once.
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 tests/unit tests/e2e
 
