@@ -79,6 +79,15 @@ def _window_of(step: Callable):
     return window
 
 
+def _run(window, iterator, steps: int) -> tuple[float, int]:
+    """Calls a window of :func:`_window_of` with the step count as a tensor, so that one trace
+    serves every count."""
+    import tensorflow as tf
+
+    loss_sum, examples = window(iterator, tf.constant(steps, tf.int32))
+    return float(loss_sum), int(examples)
+
+
 class Steps:
     def __init__(
         self,
@@ -162,18 +171,12 @@ class Steps:
     def run_window(self, iterator, steps: int) -> tuple[float, int]:
         """``local_window`` on the next ``steps`` batches of ``iterator``: their summed loss
         and their examples."""
-        import tensorflow as tf
-
-        loss_sum, examples = self.local_window(iterator, tf.constant(steps, tf.int32))
-        return float(loss_sum), int(examples)
+        return _run(self.local_window, iterator, steps)
 
     def run_evaluation(self, iterator, steps: int) -> tuple[float, int]:
         """``evaluation_window`` on the next ``steps`` batches of ``iterator``: their summed
         loss and their examples; the batches are added to the metrics."""
-        import tensorflow as tf
-
-        loss_sum, examples = self.evaluation_window(iterator, tf.constant(steps, tf.int32))
-        return float(loss_sum), int(examples)
+        return _run(self.evaluation_window, iterator, steps)
 
     def warm_up(self, training=None, evaluation=None) -> list[str]:
         """Compiles the windows that apply for the iterators given (the training and the
