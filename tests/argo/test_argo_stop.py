@@ -182,7 +182,11 @@ def test_a_deleted_master_pod_is_retried_and_adopts_the_workers(argo, s3_server,
         workflow = wait_until_ended(api, ns, name, timeout=600)
         assert workflow["status"]["phase"] == "Succeeded", explain(argo, api, name)
         attempts = {n["displayName"]: n["phase"] for n in nodes_named(workflow, "train")}
-        assert attempts == {"train": "Succeeded", "train(0)": "Error", "train(1)": "Succeeded"}
+        # The first attempt ends as Error ("pod deleted") when the controller sees the pod go
+        # first, or as Failed when it first sees the master's exit (143, after its SIGTERM).
+        first_attempt = attempts.pop("train(0)")
+        assert first_attempt in ("Error", "Failed"), explain(argo, api, name)
+        assert attempts == {"train": "Succeeded", "train(1)": "Succeeded"}, attempts
         first = container_log(argo.cluster.workdir, master)
         assert "leaving workers and PS running for the next master" in first, first
         log = _master_log(argo, api, name, attempt=1)
