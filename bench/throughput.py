@@ -15,19 +15,29 @@ reports a steady-state rate in examples/s that leaves out a warm-up of the same 
 - keras: a callback notes the time at the end of the training step that completes the first
   ``--records-per-task`` records, and at the end of the last step; the rate is the examples of
   the steps in between over that time (epoch boundaries included, as for the elastic run).
+  Each fit runs in a fresh process, as each elastic run does: fit runs one after the other in
+  one process measured anywhere from 52 000 to 97 000 examples/s, fresh ones 86 000-98 000.
+  Two kinds, both in every round:
+  - fit, same work (judged): compiled with the definition's metrics and given the validation
+    split as ``validation_data``, so that it does what the elastic job does inside its
+    measured window: it updates the metrics at every step and evaluates at each epoch end.
+    Its evaluation is traced before fit (one ``evaluate``), as the elastic worker compiles
+    its own before its first task, outside its measured window.
+  - fit, bare: the loss alone and no validation, as this bench ran it before 2026-11-28.
 
 - pss: ``tf.distribute.ParameterServerStrategy`` with a ``ClusterCoordinator``, a worker and a
   PS as in-process ``tf.distribute.Server``s on loopback (in a child process, since it takes
   over TensorFlow's context), a custom training loop (gradient step and the optimizer's update
   in one ``strategy.run``); the time from the end of the warm-up steps to the end of the last.
 
-Rounds (``--rounds``, 3): a fit run, then each round's elastic runs followed by a fit run, so
-every elastic run lies between two fit runs. A round's ratio is its elastic rate over the mean
-of those two fit rates, and the ratio judged is the median of the rounds' ratios: on a shared
-2-core machine one fit run alone can differ from the next by a third.
+Rounds (``--rounds``, 3): fit runs, then each round's elastic runs followed by fit runs, so
+every elastic run lies between two fit runs of each kind. A round's ratio is its elastic rate
+over the mean of those two fit rates, and the ratio judged is the median of the rounds' ratios:
+on a shared 2-core machine one fit run alone can differ from the next by a third.
 
-The ratio elastic / keras is compared with the target of 0.95, elastic / pss with 1.5, and the
-validation accuracies of elastic and keras must be within 1 point.
+The ratio elastic / keras (same work) is compared with the target of 0.95, and the ratio to the
+bare fit printed beside it; elastic / pss is compared with 1.5, and the validation accuracies of
+elastic and keras must be within 1 point.
 Results go to ``WORKDIR/throughput.json`` (default ``bench/results/``). See bench/README.md.
 """
 
@@ -221,11 +231,14 @@ class SteadyRate:
         return self.counted / (self.end - self.start)
 
 
-def fit_keras(args, data_dir: str, definition, feed) -> tuple[object, float, float]:
+def fit_keras(
+    args, data_dir: str, definition, feed, same_work: bool = False
+) -> tuple[object, float, float]:
     """``model.fit`` of ``definition``'s model (seeded, compiled with its optimizer and loss)
     on the training shards of ``data_dir``, fed by ``feed``, for ``args.epochs`` epochs:
     the model, its examples/s after the first ``args.records_per_task`` records, and the
-    fit's wall time."""
+    fit's wall time. ``same_work``: also the definition's metrics, and the validation split
+    evaluated at each epoch end, as an elastic job does."""
     import keras
     import tensorflow as tf
 
@@ -236,7 +249,8 @@ def fit_keras(args, data_dir: str, definition, feed) -> tuple[object, float, flo
     records = sum(n for _, n in shards)
     keras.utils.set_random_seed(args.seed)
     model = definition.build_model()
-    model.compile(optimizer=definition.build_optimizer(), loss=definition.loss)
+    metrics = list(definition.build_metrics().values()) if same_work else None
+    model.compile(optimizer=definition.build_optimizer(), loss=definition.loss, metrics=metrics)
 
     # Batches cross shard boundaries here (one stream), so only the epoch's last is partial.
     sizes = [args.batch_size] * (records // args.batch_size)
@@ -246,29 +260,67 @@ def fit_keras(args, data_dir: str, definition, feed) -> tuple[object, float, flo
     # The known length lets Keras size its epochs without running off the end of the data.
     batched = batched.apply(tf.data.experimental.assert_cardinality(len(sizes)))
     dataset = feed(batched, "train", schema).prefetch(tf.data.AUTOTUNE)
+    validation = None
+    if same_work:
+        paths = [path for path, _ in schema.shard_paths(data_dir, "validation")]
+        held_out = tf.data.TFRecordDataset(paths).batch(args.batch_size)
+        validation = feed(held_out, "evaluate", schema).prefetch(tf.data.AUTOTUNE)
+        # Traces the evaluation before the measured steps, as an elastic worker compiles its
+        # evaluation before its first task: a one-off trace would weigh on 2 epochs alone.
+        model.evaluate(validation, verbose=0)
     meter = SteadyRate(sizes, args.epochs, args.records_per_task, log)
     log(
         f"keras: model.fit on {records} records in {len(shards)} shards, "
         f"{len(sizes)} steps/epoch, {args.epochs} epochs"
+        + (", with the metrics and validation" if same_work else "")
     )
     started = time.perf_counter()
-    model.fit(dataset, epochs=args.epochs, verbose=0, shuffle=False, callbacks=[meter.callback])
+    model.fit(
+        dataset,
+        epochs=args.epochs,
+        verbose=0,
+        shuffle=False,
+        callbacks=[meter.callback],
+        validation_data=validation,
+    )
     wall = time.perf_counter() - started
     return model, meter.rate(), wall
 
 
-def run_keras(args, data_dir: str) -> dict:
+#: The two kinds of fit run: does it do the elastic job's work (metrics, validation)?
+FIT_KINDS = {"keras": True, "keras_bare": False}
+
+
+def run_keras(args, data_dir: str, kind: str) -> dict:
+    """Runs :func:`fit_child` for ``kind`` (a key of FIT_KINDS) in a fresh process."""
+    out = os.path.join(args.workdir, f"{kind}.json")
+    command = [sys.executable, os.path.abspath(__file__), "--fit-child", out, "--fit-kind", kind,
+               "--workdir", args.workdir, "--batch-size", str(args.batch_size),
+               "--epochs", str(args.epochs), "--records-per-task", str(args.records_per_task),
+               "--seed", str(args.seed)]  # fmt: skip
+    subprocess.run(command, check=True, cwd=REPO)
+    with open(out) as f:
+        result = json.load(f)
+    log(
+        f"{kind}: {result['examples_per_second']:.0f} examples/s (fit wall time "
+        f"{result['fit_wall_s']:.1f}s, accuracy {result['validation_accuracy']:.4f})"
+    )
+    return result
+
+
+def fit_child(args, data_dir: str, kind: str, out: str) -> None:
     from elastic_step.data.feed import default_feed
     from elastic_step.model.definition import load_model_definition
 
-    model, rate, wall = fit_keras(args, data_dir, load_model_definition(MODEL_DEF), default_feed)
-    accuracy = validation_accuracy(model, data_dir, args.batch_size)
-    log(f"keras: {rate:.0f} examples/s (fit wall time {wall:.1f}s, accuracy {accuracy:.4f})")
-    return {
+    definition = load_model_definition(MODEL_DEF)
+    model, rate, wall = fit_keras(args, data_dir, definition, default_feed, FIT_KINDS[kind])
+    result = {
         "examples_per_second": rate,
         "fit_wall_s": round(wall, 2),
-        "validation_accuracy": accuracy,
+        "validation_accuracy": validation_accuracy(model, data_dir, args.batch_size),
     }
+    with open(out, "w") as f:
+        json.dump(result, f)
 
 
 def validation_accuracy(model, data_dir: str, batch_size: int) -> float:
@@ -403,8 +455,8 @@ def pss_child(args, data_dir: str, out: str) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Examples/s of `elastic-step train` (1 worker, 1 PS) against a plain "
-        "Keras model.fit on the same model, data and batch size; target ratio >= 0.95.",
+        description="Examples/s of `elastic-step train` (1 worker, 1 PS) against Keras "
+        "model.fit on the same model, data and batch size; target ratio >= 0.95.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
@@ -465,6 +517,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "and PS), right after the one without, and print the ratio with / without",
     )
     parser.add_argument("--pss-child", metavar="OUT.json", help=argparse.SUPPRESS)
+    parser.add_argument("--fit-child", metavar="OUT.json", help=argparse.SUPPRESS)
+    parser.add_argument("--fit-kind", choices=sorted(FIT_KINDS), help=argparse.SUPPRESS)
     parser.add_argument("-v", "--verbose", action="store_true", help="show all training logs")
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -501,6 +555,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.pss_child:
         pss_child(args, os.path.join(args.workdir, "data"), args.pss_child)
         return 0
+    if args.fit_child:
+        fit_child(args, os.path.join(args.workdir, "data"), args.fit_kind, args.fit_child)
+        return 0
     local_steps = [int(k) for k in args.local_steps.split(",")]
     sides = {"keras", "pss", "elastic"} if args.only is None else {args.only}
 
@@ -512,13 +569,14 @@ def main(argv: list[str] | None = None) -> int:
     # fit, then rounds of (elastic, fit): every elastic run lies between two fit runs.
     results: dict = {}
     loads: dict = {}
-    keras_runs: list[dict] = []
+    fit_runs: dict[str, list[dict]] = {kind: [] for kind in FIT_KINDS}
     elastic_runs: dict[int, list[dict]] = {k: [] for k in local_steps}
     tls_runs: dict[int, list[dict]] = {k: [] for k in local_steps}
 
     def fit_once() -> None:
-        keras_runs.append(run_keras(args, data_dir))
-        loads[f"after_keras_{len(keras_runs)}"] = load_average()
+        for kind, runs in fit_runs.items():
+            runs.append(run_keras(args, data_dir, kind))
+            loads[f"after_{kind}_{len(runs)}"] = load_average()
 
     if "keras" in sides:
         fit_once()
@@ -542,14 +600,16 @@ def main(argv: list[str] | None = None) -> int:
         results["elastic"] = {"local_steps": k, **results["elastic_by_k"][str(k)]}
     if args.tls_cost and "elastic" in sides:
         results["tls_by_k"] = {str(n): summary_of(runs) for n, runs in tls_runs.items()}
-    if keras_runs:
-        results["keras"] = summary_of(keras_runs)
+    for kind, runs in fit_runs.items():
+        if runs:
+            results[kind] = summary_of(runs)
 
-    ratio = ratio_pss = None
+    ratio = ratio_pss = ratio_bare = None
     round_ratios: list[float] = []
     if "elastic" in results and "keras" in results:
-        round_ratios = bracketed_ratios(elastic_runs[k], keras_runs)
+        round_ratios = bracketed_ratios(elastic_runs[k], fit_runs["keras"])
         ratio = statistics.median(round_ratios)
+        ratio_bare = statistics.median(bracketed_ratios(elastic_runs[k], fit_runs["keras_bare"]))
     if "elastic" in results and "pss" in results:
         ratio_pss = (
             results["elastic"]["examples_per_second"] / results["pss"]["examples_per_second"]
@@ -579,13 +639,14 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "round_ratios": round_ratios,
         "ratio": ratio,
+        "ratio_bare_fit": ratio_bare,
         "ratio_pss": ratio_pss,
         "target": TARGET,
         "meets_target": None if ratio is None else ratio >= TARGET,
     }
     out_path = os.path.join(args.workdir, "throughput.json")
     write_result(out_path, document)
-    print_table(results, round_ratios, ratio, ratio_pss, k)
+    print_table(results, round_ratios, ratio, ratio_bare, ratio_pss, k)
     print(
         f"load average: before {load_before}; "
         + "; ".join(f"{name} {v}" for name, v in loads.items())
@@ -594,7 +655,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_table(results: dict, round_ratios: list[float], ratio, ratio_pss, k: int) -> None:
+def print_table(
+    results: dict, round_ratios: list[float], ratio, ratio_bare, ratio_pss, k: int
+) -> None:
     """Medians over the rounds, each run's rate beside them, and the verdicts."""
     print()
     print(f"{'run (median over the rounds)':<40}{'examples/s':>12}{'val. accuracy':>15}")
@@ -622,7 +685,9 @@ def print_table(results: dict, round_ratios: list[float], ratio, ratio_pss, k: i
     if "pss" in results:
         row("TF ParameterServerStrategy (1 w, 1 PS)", results["pss"])
     if "keras" in results:
-        row("keras model.fit", results["keras"])
+        row("keras model.fit, same work", results["keras"])
+    if "keras_bare" in results:
+        row("keras model.fit, bare", results["keras_bare"])
     if ratio is not None and math.isfinite(ratio):
         verdict = "PASS" if ratio >= TARGET else "BELOW"
         rounds = ", ".join(f"{r:.3f}" for r in round_ratios)
@@ -630,6 +695,8 @@ def print_table(results: dict, round_ratios: list[float], ratio, ratio_pss, k: i
             f"{f'ratio elastic (K={k}) / keras':<40}{ratio:>12.3f}   target >= {TARGET}: "
             f"{verdict}   (median of the rounds: {rounds})"
         )
+    if ratio_bare is not None and math.isfinite(ratio_bare):
+        print(f"{f'ratio elastic (K={k}) / keras, bare':<40}{ratio_bare:>12.3f}")
     if ratio_pss is not None and math.isfinite(ratio_pss):
         verdict = "PASS" if ratio_pss >= TARGET_PSS else "BELOW"
         print(
