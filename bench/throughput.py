@@ -15,9 +15,7 @@ reports a steady-state rate in examples/s that leaves out a warm-up of the same 
 - keras: a callback notes the time at the end of the training step that completes the first
   ``--records-per-task`` records, and at the end of the last step; the rate is the examples of
   the steps in between over that time (epoch boundaries included, as for the elastic run).
-  Each fit runs in a fresh process, as each elastic run does: fit runs one after the other in
-  one process measured anywhere from 52 000 to 97 000 examples/s, fresh ones 86 000-98 000.
-  Two kinds, both in every round:
+  Each fit runs in a fresh process, as each elastic run does. Two kinds, both in every round:
   - fit, same work (judged): compiled with the definition's metrics and given the validation
     split as ``validation_data``, so that it does what the elastic job does inside its
     measured window: it updates the metrics at every step and evaluates at each epoch end.
@@ -294,11 +292,9 @@ FIT_KINDS = {"keras": True, "keras_bare": False}
 def run_keras(args, data_dir: str, kind: str) -> dict:
     """Runs :func:`fit_child` for ``kind`` (a key of FIT_KINDS) in a fresh process."""
     out = os.path.join(args.workdir, f"{kind}.json")
-    command = [sys.executable, os.path.abspath(__file__), "--fit-child", out, "--fit-kind", kind,
-               "--workdir", args.workdir, "--batch-size", str(args.batch_size),
-               "--epochs", str(args.epochs), "--records-per-task", str(args.records_per_task),
-               "--seed", str(args.seed)]  # fmt: skip
-    subprocess.run(command, check=True, cwd=REPO)
+    subprocess.run(
+        [*child_command(args, "--fit-child", out), "--fit-kind", kind], check=True, cwd=REPO
+    )
     with open(out) as f:
         result = json.load(f)
     log(
@@ -306,6 +302,17 @@ def run_keras(args, data_dir: str, kind: str) -> dict:
         f"{result['fit_wall_s']:.1f}s, accuracy {result['validation_accuracy']:.4f})"
     )
     return result
+
+
+def child_command(args, flag: str, out: str) -> list[str]:
+    """This script as a child run (``flag``: --fit-child or --pss-child) writing ``out``, with
+    the settings it needs; the model's shape among them, which the child sets again for
+    the model definition."""
+    return [sys.executable, os.path.abspath(__file__), flag, out,
+            "--workdir", args.workdir, "--batch-size", str(args.batch_size),
+            "--epochs", str(args.epochs), "--records-per-task", str(args.records_per_task),
+            "--seed", str(args.seed), "--features", str(args.features),
+            "--hidden", str(args.hidden)]  # fmt: skip
 
 
 def fit_child(args, data_dir: str, kind: str, out: str) -> None:
@@ -348,12 +355,8 @@ def validation_accuracy(model, data_dir: str, batch_size: int) -> float:
 def run_pss(args, data_dir: str) -> dict:
     """Runs :func:`pss_child` in a child process (it takes over TensorFlow's context)."""
     out = os.path.join(args.workdir, "pss.json")
-    command = [sys.executable, os.path.abspath(__file__), "--pss-child", out,
-               "--workdir", args.workdir, "--batch-size", str(args.batch_size),
-               "--epochs", str(args.epochs), "--records-per-task", str(args.records_per_task),
-               "--seed", str(args.seed)]  # fmt: skip
     log("pss: ParameterServerStrategy, 1 worker + 1 PS in-process servers on loopback")
-    subprocess.run(command, check=True, cwd=REPO)
+    subprocess.run(child_command(args, "--pss-child", out), check=True, cwd=REPO)
     with open(out) as f:
         result = json.load(f)
     log(
