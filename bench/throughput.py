@@ -291,12 +291,7 @@ FIT_KINDS = {"keras": True, "keras_bare": False}
 
 def run_keras(args, data_dir: str, kind: str) -> dict:
     """Runs :func:`fit_child` for ``kind`` (a key of FIT_KINDS) in a fresh process."""
-    out = os.path.join(args.workdir, f"{kind}.json")
-    subprocess.run(
-        [*child_command(args, "--fit-child", out), "--fit-kind", kind], check=True, cwd=REPO
-    )
-    with open(out) as f:
-        result = json.load(f)
+    result = run_child(args, "--fit-child", f"{kind}.json", "--fit-kind", kind)
     log(
         f"{kind}: {result['examples_per_second']:.0f} examples/s (fit wall time "
         f"{result['fit_wall_s']:.1f}s, accuracy {result['validation_accuracy']:.4f})"
@@ -304,15 +299,19 @@ def run_keras(args, data_dir: str, kind: str) -> dict:
     return result
 
 
-def child_command(args, flag: str, out: str) -> list[str]:
-    """This script as a child run (``flag``: --fit-child or --pss-child) writing ``out``, with
-    the settings it needs; the model's shape among them, which the child sets again for
-    the model definition."""
-    return [sys.executable, os.path.abspath(__file__), flag, out,
-            "--workdir", args.workdir, "--batch-size", str(args.batch_size),
-            "--epochs", str(args.epochs), "--records-per-task", str(args.records_per_task),
-            "--seed", str(args.seed), "--features", str(args.features),
-            "--hidden", str(args.hidden)]  # fmt: skip
+def run_child(args, flag: str, name: str, *extra: str) -> dict:
+    """Runs this script as a child (``flag``: --fit-child or --pss-child) with the settings it
+    needs, the model's shape among them (the child sets it again for the model definition),
+    and returns the JSON it wrote to ``name`` in the workdir."""
+    out = os.path.join(args.workdir, name)
+    command = [sys.executable, os.path.abspath(__file__), flag, out,
+               "--workdir", args.workdir, "--batch-size", str(args.batch_size),
+               "--epochs", str(args.epochs), "--records-per-task", str(args.records_per_task),
+               "--seed", str(args.seed), "--features", str(args.features),
+               "--hidden", str(args.hidden), *extra]  # fmt: skip
+    subprocess.run(command, check=True, cwd=REPO)
+    with open(out) as f:
+        return json.load(f)
 
 
 def fit_child(args, data_dir: str, kind: str, out: str) -> None:
@@ -354,11 +353,8 @@ def validation_accuracy(model, data_dir: str, batch_size: int) -> float:
 
 def run_pss(args, data_dir: str) -> dict:
     """Runs :func:`pss_child` in a child process (it takes over TensorFlow's context)."""
-    out = os.path.join(args.workdir, "pss.json")
     log("pss: ParameterServerStrategy, 1 worker + 1 PS in-process servers on loopback")
-    subprocess.run(child_command(args, "--pss-child", out), check=True, cwd=REPO)
-    with open(out) as f:
-        result = json.load(f)
+    result = run_child(args, "--pss-child", "pss.json")
     log(
         f"pss: {result['examples_per_second']:.0f} examples/s "
         f"(train wall time {result['train_wall_s']:.1f}s, accuracy "
