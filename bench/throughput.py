@@ -71,6 +71,8 @@ TARGET_PSS = 1.5
 #: Elastic's validation accuracy must be within this of model.fit's.
 ACCURACY_POINTS = 0.01
 CLASSES = 10
+#: A fit or PSS child takes seconds at the default settings; this bounds a hung one.
+CHILD_TIMEOUT_S = 1800
 
 
 # -- data --
@@ -309,7 +311,10 @@ def run_child(args, flag: str, name: str, *extra: str) -> dict:
                "--epochs", str(args.epochs), "--records-per-task", str(args.records_per_task),
                "--seed", str(args.seed), "--features", str(args.features),
                "--hidden", str(args.hidden), *extra]  # fmt: skip
-    subprocess.run(command, check=True, cwd=REPO)
+    try:
+        subprocess.run(command, check=True, cwd=REPO, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"{flag} run took over {CHILD_TIMEOUT_S} s; stopped it") from None
     with open(out) as f:
         return json.load(f)
 
