@@ -148,6 +148,26 @@ def test_corrupt_length_checksum_is_detected(shard: str) -> None:
         read_records(shard, 0, 5)
 
 
+def test_the_first_bad_record_is_named_whatever_is_wrong_with_it(shard: str) -> None:
+    # The frames are checked all at once; the error must still name the first bad one.
+    _corrupt(shard, _offset(shard, 30) + 9)  # record 30's length checksum
+    _corrupt(shard, _offset(shard, 12) + 14)  # record 12's data
+    with pytest.raises(InputError, match=rf"{shard}: record 12 is corrupt: bad data checksum"):
+        read_records(shard, 0, len(RECORDS))
+    with pytest.raises(InputError, match=rf"{shard}: record 30 is corrupt: bad length checks"):
+        read_records(shard, 13, len(RECORDS))
+    assert read_records(shard, 13, 30) == RECORDS[13:30]
+
+
+def test_a_shard_that_shrank_after_its_size_was_read_is_named(shard: str) -> None:
+    assert read_records(shard, 45, 50) == RECORDS[45:]  # the size is now known to the process
+    storage.write_bytes_atomic(shard, storage.read_bytes(shard)[:-10])
+    with pytest.raises(
+        InputError, match=rf"{shard}: wanted \d+ bytes at offset \d+, file ends early"
+    ):
+        read_records(shard, 45, 50)
+
+
 def test_truncated_shard_is_detected(shard: str) -> None:
     data = storage.read_bytes(shard)
     storage.write_bytes_atomic(shard, data[:-10])
