@@ -241,11 +241,11 @@ class SteadyRate:
             if seen >= self.warmup:
                 start_at = i
                 break
-        if start_at is None or start_at == len(ends) - 1:
+        start = None if start_at is None else ends[start_at][2]
+        end = max((when for _, _, when in ends), default=None)
+        if start is None or start_at == len(ends) - 1 or end <= start:
             raise SystemExit("keras: too few steps after the warm-up to measure a rate")
         counted = sum(self.batch_sizes[batch] for _, batch, _ in ends[start_at + 1 :])
-        start = ends[start_at][2]
-        end = max(when for _, _, when in ends)
         return counted / (end - start)
 
 

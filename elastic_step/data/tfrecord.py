@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import shutil
 import uuid
+from collections.abc import Callable
 from types import TracebackType
 
 import numpy as np
@@ -59,11 +60,11 @@ def _crc32c_python(data: bytes) -> int:
     return crc ^ 0xFFFFFFFF
 
 
-def crc32c(data: bytes) -> int:
-    """The CRC-32C (Castagnoli) checksum of ``data``."""
-    if _google_crc32c is not None:
-        return _google_crc32c.value(data)
-    return _crc32c_python(data)
+#: The CRC-32C (Castagnoli) checksum of a ``bytes``: the C implementation where it is
+#: installed, chosen once here, since the reader and writer call it once per record.
+crc32c: Callable[[bytes], int] = (
+    _google_crc32c.value if _google_crc32c is not None else _crc32c_python
+)
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -275,8 +276,7 @@ def _checked_records(path: str, start: int, data: bytes, offsets: np.ndarray) ->
     data_crcs = frame[(hi - _FOOTER)[:, None] + np.arange(_FOOTER)].view("<u4").ravel()
     starts, stops = (lo + _HEADER).tolist(), (hi - _FOOTER).tolist()
     records = [data[a:b] for a, b in zip(starts, stops, strict=True)]
-    checksum = _google_crc32c.value if _google_crc32c is not None else _crc32c_python
-    computed = np.fromiter(map(checksum, records), np.uint32, len(records))
+    computed = np.fromiter(map(crc32c, records), np.uint32, len(records))
     checks = [
         (lengths.astype(np.int64) + _HEADER + _FOOTER != hi - lo, "its length {} does not "
          "match the index ({} bytes)"),
