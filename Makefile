@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup lock browser demo test test-unit test-e2e test-k8s test-argo cluster argo kfp kfp-ui mlmd mariadb lint format proto clean \
 	components bench bench-throughput bench-embedding bench-master bench-goodput \
-	bench-preprocess bench-preauth bench-tls bench-k8s bench-kfp bench-makespan bench-mlflow
+	bench-preprocess bench-preauth bench-tls bench-k8s bench-kfp bench-makespan bench-mlflow \
+	bench-quality
 
 setup: $(STAMP)
 
@@ -122,6 +123,11 @@ bench-preauth: $(STAMP)
 # What mutual TLS costs: each elastic run of bench-throughput again with --tls on.
 bench-tls: $(STAMP)
 	$(BIN)/python bench/throughput.py --only elastic --tls-cost
+
+# Model quality against model.fit over data sets, seeds and worker counts (about 45 minutes on
+# 2 cores; kept out of `make bench` for its length).
+bench-quality: $(STAMP)
+	$(BIN)/python bench/quality.py
 
 bench-goodput: $(STAMP)
 	$(BIN)/python bench/goodput.py

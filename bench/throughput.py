@@ -118,6 +118,11 @@ def prepare_data(args, data_dir: str) -> None:
 # -- run A: elastic-step train --
 
 
+def k_label(local_steps: int) -> str:
+    """``--local-steps`` as the tables show it: 0 leaves the choice to the master."""
+    return "auto" if local_steps == 0 else str(local_steps)
+
+
 def run_elastic(args, data_dir: str, local_steps: int, tls: str = "off") -> dict:
     output = os.path.join(args.workdir, f"elastic-run-k{local_steps}-tls-{tls}")
     shutil.rmtree(output, ignore_errors=True)  # a leftover job would be resumed, not rerun
@@ -173,7 +178,7 @@ def run_elastic(args, data_dir: str, local_steps: int, tls: str = "off") -> dict
         raise SystemExit(f"{output}/summary.json has no examples_per_second: {summary}")
     accuracy = (summary.get("metrics") or {}).get("accuracy")
     log(
-        f"elastic K={local_steps} TLS {tls}: {rate:.0f} examples/s (job {wall:.1f}s, "
+        f"elastic K={k_label(local_steps)} TLS {tls}: {rate:.0f} examples/s (job {wall:.1f}s, "
         f"accuracy {accuracy})"
     )
     return {
@@ -525,7 +530,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--local-steps",
         default=f"1,{DEFAULT_LOCAL_STEPS}",
         help="comma-separated --local-steps values: one elastic run each; the ratios use the "
-        "last (1: a push per step; the default's value is train's default)",
+        "last (1: a push per step; 0, the default's last: train's default, chosen by the "
+        "master)",
     )
     parser.add_argument(
         "--only",
@@ -696,14 +702,14 @@ def print_table(
 
     tls_by_k = results.get("tls_by_k", {})
     for n, plain in results.get("elastic_by_k", {}).items():
-        row(f"elastic-step train, K={n} (1 w, 1 PS)", plain)
+        row(f"elastic-step train, K={k_label(n)} (1 w, 1 PS)", plain)
         if n in tls_by_k:
-            row(f"  ... with mutual TLS, K={n}", tls_by_k[n])
+            row(f"  ... with mutual TLS, K={k_label(n)}", tls_by_k[n])
             tls_ratio = statistics.median(
                 t["examples_per_second"] / p["examples_per_second"]
                 for p, t in zip(plain["runs"], tls_by_k[n]["runs"], strict=True)
             )
-            print(f"{f'  ratio TLS / plain, K={n}':<40}{tls_ratio:>12.3f}")
+            print(f"{f'  ratio TLS / plain, K={k_label(n)}':<40}{tls_ratio:>12.3f}")
     if "pss" in results:
         row("TF ParameterServerStrategy (1 w, 1 PS)", results["pss"])
     if "keras" in results:
@@ -714,15 +720,15 @@ def print_table(
         verdict = "PASS" if ratio >= TARGET else "BELOW"
         rounds = ", ".join(f"{r:.3f}" for r in round_ratios)
         print(
-            f"{f'ratio elastic (K={k}) / keras':<40}{ratio:>12.3f}   target >= {TARGET}: "
+            f"{f'ratio elastic (K={k_label(k)}) / keras':<40}{ratio:>12.3f}   target >= {TARGET}: "
             f"{verdict}   (median of the rounds: {rounds})"
         )
     if ratio_bare is not None and math.isfinite(ratio_bare):
-        print(f"{f'ratio elastic (K={k}) / keras, bare':<40}{ratio_bare:>12.3f}")
+        print(f"{f'ratio elastic (K={k_label(k)}) / keras, bare':<40}{ratio_bare:>12.3f}")
     if ratio_pss is not None and math.isfinite(ratio_pss):
         verdict = "PASS" if ratio_pss >= TARGET_PSS else "BELOW"
         print(
-            f"{f'ratio elastic (K={k}) / pss':<40}{ratio_pss:>12.3f}   "
+            f"{f'ratio elastic (K={k_label(k)}) / pss':<40}{ratio_pss:>12.3f}   "
             f"target >= {TARGET_PSS}: {verdict}"
         )
     if "elastic" in results and "keras" in results:
@@ -730,7 +736,7 @@ def print_table(
         # Rounded to the accuracy's own resolution (1 / validation records) before judging.
         verdict = "PASS" if round(abs(gap), 6) <= ACCURACY_POINTS else "BELOW"
         print(
-            f"{f'accuracy elastic (K={k}) - keras':<40}{gap:>+12.4f}   "
+            f"{f'accuracy elastic (K={k_label(k)}) - keras':<40}{gap:>+12.4f}   "
             f"target within {ACCURACY_POINTS}: {verdict}"
         )
 

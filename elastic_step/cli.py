@@ -196,7 +196,10 @@ def _add_train(commands) -> None:
         default=DEFAULT_LOCAL_STEPS,
         help="steps a worker runs on its own copy of the model, with its own optimizer, "
         "before it pushes the change and pulls fresh parameters; 1 pushes every gradient to "
-        f"the PS's optimizer (default {DEFAULT_LOCAL_STEPS})",
+        "the PS's optimizer; 16 is as fast as model.fit on small models but can cost accuracy "
+        "when an epoch has few steps per worker (default "
+        f"{DEFAULT_LOCAL_STEPS}: chosen by the master, up to 16, so that each worker pushes "
+        "at least 8 times an epoch)",
     )
     p.add_argument(
         "--outer-optimizer",

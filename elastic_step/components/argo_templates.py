@@ -272,7 +272,9 @@ def _elastic_train() -> Container:
                     "staleness-modulation": "true: divide the learning rate by the staleness "
                     "of asynchronous gradients",
                     "local-steps": "steps a worker runs on its own copy of the model before "
-                    "it pushes the change (1: every gradient goes to the PS's optimizer)",
+                    "it pushes the change (1: every gradient goes to the PS's optimizer; 0: "
+                    "chosen by the master so that each worker pushes at least 8 times an "
+                    "epoch, at most 16)",
                     "outer-optimizer": "how the PS applies a worker's change with local-steps "
                     "> 1: average or nesterov",
                     "early-stopping": "METRIC[:PATIENCE[:min|max]]: end training once "

@@ -87,7 +87,7 @@ def elastic_train(
     checkpoint_steps: int = 200,
     keep_checkpoints: int = 3,
     staleness_modulation: bool = False,
-    local_steps: int = 16,
+    local_steps: int = 0,
     outer_optimizer: str = "average",
     early_stopping: str = "",
     keep_best: str = "",
@@ -149,7 +149,8 @@ def elastic_train(
         staleness_modulation: Divide the learning rate by the staleness of asynchronous
             gradients.
         local_steps: Steps a worker runs on its own copy of the model before it pushes the
-            change (1: every gradient goes to the PS's optimizer).
+            change (1: every gradient goes to the PS's optimizer; 0: chosen by the master so
+            that each worker pushes at least 8 times an epoch, at most 16).
         outer_optimizer: How the PS applies a worker's change with local_steps > 1: average
             or nesterov.
         early_stopping: METRIC[:PATIENCE[:min|max]]: end training once PATIENCE evaluation

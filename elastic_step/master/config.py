@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from elastic_step.data import storage
 from elastic_step.errors import InputError
+from elastic_step.master.local_steps import CHOSEN_BY_MASTER
 from elastic_step.master.model_selection import EarlyStopping, MetricGoal
 from elastic_step.model.outer_optimizer import OUTER_OPTIMIZERS
 
@@ -20,8 +21,8 @@ from elastic_step.model.outer_optimizer import OUTER_OPTIMIZERS
 MAX_JOB_NAME = 40
 JOB_NAME = re.compile(rf"[a-z]([-a-z0-9]{{0,{MAX_JOB_NAME - 2}}}[a-z0-9])?")
 
-#: Chosen from bench/throughput.py's measurements (bench/README.md).
-DEFAULT_LOCAL_STEPS = 16
+#: 0: the master chooses, from the steps of an epoch and the workers (master/local_steps.py).
+DEFAULT_LOCAL_STEPS = CHOSEN_BY_MASTER
 
 #: The settings that define what a job computes, by field and flag.
 FIXED_SETTINGS = {
@@ -188,7 +189,8 @@ class TrainConfig(EngineConfig):
     keep_checkpoints: int = 3
     staleness_modulation: bool = False
     #: Steps a worker runs on its own copy between pushes; the PS applies the change with
-    #: ``outer_optimizer`` (see elastic_step/model/outer_optimizer.py). 1: push every gradient.
+    #: ``outer_optimizer`` (see elastic_step/model/outer_optimizer.py). 1: push every gradient;
+    #: 0: chosen by the master when the job starts (elastic_step/master/local_steps.py).
     local_steps: int = DEFAULT_LOCAL_STEPS
     outer_optimizer: str = "average"
     #: ``METRIC[:PATIENCE[:min|max]]``; kept in its full form (see :attr:`stopping`).
@@ -209,7 +211,6 @@ class TrainConfig(EngineConfig):
                 "--epochs": self.epochs,
                 "--ps": self.ps,
                 "--keep-checkpoints": self.keep_checkpoints,
-                "--local-steps": self.local_steps,
             },
         )
         _at_least(
@@ -217,6 +218,7 @@ class TrainConfig(EngineConfig):
             {
                 "--evaluation-steps": self.evaluation_steps,
                 "--checkpoint-steps": self.checkpoint_steps,
+                "--local-steps": self.local_steps,
             },
         )
         if self.outer_optimizer not in OUTER_OPTIMIZERS:

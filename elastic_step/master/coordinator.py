@@ -125,11 +125,14 @@ def _open(
     settings.fencing_token = token
     task_clock = {"clock": clock} if clock else {}
     if record is None:
-        record = JobRecord(params.fixed_settings, params.membership.num_ps)
+        record = JobRecord(
+            params.fixed_settings, params.membership.num_ps, local_steps=settings.local_steps
+        )
         tasks = TaskManager(
             params.tasks, journal=recorder.writer("tasks"), lease_base=lease_base, **task_clock
         )
     else:
+        _keep_local_steps(record, settings)
         tasks = TaskManager.restore(
             params.tasks,
             saved.part("tasks"),
@@ -162,6 +165,18 @@ def _open(
     coordinator._judge_evaluations()
     coordinator.snapshot()
     return coordinator
+
+
+def _keep_local_steps(record: JobRecord, settings: master_pb2.JobSettings) -> None:
+    """A resumed job's workers run the local steps it started with, which the master chose
+    then from its workers (see master/local_steps.py): the PS's optimizer depends on them."""
+    if record.local_steps and record.local_steps != settings.local_steps:
+        log.info(
+            "local steps: %d, as when the job started (not %d, chosen for this start)",
+            record.local_steps,
+            settings.local_steps,
+        )
+        settings.local_steps = record.local_steps
 
 
 class Coordinator:

@@ -77,6 +77,9 @@ class JobRecord:
     best_skipped: list[dict] = field(default_factory=list)
     #: The MLflow run the job made, which a resumed job goes on logging to.
     tracking_run_id: str | None = None
+    #: The local steps the job's workers run, fixed when it started: the PS's optimizer
+    #: depends on them (0: a prediction, or a record from before they were kept).
+    local_steps: int = 0
 
     def __post_init__(self) -> None:
         if not self.ps_addresses:

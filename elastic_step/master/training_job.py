@@ -17,6 +17,7 @@ from elastic_step.master.config import TrainConfig
 from elastic_step.master.coordinator import CoordinatorParams
 from elastic_step.master.evaluation import metric_values
 from elastic_step.master.job_kind import JobKind, RunContext
+from elastic_step.master.local_steps import LocalSteps, choose_local_steps
 from elastic_step.master.model_saving import ModelSaver
 from elastic_step.master.task_manager import TaskSettings
 from elastic_step.model.tf_runtime import set_random_seed
@@ -90,15 +91,30 @@ class TrainingJob(JobKind):
             pause_training_while_evaluating=c.keep_best is not None,
         )
 
+    def _train_records(self) -> int:
+        return sum(n for _, n in self.schema.shard_paths(self.config.data, "train"))
+
     def _train_loss_window(self) -> int:
         """Model versions per training-loss window: about a tenth of an epoch's steps."""
-        records = sum(n for _, n in self.schema.shard_paths(self.config.data, "train"))
-        steps = math.ceil(records / self.config.batch_size)
+        steps = math.ceil(self._train_records() / self.config.batch_size)
         return max(1, math.ceil(steps / TRAIN_LOSS_WINDOWS_PER_EPOCH))
+
+    def local_steps(self) -> LocalSteps:
+        """The steps a worker runs between pushes for this start of the job (a resumed job
+        keeps the ones it started with: see ``open_coordinator``)."""
+        c = self.config
+        return choose_local_steps(
+            c.local_steps,
+            train_records=self._train_records(),
+            batch_size=c.batch_size,
+            workers=max(c.workers, c.max_workers or 0),
+        )
 
     def job_settings(self) -> master_pb2.JobSettings:
         """What every worker and PS is told at Register."""
         c = self.config
+        local = self.local_steps()
+        log.info("local steps: %d (%s)", local.steps, local.reason)
         return master_pb2.JobSettings(
             model_def=self.paths.model_def,
             model_def_sha256=self.definition_digest(),
@@ -111,7 +127,7 @@ class TrainingJob(JobKind):
             keep_checkpoints=c.keep_checkpoints,
             staleness_modulation=c.staleness_modulation,
             master_timeout_s=c.master_timeout_s,
-            local_steps=c.local_steps,
+            local_steps=local.steps,
             outer_optimizer=c.outer_optimizer,
         )
 

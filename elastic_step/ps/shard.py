@@ -196,10 +196,11 @@ class ParameterShard:
         try:
             # The rate before the dense step advances a schedule's iteration count.
             lr = float(self._optimizer.learning_rate)
+            step = int(self._optimizer.iterations) + 1  # the step the dense update makes
             for name, (local, row_grads) in rows.items():
                 table = self.tables[name]
                 values = table.values[local]
-                table.optimizer.apply(values, local, row_grads, lr)
+                table.optimizer.apply(values, local, row_grads, lr, step)
                 table.values[local] = values
             if grads:
                 apply = self._apply_functions.get(names)
@@ -291,7 +292,10 @@ class ParameterShard:
         return placement.local_rows(ids, self.num_ps)
 
     def _gather(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """The rows ``ids`` of table ``name`` as served: caught up with the steps they missed
+        (see model/row_optimizer.py)."""
         local = self._local_rows(name, ids)
         table = self.tables[name]
         np.add.at(table.reads, local, 1)
-        return table.values[local]
+        step, lr = int(self._optimizer.iterations), float(self._optimizer.learning_rate)
+        return table.optimizer.caught_up(table.values[local], local, step, lr)

@@ -224,9 +224,26 @@ class Steps:
         # Read before the step: the dense update advances a schedule's iteration count.
         lr = float(self._optimizer.learning_rate)
         loss, rows = self._local(features, labels)
+        step = int(self._optimizer.iterations)  # this step's, counted by the dense update
         for name, (ids, grads) in rows.items():
             ids = ids.numpy()
             values = np.array(self._parameters.gather(name, ids))
-            self._row_optimizers[name].apply(values, ids, grads.numpy(), lr)
+            self._row_optimizers[name].apply(values, ids, grads.numpy(), lr, step)
             self._parameters.tables[name].value.scatter_update(tf.IndexedSlices(values, ids))
         return float(loss)
+
+    def flush_rows(self, ids: Mapping[str, np.ndarray]) -> None:
+        """At the end of a window of local steps: the rows ``ids`` (by table) move by what
+        their momentum would still move them, and it is spent (see RowOptimizer.flush): the
+        window's change then carries all its gradients' effect to the PS."""
+        import tensorflow as tf
+
+        lr = float(self._optimizer.learning_rate)
+        step = int(self._optimizer.iterations)
+        for name, table_ids in ids.items():
+            optimizer = self._row_optimizers[name]
+            if not optimizer.has_momentum or not len(table_ids):
+                continue
+            values = np.array(self._parameters.gather(name, table_ids))
+            optimizer.flush(values, table_ids, step, lr)
+            self._parameters.tables[name].value.scatter_update(tf.IndexedSlices(values, table_ids))

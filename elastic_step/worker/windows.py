@@ -213,6 +213,7 @@ class WindowTrainer:
             for features, labels in window:
                 loss.add(self.steps.local(features, labels), batch_size_of(labels, features))
                 self._on_step()
+            self.steps.flush_rows(ids)
         except Exception as e:
             raise UserCodeError.of("the training step", e) from e
         dense = {n: self._base[n] - v.numpy() for n, v in self.parameters.dense.items()}

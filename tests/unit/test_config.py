@@ -32,7 +32,6 @@ def test_defaults_are_valid() -> None:
         ("ps", "--ps"),
         ("records_per_task", "--records-per-task"),
         ("keep_checkpoints", "--keep-checkpoints"),
-        ("local_steps", "--local-steps"),
     ],
 )
 def test_counts_must_be_at_least_one(field: str, flag: str) -> None:
@@ -49,6 +48,7 @@ def test_counts_must_be_at_least_one(field: str, flag: str) -> None:
         ("max_restarts", "--max-restarts"),
         ("max_task_retries", "--max-task-retries"),
         ("port", "--port"),
+        ("local_steps", "--local-steps"),  # 0: chosen by the master
     ],
 )
 def test_these_may_be_zero_but_not_negative(field: str, flag: str) -> None:

@@ -33,7 +33,7 @@ TIMEOUT_S = 10
 TASK_TIMEOUT_S = 30.0
 
 
-def params(standby: int = 0, **tasks) -> CoordinatorParams:
+def params(standby: int = 0, local_steps: int = 1, **tasks) -> CoordinatorParams:
     return CoordinatorParams(
         tasks=TaskSettings(
             train_shards=[("/d/train/part-0", 40), ("/d/train/part-1", 40)],
@@ -54,7 +54,7 @@ def params(standby: int = 0, **tasks) -> CoordinatorParams:
             backoff_s=0.0,
             standby=standby,
         ),
-        job_settings=master_pb2.JobSettings(batch_size=8, num_ps=1),
+        job_settings=master_pb2.JobSettings(batch_size=8, num_ps=1, local_steps=local_steps),
         fixed_settings={"--epochs": 2},
         evaluate_round=lambda r: {"loss": r.loss_sum / r.example_count},
     )
@@ -75,6 +75,7 @@ class Master:
         *,
         standby: int = 0,
         token_lifetime_s: float = TOKEN_LIFETIME_S,
+        local_steps: int = 1,
     ):
         self.store = FileStateStore(str(tmp_path / "state"))
         token = self.store.acquire("test-master", timeout_s=TIMEOUT_S)
@@ -84,7 +85,7 @@ class Master:
             record = JobRecord.restore(saved.part("job"), saved.records["job"])
         self.backend = backend or FakeBackend()
         self.coordinator: Coordinator = open_coordinator(
-            params(standby),
+            params(standby, local_steps),
             store=self.store,
             saved=saved,
             record=record,
@@ -389,6 +390,24 @@ def test_a_restarted_master_resumes_from_the_journal(tmp_path, clock) -> None:
         next_task(stub, "worker-0", outcome_of(prefetched), held=[after.lease_id])
         report(stub, "worker-0", after)
         assert coordinator.tasks.records_trained(1) == 80
+    finally:
+        second.close()
+
+
+def test_a_restarted_master_keeps_the_local_steps_the_job_started_with(tmp_path, clock) -> None:
+    """The master chooses the local steps from the workers it starts with; a master restarted
+    with other --workers would choose others, but the PS's optimizer depends on them."""
+    first = Master(tmp_path, clock, local_steps=4)
+    first.start_instances()
+    first.store.flush(TIMEOUT_S)
+    first.close()
+    second = Master(tmp_path, clock, first.backend, local_steps=1)
+    try:
+        second.coordinator.adopt(first.backend.list_instances())
+        assert second.coordinator.record.local_steps == 4
+        request = master_pb2.RegisterRequest(role=master_pb2.PS, name="ps-0", address="x:1")
+        registered = second.stub("ps-0").Register(request, timeout=TIMEOUT_S)
+        assert registered.settings.local_steps == 4
     finally:
         second.close()
 

@@ -590,10 +590,11 @@ def test_checkpoint_restores_values_version_and_per_row_optimizer_state(
         assert saved is not None
         version, arrays = saved
         assert version == 3
-        # Adam's slots per row: the rows pushed (1, 2, 5) have 3 steps each; the others none.
+        # Adam's slots per row: the rows pushed (1, 2, 5) were last updated at step 3; the
+        # others never.
         owned = np.arange(i, TABLE_ROWS, 2)
-        count = arrays[f"table_slot/{TABLE}/count"]
-        np.testing.assert_array_equal(count, np.where(np.isin(owned, [1, 2, 5]), 3, 0))
+        last = arrays[f"table_slot/{TABLE}/last"]
+        np.testing.assert_array_equal(last, np.where(np.isin(owned, [1, 2, 5]), 3, 0))
         untouched = ~np.isin(owned, [1, 2, 5])
         for slot in ("m", "v"):
             assert arrays[f"table_slot/{TABLE}/{slot}"].shape == (len(owned), TABLE_DIM)

@@ -34,29 +34,69 @@ def test_rows_updated_at_every_step_match_keras(kind: str) -> None:
     dense = OPTIMIZERS[kind]()
     rows = RowOptimizer(OPTIMIZERS[kind](), ROWS, DIM, "float32")
     values = start.copy()
-    for grad in _grads(4):
+    for step, grad in enumerate(_grads(4), start=1):
         dense.apply_gradients([(grad, variable)])
-        rows.apply(values, np.arange(ROWS), grad, lr=float(dense.learning_rate))
+        rows.apply(values, np.arange(ROWS), grad, lr=float(dense.learning_rate), step=step)
     np.testing.assert_allclose(values, variable.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_adam_leaves_untouched_rows_and_their_state_alone() -> None:
-    rows = RowOptimizer(keras.optimizers.Adam(0.01), ROWS, DIM, "float32")
-    table = np.ones((ROWS, DIM), np.float32)
-    for grad in _grads(3):
-        part = table[[1, 4]]
-        rows.apply(part, np.array([1, 4]), grad[[1, 4]], lr=0.01)
-        table[[1, 4]] = part
-    assert rows.slots["count"].tolist() == [0, 3, 0, 0, 3, 0]
-    untouched = [0, 2, 3, 5]
-    assert not rows.slots["m"][untouched].any() and not rows.slots["v"][untouched].any()
-    np.testing.assert_array_equal(table[untouched], 1)
-    # Row 1's bias correction counts its own 3 steps: the same as a dense Adam's on it alone.
-    variable = keras.Variable(np.ones((1, DIM), np.float32))
-    dense = keras.optimizers.Adam(0.01)
-    for grad in _grads(3):
-        dense.apply_gradients([(grad[[1]], variable)])
-    np.testing.assert_allclose(table[[1]], variable.numpy(), rtol=1e-5)
+#: Steps at which each row has a gradient: row 0 every step, row 1 at 1 and 4, row 2 at 2
+#: and after a gap longer than the exact tail, row 3 once, rows 4 and 5 never.
+TOUCHED = {0: range(1, 81), 1: (1, 4), 2: (2, 75), 3: (3,)}
+STEPS = 80
+
+
+@pytest.mark.parametrize("kind", ["adam", "momentum", "nesterov", "sgd", "adagrad"])
+def test_rows_catch_up_what_keras_dense_steps_do_between_their_gradients(kind: str) -> None:
+    """Keras's dense step with the table's gradient zero outside a step's rows, against the
+    per-row step that touches only them: read at every step, the rows agree (reads catch up);
+    untouched rows and their state stay as they were."""
+    start = np.random.default_rng(1).normal(size=(ROWS, DIM)).astype(np.float32)
+    variable = keras.Variable(start.copy())
+    dense = OPTIMIZERS[kind]()
+    rows = RowOptimizer(OPTIMIZERS[kind](), ROWS, DIM, "float32")
+    table = start.copy()
+    rng = np.random.default_rng(2)
+    for step in range(1, STEPS + 1):
+        ids = np.array([r for r, steps in TOUCHED.items() if step in steps])
+        grad = np.zeros((ROWS, DIM), np.float32)
+        grad[ids] = rng.normal(size=(len(ids), DIM))
+        lr = float(dense.learning_rate)
+        dense.apply_gradients([(grad, variable)])
+        part = table[ids]
+        rows.apply(part, ids, grad[ids], lr=lr, step=step)
+        table[ids] = part
+        served = rows.caught_up(table, np.arange(ROWS), step, lr)
+        np.testing.assert_allclose(served, variable.numpy(), rtol=2e-4, atol=1e-6)
+    np.testing.assert_array_equal(table[[4, 5]], start[[4, 5]])
+    fresh = RowOptimizer(OPTIMIZERS[kind](), ROWS, DIM, "float32").slots
+    for name, slot in rows.slots.items():
+        np.testing.assert_array_equal(slot[[4, 5]], fresh[name][[4, 5]])
+    if rows.has_momentum:
+        assert rows.slots["last"].tolist() == [80, 4, 75, 3, 0, 0]
+        # The table itself moves only when a row is updated: reads do not change it.
+        assert not np.allclose(table[3], variable.numpy()[3])
+
+
+@pytest.mark.parametrize("kind", ["adam", "momentum", "nesterov"])
+def test_a_flush_moves_rows_by_all_their_momentum_would(kind: str) -> None:
+    """After a window, a worker's rows take at once what Keras's dense steps with no more
+    gradients would move them by (500 steps: the rest is nothing)."""
+    variable = keras.Variable(np.zeros((2, DIM), np.float32))
+    dense = OPTIMIZERS[kind]()
+    rows = RowOptimizer(OPTIMIZERS[kind](), 2, DIM, "float32")
+    values = np.zeros((2, DIM), np.float32)
+    grads = _grads(3)
+    for step, grad in enumerate(grads, start=1):
+        dense.apply_gradients([(grad[:2], variable)])
+        rows.apply(values, np.arange(2), grad[:2], lr=float(dense.learning_rate), step=step)
+    for _ in range(500):
+        dense.apply_gradients([(np.zeros((2, DIM), np.float32), variable)])
+    rows.flush(values, np.arange(2), 3, float(dense.learning_rate))
+    np.testing.assert_allclose(values, variable.numpy(), rtol=2e-4, atol=1e-6)
+    momentum = rows.slots["m" if kind == "adam" else "momentum"]
+    assert not momentum.any()  # spent: a later step starts without it
+    np.testing.assert_array_equal(rows.caught_up(values, np.arange(2), 50, 0.1), values)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,39 @@
+"""bench/quality.py, small: one data set (wine), one seed, one and two workers. The bench is
+not a test (nothing fails on a missed target); this keeps it from rotting, and checks that the
+elastic job with its default flags lands where ``model.fit`` does on a set where the two
+should agree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_quality_bench_compares_fit_and_elastic(tmp_path: Path) -> None:
+    command = [sys.executable, "bench/quality.py", "--data-sets", "wine", "--seeds", "1",
+               "--workers", "1,2", "--workdir", str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    report = json.loads((tmp_path / "quality.json").read_text())
+    wine = report["data_sets"]["wine"]
+    assert wine["metric"] == "accuracy"
+    assert [r["seed"] for r in wine["fit"]] == [0]
+    assert sorted((r["workers"], r["seed"]) for r in wine["elastic"]) == [(1, 0), (2, 0)]
+    fit = wine["fit"][0]["value"]
+    assert fit > 0.85, wine  # a model that learned: the bench compares something
+    for workers, row in wine["by_workers"].items():
+        # 36 validation records: one record is 2.8 points; the default flags keep fit's model.
+        assert row["elastic_mean"] >= fit - 2 / 36, (workers, row)
+        assert row["fit_mean"] == fit
+    # One line per data set and worker count, and who won.
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("wine") and line.split()[1] == "2" for line in lines)
+    assert any(line.startswith("wine: better by mean") for line in lines)
