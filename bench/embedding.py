@@ -24,7 +24,7 @@ import sys
 import time
 
 import common
-from throughput import fit_keras
+from throughput import fit_keras, k_label
 
 from elastic_step.master.config import DEFAULT_LOCAL_STEPS
 
@@ -107,8 +107,8 @@ def run_elastic(args, data_dir: str, local_steps: int) -> dict:
     per_step = (sent + received) / steps
     accuracy = summary["metrics"]["accuracy"]
     common.log(
-        f"elastic K={local_steps}: {rate:.0f} examples/s, {per_step / 1e3:.1f} KB per step, "
-        f"accuracy {accuracy:.4f} (job {wall:.1f}s)"
+        f"elastic K={k_label(local_steps)}: {rate:.0f} examples/s, "
+        f"{per_step / 1e3:.1f} KB per step, accuracy {accuracy:.4f} (job {wall:.1f}s)"
     )
     return {
         "local_steps": local_steps,
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results.get("elastic_runs", []):
         ratio = table_bytes / r["bytes_per_step"]
         verdict = "PASS" if ratio >= TARGET_BYTES_RATIO else "BELOW"
-        name = f"elastic-step train, K={r['local_steps']}"
+        name = f"elastic-step train, K={k_label(r['local_steps'])}"
         print(f"{name:<32}{r['examples_per_second']:>12.0f}{r['validation_accuracy']:>11.4f}"
               f"{r['bytes_per_step'] / 1e3:>10.1f}{ratio:>13.0f}x   "
               f"target >= {TARGET_BYTES_RATIO}x: {verdict}")  # fmt: skip

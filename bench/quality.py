@@ -33,6 +33,7 @@ import csv
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -48,6 +49,8 @@ MODELS = os.path.join(common.HERE, "models")
 CHILD_TIMEOUT_S = 3600
 #: An elastic job of this bench takes well under a minute on 2 cores.
 JOB_TIMEOUT_S = 1200
+#: The master's log line that says which --local-steps it chose.
+LOCAL_STEPS = re.compile(r"local steps: (\d+) \(")
 ACCURACY_POINTS = 0.01
 LOSS_RATIO = 1.05
 SPREAD_POINTS = 0.02
@@ -275,8 +278,9 @@ def run_elastic(args, data_set: DataSet, data_dir: str, seed: int, workers: int)
                "--epochs", str(data_set.epochs), "--batch-size", str(data_set.batch_size),
                "--seed", str(seed), *args.elastic_flag]  # fmt: skip
     started = time.perf_counter()
-    with open(os.path.join(args.workdir, data_set.name, "elastic.log"), "a") as log_file:
-        log_file.write("\n$ " + " ".join(command) + "\n")
+    log_path = output + ".log"
+    with open(log_path, "w") as log_file:
+        log_file.write("$ " + " ".join(command) + "\n")
         log_file.flush()
         try:
             code = subprocess.run(command, cwd=common.REPO, stdout=log_file,
@@ -286,14 +290,18 @@ def run_elastic(args, data_set: DataSet, data_dir: str, seed: int, workers: int)
             raise SystemExit(f"{' '.join(command)} took over {JOB_TIMEOUT_S} s") from None
     wall = time.perf_counter() - started
     if code != 0:
-        raise SystemExit(f"elastic-step train failed with exit status {code}; see {output}")
+        raise SystemExit(f"elastic-step train failed with exit status {code}; see {log_path}")
     with open(os.path.join(output, "summary.json")) as f:
         summary = json.load(f)
     value = summary["metrics"][metric_of(data_set)]
+    with open(log_path) as f:
+        chosen = LOCAL_STEPS.search(f.read())
+    local_steps = int(chosen.group(1)) if chosen else None
     common.log(f"elastic {data_set.name} W={workers} seed {seed}: {metric_of(data_set)} "
-               f"{value:.4f} ({wall:.1f} s)")  # fmt: skip
+               f"{value:.4f} ({wall:.1f} s, K={local_steps})")  # fmt: skip
     return {"seed": seed, "workers": workers, "value": value, "wall_s": round(wall, 2),
-            "model_version": summary.get("model_version")}  # fmt: skip
+            "model_version": summary.get("model_version"), "local_steps": local_steps,
+            "examples_per_second": summary.get("examples_per_second")}  # fmt: skip
 
 
 # -- judging --
@@ -426,7 +434,6 @@ def main(argv: list[str] | None = None) -> None:
         data_set = DATA_SETS[name]
         common.log(f"{name}: {data_set.about}")
         data_dir = prepare(data_set, args.workdir)
-        open(os.path.join(args.workdir, name, "elastic.log"), "w").close()
         fit = run_fit(args, data_set, data_dir)
         entry = {"about": data_set.about, "metric": metric_of(data_set), "epochs": data_set.epochs,
                  "batch_size": data_set.batch_size, "fit": fit, "elastic": [],
@@ -438,6 +445,8 @@ def main(argv: list[str] | None = None) -> None:
             row = judge(data_set, held_out, [r["value"] for r in fit], [r["value"] for r in runs])
             row["fit_wall_s"] = statistics.fmean(r["wall_s"] for r in fit)
             row["elastic_wall_s"] = statistics.fmean(r["wall_s"] for r in runs)
+            rates = [r["examples_per_second"] for r in runs if r["examples_per_second"]]
+            row["elastic_examples_per_second"] = statistics.fmean(rates) if rates else None
             entry["by_workers"][workers] = row
         document["data_sets"][name] = entry
         common.write_result(path, document)  # what finished so far survives an interrupted run

@@ -31,11 +31,14 @@ reports a steady-state rate in examples/s that leaves out a warm-up of the same 
 Rounds (``--rounds``, 3): fit runs, then each round's elastic runs followed by fit runs, so
 every elastic run lies between two fit runs of each kind. A round's ratio is its elastic rate
 over the mean of those two fit rates, and the ratio judged is the median of the rounds' ratios:
-on a shared 2-core machine one fit run alone can differ from the next by a third.
+on a shared 2-core machine one fit run alone can differ from the next by a third. Round r
+trains both sides with seed ``--seed + r - 1`` (the model's initial values and the order of the
+data; the data stay those of ``--seed``): one seed's accuracy says little of a 2-epoch run.
 
 The ratio elastic / keras (same work) is compared with the target of 0.95, and the ratio to the
-bare fit printed beside it; elastic / pss is compared with 1.5, and the validation accuracies of
-elastic and keras must be within 1 point.
+bare fit printed beside it; elastic / pss is compared with 1.5, and elastic's validation
+accuracy must be within half a point of keras's (same work), as the mean over the rounds of each
+round's difference (the elastic run against the fit run after it, of the same seed).
 Results go to ``WORKDIR/throughput.json`` (default ``bench/results/``). See bench/README.md.
 """
 
@@ -69,8 +72,9 @@ from elastic_step.master.config import DEFAULT_LOCAL_STEPS
 MODEL_DEF = os.path.join(HERE, "models", "mlp.py")
 TARGET = 0.95
 TARGET_PSS = 1.5
-#: Elastic's validation accuracy must be within this of model.fit's.
-ACCURACY_POINTS = 0.01
+#: Elastic's validation accuracy must be within this of model.fit's: the mean over the rounds
+#: of each round's difference, both sides trained with the round's seed.
+ACCURACY_POINTS = 0.005
 CLASSES = 10
 #: A fit or PSS child takes seconds at the default settings; this bounds a hung one.
 CHILD_TIMEOUT_S = 1800
@@ -123,7 +127,7 @@ def k_label(local_steps: int) -> str:
     return "auto" if local_steps == 0 else str(local_steps)
 
 
-def run_elastic(args, data_dir: str, local_steps: int, tls: str = "off") -> dict:
+def run_elastic(args, data_dir: str, local_steps: int, tls: str = "off", seed: int = 0) -> dict:
     output = os.path.join(args.workdir, f"elastic-run-k{local_steps}-tls-{tls}")
     shutil.rmtree(output, ignore_errors=True)  # a leftover job would be resumed, not rerun
     command = [
@@ -148,7 +152,7 @@ def run_elastic(args, data_dir: str, local_steps: int, tls: str = "off") -> dict
         "--checkpoint-steps",
         str(args.checkpoint_steps),
         "--seed",
-        str(args.seed),
+        str(seed),
         "--local-steps",
         str(local_steps),
         "--tls",
@@ -314,9 +318,9 @@ def fit_keras(
 FIT_KINDS = {"keras": True, "keras_bare": False}
 
 
-def run_keras(args, data_dir: str, kind: str) -> dict:
+def run_keras(args, data_dir: str, kind: str, seed: int) -> dict:
     """Runs :func:`fit_child` for ``kind`` (a key of FIT_KINDS) in a fresh process."""
-    result = run_child(args, "--fit-child", f"{kind}.json", "--fit-kind", kind)
+    result = run_child(args, "--fit-child", f"{kind}.json", "--fit-kind", kind, seed=seed)
     log(
         f"{kind}: {result['examples_per_second']:.0f} examples/s (fit wall time "
         f"{result['fit_wall_s']:.1f}s, accuracy {result['validation_accuracy']:.4f})"
@@ -324,7 +328,7 @@ def run_keras(args, data_dir: str, kind: str) -> dict:
     return result
 
 
-def run_child(args, flag: str, name: str, *extra: str) -> dict:
+def run_child(args, flag: str, name: str, *extra: str, seed: int | None = None) -> dict:
     """Runs this script as a child (``flag``: --fit-child or --pss-child) with the settings it
     needs, the model's shape among them (the child sets it again for the model definition),
     and returns the JSON it wrote to ``name`` in the workdir."""
@@ -332,7 +336,8 @@ def run_child(args, flag: str, name: str, *extra: str) -> dict:
     command = [sys.executable, os.path.abspath(__file__), flag, out,
                "--workdir", args.workdir, "--batch-size", str(args.batch_size),
                "--epochs", str(args.epochs), "--records-per-task", str(args.records_per_task),
-               "--seed", str(args.seed), "--features", str(args.features),
+               "--seed", str(args.seed if seed is None else seed),
+               "--features", str(args.features),
                "--hidden", str(args.hidden), *extra]  # fmt: skip
     try:
         subprocess.run(command, check=True, cwd=REPO, timeout=CHILD_TIMEOUT_S)
@@ -601,26 +606,32 @@ def main(argv: list[str] | None = None) -> int:
     elastic_runs: dict[int, list[dict]] = {k: [] for k in local_steps}
     tls_runs: dict[int, list[dict]] = {k: [] for k in local_steps}
 
-    def fit_once() -> None:
+    def fit_once(seed: int) -> None:
         for kind, runs in fit_runs.items():
-            runs.append(run_keras(args, data_dir, kind))
+            runs.append({**run_keras(args, data_dir, kind, seed), "seed": seed})
             loads[f"after_{kind}_{len(runs)}"] = load_average()
 
+    def seed_of(round_: int) -> int:
+        """Round r trains with seed --seed + r - 1 (the data stays --seed's), both sides."""
+        return args.seed + round_ - 1
+
     if "keras" in sides:
-        fit_once()
+        fit_once(seed_of(1))
     if "pss" in sides:
         results["pss"] = run_pss(args, data_dir)
         loads["after_pss"] = load_average()
     for round_ in range(1, args.rounds + 1):
+        seed = seed_of(round_)
         if "elastic" in sides:
             for k in local_steps:
-                elastic_runs[k].append(run_elastic(args, data_dir, k))
+                run = run_elastic(args, data_dir, k, seed=seed)
+                elastic_runs[k].append({**run, "seed": seed})
                 loads[f"after_elastic_k{k}_{round_}"] = load_average()
                 if args.tls_cost:
-                    tls_runs[k].append(run_elastic(args, data_dir, k, tls="on"))
+                    tls_runs[k].append(run_elastic(args, data_dir, k, tls="on", seed=seed))
                     loads[f"after_elastic_k{k}_tls_{round_}"] = load_average()
         if "keras" in sides:
-            fit_once()
+            fit_once(seed)
 
     k = local_steps[-1]
     if "elastic" in sides:
@@ -632,9 +643,14 @@ def main(argv: list[str] | None = None) -> int:
         if runs:
             results[kind] = summary_of(runs)
 
-    ratio = ratio_pss = ratio_bare = None
+    ratio = ratio_pss = ratio_bare = accuracy_gap = None
     round_ratios: list[float] = []
     if "elastic" in results and "keras" in results:
+        # The same seed's runs, paired: each round's elastic run and the fit run after it.
+        accuracy_gap = statistics.fmean(
+            e["validation_accuracy"] - f["validation_accuracy"]
+            for e, f in zip(elastic_runs[k], fit_runs["keras"][1:], strict=True)
+        )
         round_ratios = bracketed_ratios(elastic_runs[k], fit_runs["keras"])
         ratio = statistics.median(round_ratios)
         ratio_bare = statistics.median(bracketed_ratios(elastic_runs[k], fit_runs["keras_bare"]))
@@ -669,12 +685,13 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": ratio,
         "ratio_bare_fit": ratio_bare,
         "ratio_pss": ratio_pss,
+        "accuracy_gap": accuracy_gap,
         "target": TARGET,
         "meets_target": None if ratio is None else ratio >= TARGET,
     }
     out_path = os.path.join(args.workdir, "throughput.json")
     write_result(out_path, document)
-    print_table(results, round_ratios, ratio, ratio_bare, ratio_pss, k)
+    print_table(results, round_ratios, ratio, ratio_bare, ratio_pss, k, accuracy_gap)
     print(
         f"load average: before {load_before}; "
         + "; ".join(f"{name} {v}" for name, v in loads.items())
@@ -684,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(
-    results: dict, round_ratios: list[float], ratio, ratio_bare, ratio_pss, k: int
+    results: dict, round_ratios: list[float], ratio, ratio_bare, ratio_pss, k: int, gap
 ) -> None:
     """Medians over the rounds, each run's rate beside them, and the verdicts."""
     print()
@@ -731,13 +748,12 @@ def print_table(
             f"{f'ratio elastic (K={k_label(k)}) / pss':<40}{ratio_pss:>12.3f}   "
             f"target >= {TARGET_PSS}: {verdict}"
         )
-    if "elastic" in results and "keras" in results:
-        gap = results["elastic"]["validation_accuracy"] - results["keras"]["validation_accuracy"]
+    if gap is not None:
         # Rounded to the accuracy's own resolution (1 / validation records) before judging.
         verdict = "PASS" if round(abs(gap), 6) <= ACCURACY_POINTS else "BELOW"
         print(
             f"{f'accuracy elastic (K={k_label(k)}) - keras':<40}{gap:>+12.4f}   "
-            f"target within {ACCURACY_POINTS}: {verdict}"
+            f"target within {ACCURACY_POINTS}: {verdict}   (mean over the rounds' seeds)"
         )
 
 

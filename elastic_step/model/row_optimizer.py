@@ -86,6 +86,8 @@ def check_optimizer(optimizer) -> None:
 #: Missed steps whose Adam tail is summed term by term; beyond, in closed form (the terms left
 #: are below 0.1 % of the first, for Keras's default betas).
 EXACT_TAIL = 64
+#: Rows caught up at a time when read (the whole table, for a saved model): 8 MB of terms.
+READ_BLOCK_ROWS = 16_384
 
 
 class RowOptimizer:
@@ -154,7 +156,11 @@ class RowOptimizer:
         if not missed.any():
             return values
         moved = np.array(values)
-        moved += self._tail(rows, missed, step, lr).astype(values.dtype)
+        # In blocks: Adam's tail takes EXACT_TAIL floats a row, and a saved model reads all.
+        for start in range(0, len(rows), READ_BLOCK_ROWS):
+            block = slice(start, start + READ_BLOCK_ROWS)
+            tail = self._tail(rows[block], missed[block], step, lr)
+            moved[block] += tail.astype(values.dtype)
         return moved
 
     def flush(self, values: np.ndarray, rows: np.ndarray, step: int, lr: float) -> None:

@@ -4,7 +4,8 @@
   optimizer.
 - :meth:`Steps.local` (``--local-steps K > 1``): one step of the worker's own optimizer on its
   copy, as ``model.fit`` does: gradients and the dense update in one compiled call; table rows
-  are updated row by row with per-row state (see ``model/row_optimizer.py``). It returns the
+  are updated row by row with per-row state (see ``model/row_optimizer.py``), and
+  :meth:`Steps.flush_rows` spends their momentum at the end of a window. It returns the
   step's loss.
 - :meth:`Steps.evaluate`: the batch's loss.
 - ``Steps.local_window`` (K > 1, a model without tables): K of those local steps in one

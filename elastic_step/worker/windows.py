@@ -4,7 +4,8 @@ Before a window the worker holds the PS's dense values and the table rows of the
 ids (found by :meth:`ModelParameters.batch_ids`). With K = 1 it computes the batch's
 gradients and pushes them; the PS applies its optimizer. With K > 1 it runs K steps of its
 own optimizer on its copy and pushes the change, negated (a pseudo-gradient), which the PS
-applies with the outer optimizer. Each push also carries the next window's ids and is
+applies with the outer optimizer; the window's table rows first take what their momentum
+would still move them by (``Steps.flush_rows``), since the copy is replaced after the push. Each push also carries the next window's ids and is
 answered with the dense values and the rows of those ids: one round trip per shard per
 window. A task's first window pulls only its rows (nothing for a model without tables): the
 dense values came with the last push. A window never spans tasks,

@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 
+from elastic_step.model import row_optimizer
 from elastic_step.model.api import UnsupportedOptimizerError
 from elastic_step.model.outer_optimizer import build_outer_optimizer
 from elastic_step.model.row_optimizer import RowOptimizer
@@ -47,10 +48,13 @@ STEPS = 80
 
 
 @pytest.mark.parametrize("kind", ["adam", "momentum", "nesterov", "sgd", "adagrad"])
-def test_rows_catch_up_what_keras_dense_steps_do_between_their_gradients(kind: str) -> None:
+def test_rows_catch_up_what_keras_dense_steps_do_between_their_gradients(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Keras's dense step with the table's gradient zero outside a step's rows, against the
-    per-row step that touches only them: read at every step, the rows agree (reads catch up);
-    untouched rows and their state stay as they were."""
+    per-row step that touches only them: read at every step, the rows agree (reads catch up,
+    here in blocks of 4 rows); untouched rows and their state stay as they were."""
+    monkeypatch.setattr(row_optimizer, "READ_BLOCK_ROWS", 4)
     start = np.random.default_rng(1).normal(size=(ROWS, DIM)).astype(np.float32)
     variable = keras.Variable(start.copy())
     dense = OPTIMIZERS[kind]()
