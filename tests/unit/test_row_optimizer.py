@@ -103,6 +103,27 @@ def test_a_flush_moves_rows_by_all_their_momentum_would(kind: str) -> None:
     np.testing.assert_array_equal(rows.caught_up(values, np.arange(2), 50, 0.1), values)
 
 
+def test_the_ps_serves_rows_as_keras_dense_adam_leaves_them() -> None:
+    """A PS shard with Adam: a dense variable and a table whose rows come in pushes now and
+    then. Every pull, and the model saved at the end, reads the rows as Keras's dense Adam on
+    the same gradients (zero where a push has no row) leaves them."""
+    start = np.random.default_rng(3).normal(size=(ROWS, DIM)).astype(np.float32)
+    shard = ParameterShard(0, 1, keras.optimizers.Adam(0.01), initial_table=lambda n, s: start)
+    assert shard.initialize({"w": np.zeros(2, np.float32)}, {"t": TableShape(ROWS, DIM, "float32")},
+                            {}, 0)  # fmt: skip
+    table, dense = keras.Variable(start.copy()), keras.optimizers.Adam(0.01)
+    rng = np.random.default_rng(4)
+    for step in range(1, 30):
+        ids = np.array([0] if step % 7 else [0, 2, 5])  # rows 2 and 5 now and then
+        grads = rng.normal(size=(len(ids), DIM)).astype(np.float32)
+        full = np.zeros((ROWS, DIM), np.float32)
+        full[ids] = grads
+        dense.apply_gradients([(full, table)])
+        shard.push({"w": np.ones(2, np.float32)}, {"t": (ids, grads)}, shard.version)
+        _, _, rows = shard.pull({"t": np.arange(ROWS)}, False)
+        np.testing.assert_allclose(rows["t"], table.numpy(), rtol=2e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("optimizer", "message"),
     [
