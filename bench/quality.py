@@ -162,7 +162,9 @@ DATA_SETS = {
                 about="scikit-learn's wine: 178 rows, 13 columns, 3 classes"),
         DataSet("breast_cancer", _sklearn("load_breast_cancer"), epochs=20, batch_size=16,
                 about="scikit-learn's breast cancer: 569 rows, 30 columns, 2 classes"),
-        DataSet("diabetes", _sklearn("load_diabetes", standardize_label=True), epochs=40,
+        # 10 epochs: fit's validation MSE is at its best there (0.58 ± 0.01 over 5 seeds; at
+        # 40 it overfits, to 0.66 ± 0.06, and the seeds' spread hides any difference).
+        DataSet("diabetes", _sklearn("load_diabetes", standardize_label=True), epochs=10,
                 batch_size=16, regression=True,
                 about="scikit-learn's diabetes: 442 rows, 10 columns, a standardized numeric "
                 "label (MSE)"),
@@ -241,8 +243,13 @@ def fit_child(data_set: DataSet, data_dir: str, seeds: list[int], out: str) -> N
             tf.data.experimental.assert_cardinality(steps)
         )
         dataset = feed(batched, "train", schema).prefetch(2)
+        held_out_steps = math.ceil(schema.records["validation"] / data_set.batch_size)
         validation = feed(
-            tf.data.TFRecordDataset(held_out).batch(data_set.batch_size), "evaluate", schema
+            tf.data.TFRecordDataset(held_out)
+            .batch(data_set.batch_size)
+            .apply(tf.data.experimental.assert_cardinality(held_out_steps)),
+            "evaluate",
+            schema,
         )
         started = time.perf_counter()
         # The records are shuffled above, each epoch anew; Keras would only warn that it
