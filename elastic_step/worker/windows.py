@@ -5,13 +5,13 @@ ids (found by :meth:`ModelParameters.batch_ids`). With K = 1 it computes the bat
 gradients and pushes them; the PS applies its optimizer. With K > 1 it runs K steps of its
 own optimizer on its copy and pushes the change, negated (a pseudo-gradient), which the PS
 applies with the outer optimizer; the window's table rows first take what their momentum
-would still move them by (``Steps.flush_rows``), since the copy is replaced after the push. Each push also carries the next window's ids and is
-answered with the dense values and the rows of those ids: one round trip per shard per
-window. A task's first window pulls only its rows (nothing for a model without tables): the
-dense values came with the last push. A window never spans tasks,
-so a task is reported only after its last push: a worker that dies loses at most one
-window, and its task is re-queued. ``train`` returns the task's mean training loss and the
-model's metrics on the same batches, which the worker reports with the task.
+would still move them by (``Steps.flush_rows``), since the copy is replaced after the push.
+Each push also carries the next window's ids and is answered with the dense values and the
+rows of those ids: one round trip per shard per window. A task's first window pulls only its
+rows (nothing for a model without tables): the dense values came with the last push. A window
+never spans tasks, so a task is reported only after its last push: a worker that dies loses
+at most one window, and its task is re-queued. ``train`` returns the task's mean training
+loss and the model's metrics on the same batches, which the worker reports with the task.
 ``train_queued`` does the same for a model without tables with K > 1, a window per compiled
 call (``Steps.run_window``) that reads its batches from the input pipeline's iterator;
 ``evaluate_queued`` evaluates that way, for a model without tables and any K.

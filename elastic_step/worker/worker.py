@@ -83,6 +83,16 @@ WAIT_S = 0.3
 STANDBY_POLL_S = 0.2
 
 
+def shuffled(records: list[bytes], seed: int, task: master_pb2.Task) -> list[bytes]:
+    """A training task's records in an order of its own, drawn from the job's seed, the task
+    and its epoch: the master shuffles the tasks of each epoch, and this the records within
+    each, so that every epoch's batches differ as with ``model.fit(shuffle=True)``. (The same
+    order in every epoch cost a regression 9 % of validation MSE against fit, with one
+    worker: bench/quality.py's diabetes.) A retried task gets the same order."""
+    order = np.random.default_rng([seed, task.id, task.epoch]).permutation(len(records))
+    return [records[i] for i in order]
+
+
 class Worker:
     def __init__(self, master: MasterClient, name: str, credentials: Credentials) -> None:
         self.master = master
@@ -312,6 +322,8 @@ class Worker:
             records = read_records(task.shard, task.start, task.end)
         except Exception as e:
             return Fetched(task, e)
+        if task.kind == master_pb2.Task.TRAIN:
+            records = shuffled(records, self.settings.seed, task)
         stream = self._streams.get(_MODES[task.kind])
         if stream is None or stream.broken:
             return Fetched(task, records)
