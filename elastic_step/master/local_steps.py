@@ -17,7 +17,7 @@ are exactly ``fit``'s steps (the outer optimizer adds the change as it is). A K 
 command line is used as given: ``--local-steps 16`` is the throughput-first setting.
 
 The choice is made once, when the job starts (the PS's optimizer depends on it), and a
-resumed job keeps it (see ``JobRecord.local_steps``). Tests: tests/unit/test_local_steps.py.
+resumed job keeps it (see ``JobRecord.local_steps``). Tests: tests/unit/test_master_local_steps.py.
 """
 
 from __future__ import annotations

@@ -31,8 +31,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("elastic_step.master")
 
-#: Training-loss windows per epoch (each spans a fixed number of model versions).
+#: Training-loss windows per epoch (each spans a fixed number of model versions), and at most
+#: this many in a job: the report marks each window of a chart of up to 120 points.
 TRAIN_LOSS_WINDOWS_PER_EPOCH = 10
+MAX_TRAIN_LOSS_WINDOWS = 100
 
 
 class TrainingJob(JobKind):
@@ -95,9 +97,15 @@ class TrainingJob(JobKind):
         return sum(n for _, n in self.schema.shard_paths(self.config.data, "train"))
 
     def _train_loss_window(self) -> int:
-        """Model versions per training-loss window: about a tenth of an epoch's steps."""
+        """Model versions per training-loss window: about a tenth of an epoch's pushes (a
+        push per K steps), and no more than MAX_TRAIN_LOSS_WINDOWS windows in the job."""
         steps = math.ceil(self._train_records() / self.config.batch_size)
-        return max(1, math.ceil(steps / TRAIN_LOSS_WINDOWS_PER_EPOCH))
+        versions = math.ceil(steps / self.local_steps().steps)
+        return max(
+            1,
+            math.ceil(versions / TRAIN_LOSS_WINDOWS_PER_EPOCH),
+            math.ceil(versions * self.config.epochs / MAX_TRAIN_LOSS_WINDOWS),
+        )
 
     def local_steps(self) -> LocalSteps:
         """The steps a worker runs between pushes for this start of the job (a resumed job

@@ -68,3 +68,13 @@ def test_a_training_job_tells_its_workers_the_chosen_steps(data, caplog) -> None
     assert training(data, local_steps=5).job_settings().local_steps == 5
     with pytest.raises(InputError, match="--local-steps must be >= 0, got -2"):
         training(data, local_steps=-2)
+
+
+def test_training_loss_windows_count_pushes_and_stay_few(data) -> None:  # noqa: F811
+    # 32 training records in batches of 1: 32 steps an epoch; K = 4 with one worker, so 8
+    # pushes (model versions) an epoch, a window of one tenth of them rounded up.
+    assert training(data, workers=1, batch_size=1)._train_loss_window() == 1
+    assert training(data, workers=1, batch_size=1, local_steps=1)._train_loss_window() == 4
+    # 300 epochs of 32 pushes: windows of 96 pushes, 100 in the job, each marked in the chart.
+    long = training(data, workers=1, batch_size=1, local_steps=1, epochs=300)
+    assert long._train_loss_window() == 96
