@@ -122,9 +122,9 @@ def prepare_data(args, data_dir: str) -> None:
 # -- run A: elastic-step train --
 
 
-def k_label(local_steps: int) -> str:
+def k_label(local_steps: int | str) -> str:
     """``--local-steps`` as the tables show it: 0 leaves the choice to the master."""
-    return "auto" if local_steps == 0 else str(local_steps)
+    return "auto" if int(local_steps) == 0 else str(local_steps)
 
 
 def run_elastic(args, data_dir: str, local_steps: int, tls: str = "off", seed: int = 0) -> dict:
