@@ -4,6 +4,7 @@ and every end-to-end training run."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -100,16 +101,17 @@ class TrainingJob(JobKind):
         """Model versions per training-loss window: about a tenth of an epoch's pushes (a
         push per K steps), and no more than MAX_TRAIN_LOSS_WINDOWS windows in the job."""
         steps = math.ceil(self._train_records() / self.config.batch_size)
-        versions = math.ceil(steps / self.local_steps().steps)
+        versions = math.ceil(steps / self.local_steps.steps)
         return max(
             1,
             math.ceil(versions / TRAIN_LOSS_WINDOWS_PER_EPOCH),
             math.ceil(versions * self.config.epochs / MAX_TRAIN_LOSS_WINDOWS),
         )
 
+    @functools.cached_property
     def local_steps(self) -> LocalSteps:
         """The steps a worker runs between pushes for this start of the job (a resumed job
-        keeps the ones it started with: see ``open_coordinator``)."""
+        keeps the ones it started with: see ``open_coordinator``); chosen once."""
         c = self.config
         return choose_local_steps(
             c.local_steps,
@@ -121,7 +123,7 @@ class TrainingJob(JobKind):
     def job_settings(self) -> master_pb2.JobSettings:
         """What every worker and PS is told at Register."""
         c = self.config
-        local = self.local_steps()
+        local = self.local_steps
         log.info("local steps: %d (%s)", local.steps, local.reason)
         return master_pb2.JobSettings(
             model_def=self.paths.model_def,

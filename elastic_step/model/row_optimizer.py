@@ -159,7 +159,7 @@ class RowOptimizer:
         # In blocks: Adam's tail takes EXACT_TAIL floats a row, and a saved model reads all.
         for start in range(0, len(rows), READ_BLOCK_ROWS):
             block = slice(start, start + READ_BLOCK_ROWS)
-            tail = self._tail(rows[block], missed[block], step, lr)
+            tail = self._tail(rows[block], step - missed[block], missed[block], lr)
             moved[block] += tail.astype(values.dtype)
         return moved
 
@@ -168,16 +168,9 @@ class RowOptimizer:
         all their momentum would still move them, and the momentum is spent."""
         if not self.has_momentum:
             return
-        s = self.slots
         self._catch_up(values, rows, step, lr)
-        if self.rule == "adam":
-            m, v = s["m"][rows], s["v"][rows]
-            left = self._adam_tail(m, v, np.full(len(rows), step), None, lr)
-            values += left.astype(values.dtype)
-            s["m"][rows] = 0
-        else:
-            values += self._momentum_sum(s["momentum"][rows], None).astype(values.dtype)
-            s["momentum"][rows] = 0
+        values += self._tail(rows, np.full(len(rows), step), None, lr).astype(values.dtype)
+        self.slots["m" if self.rule == "adam" else "momentum"][rows] = 0
 
     # -- catching up --
 
@@ -193,7 +186,7 @@ class RowOptimizer:
         missed = self._missed(rows, step)
         if not missed.any():
             return
-        values += self._tail(rows, missed, step, lr).astype(values.dtype)
+        values += self._tail(rows, step - missed, missed, lr).astype(values.dtype)
         p, s = self.params, self.slots
         if self.rule == "adam":
             s["m"][rows] *= (p["beta_1"] ** missed)[:, None].astype(s["m"].dtype)
@@ -202,12 +195,14 @@ class RowOptimizer:
             s["momentum"][rows] *= (p["momentum"] ** missed)[:, None].astype(s["momentum"].dtype)
         s["last"][rows] = np.where(s["last"][rows] > 0, step, 0)
 
-    def _tail(self, rows: np.ndarray, missed: np.ndarray, step: int, lr: float) -> np.ndarray:
-        """How far the dense steps with a zero gradient move each row over its ``missed``
-        steps before and including ``step``."""
+    def _tail(
+        self, rows: np.ndarray, last: np.ndarray, missed: np.ndarray | None, lr: float
+    ) -> np.ndarray:
+        """How far the dense steps with a zero gradient move each row over the ``missed``
+        steps after its step ``last`` (None: all the steps to come), from its slots now."""
         s = self.slots
         if self.rule == "adam":
-            return self._adam_tail(s["m"][rows], s["v"][rows], step - missed, missed, lr)
+            return self._adam_tail(s["m"][rows], s["v"][rows], last, missed, lr)
         return self._momentum_sum(s["momentum"][rows], missed)
 
     def _momentum_sum(self, velocity: np.ndarray, missed: np.ndarray | None) -> np.ndarray:
