@@ -320,7 +320,13 @@ def _add_job_flags(p: argparse.ArgumentParser, *, ps: bool) -> None:
         help=f"where {members} run (default local)",
     )
     g.add_argument(
-        "--records-per-task", type=_int, metavar="N", default=512, help="task size (default 512)"
+        "--records-per-task",
+        type=_int,
+        metavar="N",
+        default=0,
+        help="records in a task, the unit of work handed to a worker (default 0: 512, or for "
+        "training fewer, whole batches, where an epoch would have under 32 tasks; the model "
+        "ends an epoch on its last task's records)",
     )
     g.add_argument(
         "--max-restarts",

@@ -81,7 +81,7 @@ def elastic_train(
     min_workers: int = 1,
     max_workers: int = 0,
     ps: int = 1,
-    records_per_task: int = 512,
+    records_per_task: int = 0,
     seed: int = 0,
     evaluation_steps: int = 0,
     checkpoint_steps: int = 200,
@@ -141,7 +141,7 @@ def elastic_train(
         min_workers: The job fails below this many.
         max_workers: Grow up to this many workers while all run (0: no growth).
         ps: Parameter server shards.
-        records_per_task: Records per task.
+        records_per_task: Records per task (0: chosen by the master, up to 512).
         seed: Seed of the task order and of the model's initial values.
         evaluation_steps: Also evaluate every N model versions (0: at epoch ends only).
         checkpoint_steps: PS checkpoints every N model versions.
@@ -251,7 +251,7 @@ def batch_predict(
     workers: int = 2,
     min_workers: int = 1,
     max_workers: int = 0,
-    records_per_task: int = 512,
+    records_per_task: int = 0,
     grow_after: float = 10.0,
     auto_workers: bool = False,
     auto_workers_gain: float = 0.5,
@@ -299,7 +299,7 @@ def batch_predict(
         workers: Workers to start.
         min_workers: The job fails below this many.
         max_workers: Grow up to this many workers while all run (0: no growth).
-        records_per_task: Records per task.
+        records_per_task: Records per task (0: 512).
         grow_after: With max_workers: add a worker once all have run this many seconds.
         auto_workers: Size the job itself between workers and max_workers from its
             examples/s: add a worker while each added one pays, give back one that does not

@@ -57,7 +57,8 @@ class EngineConfig:
     max_workers: int | None = None
     seed: int = 0
     backend: str = "local"
-    records_per_task: int = 512
+    #: 0: chosen by the master (elastic_step/master/task_size.py).
+    records_per_task: int = 0
     max_restarts: int = 3
     max_task_retries: int = 3
     #: Grow by one worker when every wanted worker has run this long (up to max_workers).
@@ -88,12 +89,12 @@ class EngineConfig:
                 "--batch-size": self.batch_size,
                 "--workers": self.workers,
                 "--min-workers": self.min_workers,
-                "--records-per-task": self.records_per_task,
             },
         )
         _at_least(
             0,
             {
+                "--records-per-task": self.records_per_task,
                 "--max-restarts": self.max_restarts,
                 "--max-task-retries": self.max_task_retries,
                 "--standby": self.standby,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from elastic_step.data import storage
 from elastic_step.data.predict_output import merge_parts
-from elastic_step.master import reports
+from elastic_step.master import reports, task_size
 from elastic_step.master.config import PredictConfig
 from elastic_step.master.coordinator import CoordinatorParams
 from elastic_step.master.job_kind import JobKind, RunContext
@@ -85,7 +85,7 @@ class PredictionJob(JobKind):
             tasks=TaskSettings(
                 train_shards=self.given.shards,
                 validation_shards=(),
-                records_per_task=c.records_per_task,
+                records_per_task=task_size.prediction_records_per_task(c.records_per_task),
                 epochs=1,
                 max_task_retries=c.max_task_retries,
                 task_timeout_s=c.task_timeout_s,

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from elastic_step.data import storage
-from elastic_step.master import reports
+from elastic_step.master import reports, task_size
 from elastic_step.master.config import TrainConfig
 from elastic_step.master.coordinator import CoordinatorParams
 from elastic_step.master.evaluation import metric_values
@@ -81,7 +81,7 @@ class TrainingJob(JobKind):
         return TaskSettings(
             train_shards=self.schema.shard_paths(c.data, "train"),
             validation_shards=self.schema.shard_paths(c.data, "validation"),
-            records_per_task=c.records_per_task,
+            records_per_task=self.records_per_task,
             epochs=c.epochs,
             evaluation_steps=c.evaluation_steps,
             max_task_retries=c.max_task_retries,
@@ -107,6 +107,23 @@ class TrainingJob(JobKind):
             math.ceil(versions / TRAIN_LOSS_WINDOWS_PER_EPOCH),
             math.ceil(versions * self.config.epochs / MAX_TRAIN_LOSS_WINDOWS),
         )
+
+    @functools.cached_property
+    def records_per_task(self) -> int:
+        """The training tasks' size (master/task_size.py): chosen once, and logged."""
+        c = self.config
+        size = task_size.training_records_per_task(
+            c.records_per_task, train_records=self._train_records(), batch_size=c.batch_size
+        )
+        if c.records_per_task == task_size.CHOSEN_BY_MASTER:
+            log.info(
+                "records per task: %d (chosen by the master: %d training records in batches "
+                "of %d, so that an epoch has at least %d tasks, at most %d records each; "
+                "--records-per-task N sets it)",
+                size, self._train_records(), c.batch_size, task_size.MIN_TASKS_PER_EPOCH,
+                task_size.DEFAULT_RECORDS_PER_TASK,
+            )  # fmt: skip
+        return size
 
     @functools.cached_property
     def local_steps(self) -> LocalSteps:

@@ -30,7 +30,6 @@ def test_defaults_are_valid() -> None:
         ("workers", "--workers"),
         ("min_workers", "--min-workers"),
         ("ps", "--ps"),
-        ("records_per_task", "--records-per-task"),
         ("keep_checkpoints", "--keep-checkpoints"),
     ],
 )

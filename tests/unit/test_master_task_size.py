@@ -1,0 +1,64 @@
+"""The training tasks' size the master chooses (elastic_step/master/task_size.py), and the
+tasks a training and a prediction job make with it."""
+
+from __future__ import annotations
+
+import pytest
+from test_job_kinds import data, prediction, training  # noqa: F401 (data is a fixture)
+
+from elastic_step.errors import InputError
+from elastic_step.master.config import TrainConfig
+from elastic_step.master.task_size import (
+    CHOSEN_BY_MASTER,
+    DEFAULT_RECORDS_PER_TASK,
+    MIN_TASKS_PER_EPOCH,
+    training_records_per_task,
+)
+
+
+@pytest.mark.parametrize(
+    ("records", "batch", "size"),
+    [
+        # bench/quality.py's diabetes: 354 records in batches of 16. Two shard-long tasks an
+        # epoch made the last one decide the validation loss; one batch a task now.
+        (354, 16, 16),
+        # digits in batches of 32: a batch a task (45 tasks); two would make 23.
+        (1_437, 32, 32),
+        (4 * 32 * MIN_TASKS_PER_EPOCH, 32, 4 * 32),
+        # Large sets keep the default size.
+        (36_000, 64, DEFAULT_RECORDS_PER_TASK),
+        (98_000, 256, DEFAULT_RECORDS_PER_TASK),
+        # Fewer records than a batch: one batch a task, whatever the epoch.
+        (10, 64, 64),
+        (0, 64, 64),
+    ],
+)
+def test_an_epoch_has_enough_tasks_of_whole_batches(records: int, batch: int, size: int) -> None:
+    chosen = training_records_per_task(CHOSEN_BY_MASTER, train_records=records, batch_size=batch)
+    assert chosen == size
+    assert chosen % batch == 0 or chosen == DEFAULT_RECORDS_PER_TASK
+    if batch < chosen < DEFAULT_RECORDS_PER_TASK:
+        assert -(-records // chosen) >= MIN_TASKS_PER_EPOCH
+
+
+def test_a_given_size_is_kept_and_a_negative_one_refused() -> None:
+    assert training_records_per_task(100, train_records=354, batch_size=16) == 100
+    with pytest.raises(ValueError, match="records per task must be >= 0"):
+        training_records_per_task(-1, train_records=354, batch_size=16)
+    with pytest.raises(InputError, match="--records-per-task must be >= 0, got -3"):
+        TrainConfig(model_def="m.py", data="d", output="o", records_per_task=-3)
+
+
+def test_jobs_make_their_tasks_with_it(data, caplog) -> None:  # noqa: F811
+    # 32 training records in batches of 1: one record a task makes 32 tasks an epoch.
+    with caplog.at_level("INFO", logger="elastic_step.master"):
+        job = training(data, batch_size=1)
+        assert job.coordinator_params().tasks.records_per_task == 1
+    assert "records per task: 1 (chosen by the master: 32 training records" in caplog.text
+    assert training(data).coordinator_params().tasks.records_per_task == 64
+    assert training(data, records_per_task=5).coordinator_params().tasks.records_per_task == 5
+    # The choice is for training; a prediction's tasks take the default size.
+    for given, size in ((0, DEFAULT_RECORDS_PER_TASK), (7, 7)):
+        job = prediction(data, records_per_task=given)
+        job.__dict__["_model_digest"] = "0" * 64  # a cached property: no model file here
+        assert job.coordinator_params().tasks.records_per_task == size
