@@ -9,13 +9,18 @@ time, so they do not compete for the cores):
 - pandas: ``pd.read_csv``, then one ``tf.train.Example`` per row, serialized and written with
   ``tf.io.TFRecordWriter``: the loop a user would write (no split, shuffle or statistics);
 - elastic at a tenth of the rows, to show that its peak memory does not grow with the input;
-- beam: the same CLI with ``--runner beam``, an Apache Beam pipeline on Beam's local runner
-  (FnApiRunner in the child, or what ``--beam-option`` says), whose output must be the
-  elastic run's, file for file.
+- beam: the same CLI with ``--runner beam``, an Apache Beam pipeline, at each of
+  ``--beam-rows`` (default 2,000,000 and 10,000,000) on each of ``--beam-runners``: Beam's
+  local runner (FnApiRunner, in the child), Dask's distributed scheduler with 2 worker
+  processes, and Prism with an external pool of SDK workers (bench/beam_clusters.py starts
+  them, fresh for each run). Each output must be the elastic run's at that size, file for file.
 
 Each side's rows/s is rows over the child's wall time, start-up included; peak RSS is the
-child's ``ru_maxrss``. Targets: elastic peak RSS < 1 GB, elastic rows/s >= 3x pandas'. The beam
-row has no target; its ratio to elastic is reported.
+child's ``ru_maxrss``, and for a Beam run also every other process's (the scheduler, each
+worker, Prism, the pool and its SDK workers). Targets: elastic peak RSS < 1 GB, elastic rows/s
+>= 3x pandas'; for Beam, no process's peak grows more than 1.3x from the smallest of
+``--beam-rows`` to the largest. Beam's rows/s have no target; their ratio to elastic's is
+reported.
 Results go to ``WORKDIR/preprocess.json`` (default ``bench/results/``). See bench/README.md.
 """
 
@@ -32,6 +37,7 @@ import sys
 import threading
 import time
 
+from beam_clusters import Cluster, PeakMemory
 from common import (
     HERE,
     REPO,
@@ -43,6 +49,8 @@ from common import (
 )
 
 RSS_TARGET_MB = 1024
+GROWTH_TARGET = 1.3
+RUNNERS = ("local", "dask", "prism")
 SPEED_TARGET = 3.0
 # What TensorFlow's C++ prints at import in the pandas child: noise in the progress display.
 TF_BANNER = ("I0000", "E0000", "W0000", "WARNING: All log messages", "To enable the following")
@@ -103,13 +111,16 @@ def pandas_loop(csv_path: str, output: str) -> None:
             writer.write(example.SerializeToString())
 
 
-def run_child(name: str, command: list[str], rows: int) -> dict:
-    """Runs ``command``, showing its output and its memory every 10 s; rows/s and peak RSS."""
+def run_child(name: str, command: list[str], rows: int, memory: PeakMemory | None = None) -> dict:
+    """Runs ``command``, showing its output and its memory every 10 s; rows/s and peak RSS
+    (with ``memory``, also the peaks it sampled, by role)."""
     log(f"{name}: {' '.join(command)}")
     started = time.perf_counter()
     process = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    if memory is not None:
+        memory.watch(process.pid, "driver")
     done = threading.Event()
 
     def show_memory() -> None:
@@ -158,6 +169,63 @@ def same_files(a: str, b: str) -> bool:
     return not mismatch and not errors
 
 
+def beam_rows(args: argparse.Namespace, elastic, output) -> list[dict]:
+    """At each of ``--beam-rows``: the single-machine path, then each runner of
+    ``--beam-runners`` on a fresh cluster; each row with its ratio to the single machine and
+    whether it wrote the same files."""
+    rows = []
+    extra = [f"--beam-option={option}" for option in args.beam_option]
+    for size in args.beam_rows:
+        reference = elastic(str(size))
+        rows.append({"runner": "single machine", **reference})
+        for runner in args.beam_runners:
+            with PeakMemory() as memory:
+                cluster = Cluster(runner, args.workdir, memory)
+                try:
+                    options = [f"--beam-option={option}" for option in cluster.options]
+                    result = elastic(str(size), f"beam-{runner}", "--runner", "beam",
+                                     *options, *extra, memory=memory)  # fmt: skip
+                finally:
+                    cluster.stop()
+            result["peak_rss_mb_by_process"] = dict(memory.peaks)
+            result["peak_rss_mb_by_process"]["driver"] = max(
+                result["peak_rss_mb"], memory.peaks.get("driver", 0)
+            )
+            result["ratio"] = round(result["rows_per_s"] / reference["rows_per_s"], 2)
+            result["same_output"] = same_files(
+                output(str(size), "elastic"), output(str(size), f"beam-{runner}")
+            )
+            shutil.rmtree(output(str(size), f"beam-{runner}"), ignore_errors=True)
+            log(f"beam on {runner}, {size:,} rows: {result['rows_per_s']:,} rows/s, "
+                f"{result['ratio']:.2f} x the single machine; the same files: "
+                f"{'yes' if result['same_output'] else 'NO'}; peak RSS by process (MB): "
+                f"{result['peak_rss_mb_by_process']}")  # fmt: skip
+            rows.append({"runner": runner, **result})
+        shutil.rmtree(output(str(size), "elastic"), ignore_errors=True)
+    return rows
+
+
+def beam_growth(rows: list[dict], sizes: list[int]) -> dict:
+    """Each runner's and process's peak RSS at the largest size over the smallest; logs the
+    verdict against :data:`GROWTH_TARGET`."""
+    small, large = min(sizes), max(sizes)
+    growth: dict = {}
+    for runner in {row["runner"] for row in rows} - {"single machine"}:
+        peaks = {row["rows"]: row["peak_rss_mb_by_process"] for row in rows
+                 if row["runner"] == runner}  # fmt: skip
+        if small == large or small not in peaks or large not in peaks:
+            continue
+        for role, mb in peaks[large].items():
+            if role in peaks[small] and peaks[small][role]:
+                ratio = round(mb / peaks[small][role], 2)
+                growth[f"{runner}: {role}"] = ratio
+                verdict = "PASS" if ratio <= GROWTH_TARGET else "ABOVE"
+                log(f"beam on {runner}, {role}: peak RSS {peaks[small][role]} MB at "
+                    f"{small:,} rows, {mb} MB at {large:,}: x{ratio} (target <= "
+                    f"{GROWTH_TARGET}): {verdict}")  # fmt: skip
+    return growth
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="(default 2,000,000)")
@@ -175,12 +243,23 @@ def main(argv: list[str] | None = None) -> int:
         "--only", choices=["elastic", "pandas", "beam"], help="run one side (no ratio then)"
     )
     parser.add_argument(
+        "--beam-rows",
+        type=lambda t: [int(v) for v in t.split(",")],
+        default=[2_000_000, 10_000_000],
+        help="the sizes of the Beam runs (default 2000000,10000000)",
+    )
+    parser.add_argument(
+        "--beam-runners",
+        type=lambda t: t.split(","),
+        default=list(RUNNERS),
+        help=f"of {', '.join(RUNNERS)} (default all)",
+    )
+    parser.add_argument(
         "--beam-option",
         action="append",
         default=[],
         metavar="OPT",
-        help="passed on to the beam run, e.g. --beam-option=--direct_num_workers=2 "
-        "--beam-option=--direct_running_mode=multi_processing",
+        help="passed on to every beam run",
     )
     parser.add_argument("--pandas-loop", nargs=2, metavar=("CSV", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -189,7 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     os.makedirs(args.workdir, exist_ok=True)
+    for runner in args.beam_runners:
+        if runner not in RUNNERS:
+            parser.error(f"--beam-runners: {runner!r} is not one of {', '.join(RUNNERS)}")
     sizes = {"full": args.rows, "tenth": args.rows // 10}
+    if args.only in (None, "beam"):
+        sizes.update({str(rows): rows for rows in args.beam_rows})
     csvs = {}
     for size, rows in sizes.items():
         csvs[size] = os.path.join(args.workdir, f"preprocess-{rows}x{args.columns}.csv")
@@ -209,22 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def output(size: str, name: str) -> str:
-        return os.path.join(
-            args.workdir, f"preprocess-out-{size}" + ("-beam" if name == "beam" else "")
-        )
+        return os.path.join(args.workdir, f"preprocess-out-{size}-{name}")
 
-    def elastic(size: str, name: str = "elastic", *flags: str) -> dict:
+    def elastic(size: str, name: str = "elastic", *flags: str, memory=None) -> dict:
         shutil.rmtree(output(size, name), ignore_errors=True)
         command = [*elastic_step_command(), "preprocess", "--input", csvs[size],
                    "--label", "label", "--output", output(size, name), *flags]  # fmt: skip
-        return run_child(f"{name} ({size})", command, sizes[size])
+        return run_child(f"{name} ({size})", command, sizes[size], memory)
 
     if args.only in (None, "elastic"):
         results["elastic"] = elastic("full")
         results["elastic_tenth"] = elastic("tenth")
     if args.only in (None, "beam"):
-        options = [f"--beam-option={option}" for option in args.beam_option]
-        results["beam"] = elastic("full", "beam", "--runner", "beam", *options)
+        results["beam"] = beam_rows(args, elastic, output)
     if args.only in (None, "pandas"):
         out = os.path.join(args.workdir, "preprocess-pandas.tfrecord")
         command = [sys.executable, os.path.abspath(__file__), "--pandas-loop", csvs["full"], out]
@@ -238,12 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         rss_ok = "PASS" if rss < RSS_TARGET_MB else "ABOVE"
         log(f"ratio elastic / pandas: {ratio:.2f} (target >= {SPEED_TARGET}): {speed_ok}")
         log(f"elastic peak RSS: {rss} MB (target < {RSS_TARGET_MB} MB): {rss_ok}")
-    if "elastic" in results and "beam" in results:
-        ratio = results["beam"]["rows_per_s"] / results["elastic"]["rows_per_s"]
-        results["beam_ratio"] = round(ratio, 2)
-        same = same_files(output("full", "elastic"), output("full", "beam"))
-        results["beam_same_output"] = same
-        log(f"ratio beam / elastic: {ratio:.2f}; the same files: {'yes' if same else 'NO'}")
+    if "beam" in results:
+        results["beam_growth"] = beam_growth(results["beam"], args.beam_rows)
     path = os.path.join(args.workdir, "preprocess.json")
     write_result(path, results)
     log(f"wrote {path}")

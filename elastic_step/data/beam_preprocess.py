@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-from elastic_step.data import beam_steps, storage
+from elastic_step.data import beam_runners, beam_steps, storage
+from elastic_step.data.beam_stages import Stages
 from elastic_step.data.beam_steps import PIECES, Job
 from elastic_step.data.csv_ranges import (
     CHUNK_BYTES,
@@ -45,14 +46,13 @@ from elastic_step.data.preprocess import (
     open_input,
     wrote_line,
 )
-from elastic_step.data.schema import SCHEMA_FILE, Schema
+from elastic_step.data.schema import Schema
 from elastic_step.errors import ElasticStepError, InputError
 
 BEAM_MISSING = "--runner beam needs Apache Beam: pip install 'elastic-step[beam]' (or apache-beam)"
 #: The runner when the options name none: Beam's local batch runner, in this process.
 LOCAL_RUNNER = "FnApiRunner"
 _MEMORY = MemoryBudget()
-_STATS = "stats"
 #: What Beam adds to the message of an exception raised in a step.
 _STEP_NOTE = re.compile(r" \[while running '[^']*'\]")
 _WORKER_INPUT_ERROR = re.compile(r"^elastic_step\.errors\.InputError: (.*)$", re.MULTILINE)
@@ -81,7 +81,7 @@ def preprocess_on_beam(
     that one step reads at a time. Bad input, and a bad Beam option, raise an
     :class:`InputError` of one line."""
     beam = import_beam()
-    pipeline = new_pipeline(beam, beam_options)
+    options = new_options(beam_options)
     say = progress or (lambda _line: None)
     fill = check_arguments(shards, validation_fraction, label_kind, fill_missing)
     source = open_input(input_path, label, categorical, memory)
@@ -94,7 +94,7 @@ def preprocess_on_beam(
         source, leading, label=label, categorical=set(categorical), label_kind=label_kind
     )
     names = keras_input_names(found, say)
-    runner = type(pipeline.runner).__name__
+    runner = runner_name(options)
     say(f"preprocessing {input_path} with Apache Beam on {runner}")
     with storage.atomic_directory(output) as tmp, _beam_logs(runner):
         job = Job(
@@ -107,17 +107,15 @@ def preprocess_on_beam(
             shards=shards,
             seed=seed,
             bucket_bytes=memory.bucket_bytes,
+            spill_bytes=memory.spill_bytes,
             names=names,
             one_hot=one_hot,
             out_dir=tmp,
         )
-        _run(beam, pipeline, job, chunk_bytes)
-        storage.remove(storage.join(tmp, PIECES))
-        if not storage.exists(storage.join(tmp, SCHEMA_FILE)):  # keep the old output then
-            raise InputError(
-                f"{output}: the pipeline on {runner} wrote nothing here; its workers must "
-                "reach --input and --output (URIs such as s3:// or gs://)"
-            )
+        pieces = storage.join(tmp, PIECES)
+        stages = Stages(beam, options, pieces, say=say, output=output, runner=runner)
+        _run(stages, job, chunk_bytes)
+        storage.remove(pieces)
     schema = Schema.load(output)
     say(f"read {sum(schema.records.values())} rows, {len(found.header)} columns from {input_path}")
     say(describe(schema))
@@ -147,19 +145,38 @@ def _reported_here(record: logging.LogRecord) -> bool:
     return not (record.exc_info and isinstance(record.exc_info[1], ElasticStepError))
 
 
-def new_pipeline(beam: ModuleType, flags: Sequence[str]) -> Any:
-    """A Beam pipeline with the options ``flags`` (see :func:`pipeline_options`)."""
+def new_options(flags: Sequence[str]) -> Any:
+    """:func:`pipeline_options`, with a runner that Beam does not know (or lacks a module of)
+    as an :class:`InputError`."""
+    from apache_beam.runners.runner import create_runner
+
+    options = pipeline_options(flags)
     try:
-        return beam.Pipeline(options=pipeline_options(flags))
-    except (ValueError, ImportError) as e:  # a runner that Beam does not know, or lacks
+        create_runner(runner_name(options, full=True))
+    except (ValueError, ImportError) as e:
         raise InputError(f"--beam-option: {e}") from None
+    return options
+
+
+def runner_name(options: Any, *, full: bool = False) -> str:
+    """The runner that ``options`` name: its class name, or with ``full`` as given."""
+    from apache_beam.options.pipeline_options import StandardOptions
+
+    runner = options.view_as(StandardOptions).runner
+    return runner if full else runner.rsplit(".", 1)[-1]
 
 
 def pipeline_options(flags: Sequence[str]) -> Any:
     """Beam's PipelineOptions of ``flags`` (``--name=value``), with :data:`LOCAL_RUNNER`
     unless they name a runner; an :class:`InputError` for a flag that Beam does not know or
-    whose value it refuses."""
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    whose value it refuses. The runner is made ready first (beam_runners.py): a short name
+    resolved, its module imported (its own options are known only then), Prism's binary
+    found."""
+    from apache_beam.options.pipeline_options import (
+        PipelineOptions,
+        PrismRunnerOptions,
+        StandardOptions,
+    )
 
     for flag in flags:
         if not flag.startswith("--"):
@@ -168,6 +185,9 @@ def pipeline_options(flags: Sequence[str]) -> Any:
                 "--beam-option=--runner=DataflowRunner"
             )
     options = PipelineOptions(list(flags))
+    standard = options.view_as(StandardOptions)
+    standard.runner = beam_runners.resolve(standard.runner) or LOCAL_RUNNER
+    beam_runners.import_runner_module(standard.runner)
     refused = io.StringIO()
     try:
         # Beam would log the flags it does not know, and drop them; they are errors here.
@@ -180,8 +200,15 @@ def pipeline_options(flags: Sequence[str]) -> Any:
     unknown = sorted(set(given) - set(known))
     if unknown:
         raise InputError(f"--beam-option --{unknown[0]}: Apache Beam has no such option")
-    if options.view_as(StandardOptions).runner is None:
-        options.view_as(StandardOptions).runner = LOCAL_RUNNER
+    if beam_runners.is_dask(standard.runner):
+        beam_runners.one_item_a_task(options)
+    if beam_runners.is_prism(standard.runner):
+        prism = options.view_as(PrismRunnerOptions)
+        prism.prism_location = beam_runners.prism_location(prism.prism_location)
+        if not any(flag.startswith("--prism_log_level") for flag in flags):
+            prism.prism_log_level = "warn"  # its INFO lines: each job's start and end
+        # Beam's start and stop of Prism's process, a WARNING each, the second at exit.
+        logging.getLogger("apache_beam.utils.subprocess_server").setLevel(logging.ERROR)
     return options
 
 
@@ -196,23 +223,47 @@ def _quiet(logger: str, level: int = logging.ERROR) -> Iterator[None]:
         log.setLevel(before)
 
 
+@contextlib.contextmanager
+def _quiet_beam() -> Iterator[None]:
+    """Beam's loggers at WARNING, and the INFO lines that its portable runner logs to the root
+    logger (a job's messages, on Prism: "starting job-001[job]")."""
+
+    def from_beam(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "apache_beam" not in record.pathname
+
+    root = logging.getLogger()
+    root.addFilter(from_beam)
+    try:
+        with _quiet("apache_beam", logging.WARNING):
+            yield
+    finally:
+        root.removeFilter(from_beam)
+
+
 def _beam_logs(runner: str) -> contextlib.AbstractContextManager:
     """Beam's logs, but for its INFO lines on a local runner: they tell a user nothing (a
     remote runner's say where the job is)."""
     from apache_beam.options.pipeline_options import StandardOptions
 
     if runner in StandardOptions.LOCAL_RUNNERS:
-        return _quiet("apache_beam", logging.WARNING)
+        return _quiet_beam()
     # The steps' type hints are strings (``from __future__ import annotations``), which Beam
     # reads as Any, saying so at INFO for each.
     return _quiet("apache_beam.typehints", logging.WARNING)
 
 
-def _run(beam: ModuleType, pipeline: Any, job: Job, chunk_bytes: int) -> None:
-    """Builds the pipeline's steps and runs it to its end."""
+def _run(stages: Stages, job: Job, chunk_bytes: int) -> None:
+    """The passes of beam_steps.py, one pipeline each (beam_stages.py), and the schema."""
     try:
-        with pipeline:
-            _build(beam, pipeline, job, chunk_bytes)
+        ranges = _ranges(stages, job, chunk_bytes)
+        counted = stages.map("count", beam_steps.count_range, ranges, job)
+        plan = beam_steps.make_plan(counted, job)
+        splits = stages.map("split", beam_steps.split_range, ranges, job, plan)
+        placed = beam_steps.place(splits, plan)
+        encoded = stages.map("encode", beam_steps.encode_range, ranges, job, placed)
+        buckets = beam_steps.bucket_blocks(encoded)
+        written = stages.map("write", beam_steps.write_bucket, buckets, job, placed)
+        shards = stages.map("join", beam_steps.join_shard, beam_steps.by_shard(written), job)
     except InputError as e:
         # Beam adds the step that raised it; the message names the file, line and column.
         raise InputError(_STEP_NOTE.sub("", str(e))) from None
@@ -223,72 +274,20 @@ def _run(beam: ModuleType, pipeline: Any, job: Job, chunk_bytes: int) -> None:
         if found is None:
             raise
         raise InputError(_STEP_NOTE.sub("", found.group(1))) from None
+    beam_steps.write_schema(job, placed, encoded, shards)
 
 
-def _build(beam: ModuleType, pipeline: Any, job: Job, chunk_bytes: int) -> None:
-    """The steps of beam_steps.py, joined."""
-    singleton, every = beam.pvalue.AsSingleton, beam.pvalue.AsList
-    ranges = _ranges(beam, pipeline, job, chunk_bytes)
-    plan = (
-        ranges
-        | "count" >> beam.Map(beam_steps.count_range, job)
-        | "all counts" >> beam.combiners.ToList()
-        | "plan" >> beam.Map(beam_steps.make_plan, job)
-    )
-    placed = (
-        ranges
-        | "split" >> beam.Map(beam_steps.split_range, job, singleton(plan))
-        | "all splits" >> beam.combiners.ToList()
-        | "place" >> beam.Map(beam_steps.place, singleton(plan))
-    )
-    encoded = ranges | "encode" >> beam.FlatMap(_encode, job, singleton(placed)).with_outputs(
-        _STATS, main="buckets"
-    )
-    shards = (
-        encoded.buckets
-        | "group buckets" >> beam.GroupByKey()
-        | "write buckets" >> beam.Map(beam_steps.write_bucket, job, singleton(placed))
-        | "group shards" >> beam.GroupByKey()
-        | "join shards" >> beam.Map(beam_steps.join_shard, job)
-    )
-    stats = encoded[_STATS] | "merge stats" >> beam.CombineGlobally(beam_steps.merge_stats)
-    _ = (
-        pipeline
-        | "once" >> beam.Create([None])
-        | "schema"
-        >> beam.Map(
-            beam_steps.write_schema, job, singleton(placed), singleton(stats), every(shards)
-        )
-    )
-
-
-def _ranges(beam: ModuleType, pipeline: Any, job: Job, chunk_bytes: int) -> Any:
-    """The file's ranges of whole rows, spread over the workers."""
+def _ranges(stages: Stages, job: Job, chunk_bytes: int) -> list[RowRange]:
+    """The file's ranges of whole rows: a gzip file is one; else the chunks' quotes, counted
+    on the workers, say where rows end."""
     size = job.source.total_bytes
-    if job.source.gzipped:  # no reading from the middle: one range
-        ranges = pipeline | "one range" >> beam.Create([RowRange(index=0, start=0, end=size)])
-    else:
-        starts = chunk_starts(job.data_start, size, chunk_bytes)
-        ranges = (
-            pipeline
-            | "chunks" >> beam.Create(list(zip(starts, [*starts[1:], size], strict=True)))
-            | "count quotes" >> beam.Map(_quotes, job.source.path)
-            | "all chunks" >> beam.combiners.ToList()
-            | "cut at row ends" >> beam.FlatMap(_cut, job.data_start, size)
-        )
-    return ranges | "spread ranges" >> beam.Reshuffle()
+    if job.source.gzipped:  # no reading from the middle
+        return [RowRange(index=0, start=0, end=size)]
+    starts = chunk_starts(job.data_start, size, chunk_bytes)
+    chunks = list(zip(starts, [*starts[1:], size], strict=True))
+    quotes = stages.map("quotes", _quotes, chunks, job.source.path)
+    return row_ranges(job.data_start, size, quotes)
 
 
 def _quotes(chunk: tuple[int, int], path: str) -> ChunkQuotes:
     return chunk_quotes(path, *chunk)
-
-
-def _cut(chunks: list[ChunkQuotes], data_start: int, size: int) -> list[RowRange]:
-    return row_ranges(data_start, size, chunks)
-
-
-def _encode(part: RowRange, job: Job, plan: beam_steps.Plan) -> Iterator[Any]:
-    from apache_beam.pvalue import TaggedOutput
-
-    for item in beam_steps.encode_range(part, job, plan):
-        yield item if isinstance(item, tuple) else TaggedOutput(_STATS, item)

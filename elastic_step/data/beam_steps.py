@@ -13,10 +13,17 @@ range is read once per pass, as the single-machine path reads the whole file:
    value in the file (the shift of its statistics);
 5. :func:`encode_range`: the Encoder of the single-machine path, its counters started where
    the range begins: the same records, buckets and sort keys, and statistics that merge
-   (:func:`merge_stats`);
-6. :func:`write_bucket` writes the records of one bucket in key order, straight into its
-   shard when the shard has one bucket; :func:`join_shard` joins a shard's buckets in order;
+   (:func:`merge_stats`). The range parks its records in its own file, in blocks per bucket
+   (spill.RangeParts), and passes on only where each bucket's blocks lie;
+6. :func:`write_bucket` reads one bucket's blocks from every range's file and writes its
+   records in key order, straight into its shard when the shard has one bucket;
+   :func:`join_shard` joins a shard's buckets in order;
 7. :func:`write_schema`.
+
+No step holds more than a range's ``spill_bytes`` or a bucket's ``bucket_bytes`` of records:
+what goes through Beam's shuffles is counts, plans and file places, never records. So a
+worker's memory is bounded by the memory budget, not by the data, on any runner; and no step
+has more than one output, which Beam's Dask runner does not tell apart.
 
 Row numbers and the counters before each range are what make every row's split, shard,
 bucket and key those of the single-machine path: the output is the same, byte for byte.
@@ -30,7 +37,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 
 from elastic_step.data import storage
 from elastic_step.data.csv_ranges import RowRange
@@ -49,7 +55,7 @@ from elastic_step.data.preprocess import (
     train_values,
 )
 from elastic_step.data.schema import Shard
-from elastic_step.data.spill import by_bucket, in_key_order
+from elastic_step.data.spill import BlockPlace, RangeParts, sorted_blocks
 from elastic_step.data.tfrecord import ShardWriter
 from elastic_step.errors import InputError
 
@@ -70,7 +76,8 @@ class Job:
     validation_fraction: float
     shards: int
     seed: int
-    bucket_bytes: int
+    bucket_bytes: int  # records sorted at a time, when a bucket is written
+    spill_bytes: int  # records held at a time, while a range is encoded
     names: list[str]  # the features' Keras input names
     one_hot: bool
     out_dir: str
@@ -190,41 +197,58 @@ def place(splits: list[tuple[int, dict[str, int], dict]], plan: Plan) -> Plan:
     return dataclasses.replace(plan, splits_before=splits_before, shifts=shifts)
 
 
-def encode_range(
-    part: RowRange, job: Job, plan: Plan
-) -> Iterator[tuple[int, tuple[np.ndarray, pa.Array]] | dict[int, ColumnStats]]:
-    """Step 5: ``(bucket, (keys, records))`` per bucket of each batch, then the range's
-    statistics (tagged by the pipeline)."""
+@dataclass(frozen=True)
+class EncodedRange:
+    """What :func:`encode_range` leaves of a range: its statistics, and where its records lie
+    per bucket (in its file under :data:`PIECES`)."""
+
+    index: int
+    stats: dict[int, ColumnStats]
+    blocks: dict[int, list[BlockPlace]]
+
+
+def encode_range(part: RowRange, job: Job, plan: Plan) -> EncodedRange:
+    """Step 5: the range's records, each with its bucket and sort key, parked in the range's
+    own file (``spill_bytes`` of them in memory at a time), and its statistics."""
     i = part.index
-    found = plan.found
     encoder = Encoder(
-        found, plan.split, plan.layout, job.seed, before=plan.before(i), shifts=plan.shifts
+        plan.found, plan.split, plan.layout, job.seed, before=plan.before(i), shifts=plan.shifts
     )
-    for batch in job.batches(part, plan.first_rows[i]):
-        for bucket, keys, records in by_bucket(*encoder.encode(batch)):
-            # A copy of the slice: a pickled slice holds all of its parent's buffers.
-            yield bucket, (keys, pa.concat_arrays([records]))
+    path = storage.join(job.out_dir, PIECES, f"range-{i:06d}.blocks")
+    with RangeParts(path, flush_bytes=job.spill_bytes) as parked:
+        for batch in job.batches(part, plan.first_rows[i]):
+            parked.add(*encoder.encode(batch))
     if encoder.rows != plan.rows[i]:
         raise InputError(f"{job.source.path}: the file changed while it was being read")
-    yield encoder.stats
+    return EncodedRange(index=i, stats=encoder.stats, blocks=parked.index)
 
 
-def merge_stats(parts: Iterable[dict[int, ColumnStats]]) -> dict[int, ColumnStats]:
-    """The statistics of all ranges (of partial merges too)."""
+def bucket_blocks(encoded: list[EncodedRange]) -> list[tuple[int, list[BlockPlace]]]:
+    """``(bucket, where its blocks lie)`` of every bucket that was sent records, its blocks
+    in range order."""
+    places: dict[int, list[BlockPlace]] = {}
+    for part in sorted(encoded, key=lambda e: e.index):
+        for bucket, blocks in part.blocks.items():
+            places.setdefault(bucket, []).extend(blocks)
+    return sorted(places.items())
+
+
+def merge_stats(encoded: Iterable[EncodedRange]) -> dict[int, ColumnStats]:
+    """The statistics of all ranges."""
     total: dict[int, ColumnStats] = {}
-    for part in parts:
-        for j, stats in part.items():
+    for part in sorted(encoded, key=lambda e: e.index):
+        for j, stats in part.stats.items():
             total.setdefault(j, ColumnStats(shift=stats.shift)).merge(stats)
     return total
 
 
 def write_bucket(
-    item: tuple[int, Iterable[tuple[np.ndarray, pa.Array]]], job: Job, plan: Plan
+    item: tuple[int, list[BlockPlace]], job: Job, plan: Plan
 ) -> tuple[tuple[str, int], tuple[int, str, int]]:
-    """Step 6: ``((split, shard), (bucket, path, records))`` of one bucket written in key
-    order: into its shard if the shard has no other, else as a piece of it."""
-    bucket, parts = item
-    keys, blocks = zip(*parts, strict=True)
+    """Step 6: ``((split, shard), (bucket, path, records))`` of one bucket, read from the
+    ranges' files and written in key order: into its shard if the shard has no other, else
+    as a piece of it. It holds one bucket (``bucket_bytes``) at a time."""
+    bucket, places = item
     split, shard = plan.layout.shard_of(bucket)
     if plan.layout.per_shard[split] == 1:
         path = storage.join(job.out_dir, shard_name(split, shard))
@@ -232,8 +256,18 @@ def write_bucket(
         path = storage.join(job.out_dir, PIECES, f"bucket-{bucket:06d}.tfrecord")
     storage.makedirs(storage.parent(path))
     with ShardWriter(path) as writer:
-        writer.write_all(in_key_order(list(keys), list(blocks)))
+        writer.write_all(sorted_blocks(places))
     return (split, shard), (bucket, path, writer.records)
+
+
+def by_shard(
+    written: list[tuple[tuple[str, int], tuple[int, str, int]]],
+) -> list[tuple[tuple[str, int], list[tuple[int, str, int]]]]:
+    """The buckets written (:func:`write_bucket`), grouped by their shard, in shard order."""
+    shards: dict[tuple[str, int], list[tuple[int, str, int]]] = {}
+    for shard, bucket in written:
+        shards.setdefault(shard, []).append(bucket)
+    return sorted(shards.items())
 
 
 def join_shard(
@@ -253,11 +287,9 @@ def join_shard(
     return split, shard, Shard(path=relative, records=sum(n for _, _, n in ordered))
 
 
-def write_schema(
-    _: object, job: Job, plan: Plan, stats: dict[int, ColumnStats], shards: list
-) -> None:
+def write_schema(job: Job, plan: Plan, encoded: list[EncodedRange], shards: list) -> None:
     """Step 7: ``schema.json``, as the single-machine path writes it."""
-    schema = new_schema(plan.found, stats, job.names, job.fill, job.one_hot)
+    schema = new_schema(plan.found, merge_stats(encoded), job.names, job.fill, job.one_hot)
     for split in SPLITS:
         written = sorted((k, entry) for s, k, entry in shards if s == split)
         schema.splits[split] = [entry for _, entry in written]

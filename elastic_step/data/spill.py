@@ -1,39 +1,81 @@
-"""Records parked on local disk in buckets, for a shuffle larger than memory.
+"""Records parked in buckets, for a shuffle larger than memory.
 
 The encoding pass sends each record, with its random sort key, to a bucket; the writing pass
 reads one bucket at a time back, sorts it by key and appends it to its shard. Records wait in
 memory until ``flush_bytes`` of them are pending, then every bucket's pending records are
-appended to its file as one block:
+written as one block:
 
     uint64 n | n x uint64 keys | (n + 1) x uint64 offsets | data
 
-Tests: tests/unit/test_preprocess_streaming.py (tiny memory budgets, a CSV larger than memory).
+Two places hold the blocks: :class:`Spill`, a file per bucket on local disk (the
+single-machine path), and :class:`RangeParts`, one file per range of the input on any storage,
+with an index of where each bucket's blocks lie (the Beam path: each range parks its own
+records, and the step that writes a bucket reads its blocks from every range's file, so that no
+step holds more than a bucket).
+Tests: tests/unit/test_preprocess_streaming.py (tiny memory budgets, a CSV larger than memory),
+tests/unit/test_beam_preprocess.py.
 """
 
 from __future__ import annotations
 
+import io
 import os
-from collections.abc import Iterator
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
 
+from elastic_step.data import storage
+
 FLUSH_BYTES = 32 << 20
 
 
-class Spill:
-    """``buckets`` bucket files in the local directory ``directory``."""
+def write_block(f: IO[bytes], keys: np.ndarray, records: pa.Array) -> tuple[int, int]:
+    """Writes ``records`` with their ``keys`` to ``f`` as one block; ``(bytes written, record
+    bytes)``."""
+    keys = keys.astype("<u8")
+    records = records.cast(pa.large_binary())
+    offsets = np.frombuffer(records.buffers()[1], dtype="<i8")[
+        records.offset : records.offset + len(records) + 1
+    ]
+    base, end = int(offsets[0]), int(offsets[-1])
+    parts = [
+        np.array([len(keys)], dtype="<u8").tobytes(),
+        keys.tobytes(),
+        (offsets - base).astype("<u8").tobytes(),
+        memoryview(records.buffers()[2])[base:end],
+    ]
+    for part in parts:
+        f.write(part)
+    return sum(len(part) for part in parts), end - base
 
-    def __init__(self, directory: str, buckets: int, *, flush_bytes: int = FLUSH_BYTES) -> None:
-        self._directory = directory
+
+def read_blocks(f: IO[bytes]) -> Iterator[tuple[np.ndarray, pa.Array]]:
+    """``(keys, records)`` of each block in ``f``, to its end."""
+    while header := f.read(8):
+        n = int(np.frombuffer(header, dtype="<u8")[0])
+        keys = np.frombuffer(f.read(8 * n), dtype="<u8")
+        offsets = np.frombuffer(f.read(8 * (n + 1)), dtype="<i8")
+        data = f.read(int(offsets[-1]))
+        yield (
+            keys,
+            pa.Array.from_buffers(
+                pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+            ),
+        )
+
+
+class _Parked(ABC):
+    """Records held per bucket until ``flush_bytes`` of them are pending, then written a
+    block per bucket (:meth:`_write`)."""
+
+    def __init__(self, flush_bytes: int) -> None:
         self._flush_bytes = flush_bytes
         self._pending: dict[int, list[tuple[np.ndarray, pa.Array]]] = {}
         self._pending_bytes = 0
-        self.buckets = buckets
-        self.bytes_written = 0  # record bytes in all bucket files
-
-    def _path(self, bucket: int) -> str:
-        return os.path.join(self._directory, f"bucket-{bucket:06d}")
+        self.bytes_written = 0  # record bytes in all blocks
 
     def add(self, buckets: np.ndarray, keys: np.ndarray, records: pa.Array) -> None:
         """Sends ``records[i]``, with sort key ``keys[i]``, to bucket ``buckets[i]``."""
@@ -44,42 +86,92 @@ class Spill:
             self.flush()
 
     def flush(self) -> None:
-        """Appends every pending record to its bucket's file."""
+        """Writes every pending record, a block per bucket."""
         for bucket, parts in sorted(self._pending.items()):
-            keys = np.concatenate([k for k, _ in parts]).astype("<u8")
-            records = pa.concat_arrays([r for _, r in parts]).cast(pa.large_binary())
-            offsets = np.frombuffer(records.buffers()[1], dtype="<i8")[
-                records.offset : records.offset + len(records) + 1
-            ]
-            data = records.buffers()[2]
-            base, end = int(offsets[0]), int(offsets[-1])
-            with open(self._path(bucket), "ab") as f:
-                f.write(np.array([len(keys)], dtype="<u8").tobytes())
-                f.write(keys.tobytes())
-                f.write((offsets - base).astype("<u8").tobytes())
-                f.write(memoryview(data)[base:end])
-            self.bytes_written += end - base
+            keys = np.concatenate([k for k, _ in parts])
+            self.bytes_written += self._write(bucket, keys, pa.concat_arrays([r for _, r in parts]))
         self._pending.clear()
         self._pending_bytes = 0
+
+    @abstractmethod
+    def _write(self, bucket: int, keys: np.ndarray, records: pa.Array) -> int:
+        """Writes one block of ``bucket``; its record bytes."""
+
+
+class Spill(_Parked):
+    """``buckets`` bucket files in the local directory ``directory``."""
+
+    def __init__(self, directory: str, buckets: int, *, flush_bytes: int = FLUSH_BYTES) -> None:
+        super().__init__(flush_bytes)
+        self._directory = directory
+        self.buckets = buckets
+
+    def _path(self, bucket: int) -> str:
+        return os.path.join(self._directory, f"bucket-{bucket:06d}")
+
+    def _write(self, bucket: int, keys: np.ndarray, records: pa.Array) -> int:
+        with open(self._path(bucket), "ab") as f:
+            return write_block(f, keys, records)[1]
 
     def sorted_bucket(self, bucket: int) -> pa.Array:
         """The records of ``bucket`` in the order of their keys (after :meth:`flush`)."""
         path = self._path(bucket)
         if not os.path.exists(path):
             return pa.array([], pa.large_binary())
-        keys, blocks = [], []
         with open(path, "rb") as f:
-            while header := f.read(8):
-                n = int(np.frombuffer(header, dtype="<u8")[0])
-                keys.append(np.frombuffer(f.read(8 * n), dtype="<u8"))
-                offsets = np.frombuffer(f.read(8 * (n + 1)), dtype="<i8")
-                data = f.read(int(offsets[-1]))
-                blocks.append(
-                    pa.Array.from_buffers(
-                        pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-                    )
-                )
-        return in_key_order(keys, blocks)
+            return _in_key_order(read_blocks(f))
+
+
+#: Where one block of a bucket lies in a range's file: ``(path, offset, length)``.
+BlockPlace = tuple[str, int, int]
+
+
+class RangeParts(_Parked):
+    """One range's records in one file ``path`` (any storage, written front to back), and
+    where each bucket's blocks lie in it (:attr:`index`). Use as a context manager: the file
+    is complete when it closes."""
+
+    def __init__(self, path: str, *, flush_bytes: int = FLUSH_BYTES) -> None:
+        super().__init__(flush_bytes)
+        self.path = path
+        self.index: dict[int, list[BlockPlace]] = {}
+        self._written = 0
+        self._file: IO[bytes] | None = None
+
+    def __enter__(self) -> RangeParts:
+        storage.makedirs(storage.parent(self.path))
+        self._file = storage.open_file(self.path, "wb")
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        assert self._file is not None
+        try:
+            if kind is None:
+                self.flush()
+        finally:
+            self._file.close()
+
+    def _write(self, bucket: int, keys: np.ndarray, records: pa.Array) -> int:
+        assert self._file is not None, "RangeParts is used as a context manager"
+        length, record_bytes = write_block(self._file, keys, records)
+        self.index.setdefault(bucket, []).append((self.path, self._written, length))
+        self._written += length
+        return record_bytes
+
+
+def sorted_blocks(places: list[BlockPlace]) -> pa.Array:
+    """The records of the blocks at ``places`` (:class:`RangeParts`), in the order of their
+    keys: one bucket, read from every range that sent it records."""
+    return _in_key_order(
+        block
+        for path, offset, length in places
+        for block in read_blocks(io.BytesIO(storage.read_range(path, offset, length)))
+    )
+
+
+def _in_key_order(blocks: Iterable[tuple[np.ndarray, pa.Array]]) -> pa.Array:
+    pairs = list(blocks)
+    return in_key_order([keys for keys, _ in pairs], [records for _, records in pairs])
 
 
 def by_bucket(

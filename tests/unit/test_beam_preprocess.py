@@ -19,8 +19,8 @@ pytest.importorskip("apache_beam")
 
 from elastic_step.cli import command_parser, main
 from elastic_step.components.parameters import arguments
-from elastic_step.data import beam_preprocess, storage
-from elastic_step.data.beam_preprocess import BEAM_MISSING, preprocess_on_beam
+from elastic_step.data import beam_runners, beam_stages, storage
+from elastic_step.data.beam_preprocess import BEAM_MISSING, pipeline_options, preprocess_on_beam
 from elastic_step.data.csv_ranges import (
     chunk_quotes,
     chunk_starts,
@@ -198,8 +198,9 @@ def test_a_pipeline_that_wrote_elsewhere_leaves_the_old_output(
     out = tmp_path / "out"
     out.mkdir()
     (out / "schema.json").write_text("{}")
-    monkeypatch.setattr(beam_preprocess, "_run", lambda *args: None)  # nothing comes back
-    with pytest.raises(InputError, match=r"wrote nothing here; its workers must reach"):
+    # The workers write their results on their own disks: none comes back.
+    monkeypatch.setattr(beam_stages, "_compute", lambda *args: None)
+    with pytest.raises(InputError, match=r"wrote no result of 'quotes' where this process reads"):
         preprocess_on_beam(
             input_path=str(csv), label="cultivar", output=str(out), fill_missing="mean"
         )
@@ -213,6 +214,15 @@ def test_a_pipeline_that_wrote_elsewhere_leaves_the_old_output(
         (["--beam-option=--direct_num_workers=two"], "invalid int value: 'two'"),
         (["--beam-option=--runner=NoSuchRunner"], "Unexpected pipeline runner: NoSuchRunner"),
         (["--beam-option=runner"], "--beam-option runner: expected an option of Beam's"),
+        # A runner's own options are known once its module is; others are still refused.
+        (
+            ["--beam-option=--runner=DaskRunner", "--beam-option=--dask_no_such=1"],
+            "--beam-option --dask_no_such: Apache Beam has no such option",
+        ),
+        (
+            ["--beam-option=--runner=PrismRunner", "--beam-option=--prism_location=/no/prism"],
+            "--beam-option --prism_location=/no/prism: no such file",
+        ),
     ],
 )
 def test_a_wrong_beam_option_is_one_line_and_exit_2(
@@ -225,6 +235,36 @@ def test_a_wrong_beam_option_is_one_line_and_exit_2(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("elastic-step: error: --beam-option") and message in line
     assert not (tmp_path / "out").exists()
+
+
+def test_runners_are_made_ready_before_their_options_are_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dask's short name and options; on Dask each item a task unless the options partition;
+    Prism's binary where `make prism` builds it, never downloaded."""
+    from apache_beam.options.pipeline_options import PrismRunnerOptions, StandardOptions
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+
+    dask_path = "apache_beam.runners.dask.dask_runner.DaskRunner"
+    for name in ("DaskRunner", "dask", dask_path):
+        options = pipeline_options([f"--runner={name}", "--dask_client_address=127.0.0.1:1"])
+        assert options.view_as(StandardOptions).runner == dask_path
+        assert options.view_as(DaskOptions).address == "127.0.0.1:1"
+        assert options.view_as(DaskOptions).partition_size == 1
+    given = pipeline_options(["--runner=DaskRunner", "--dask_npartitions=3"])
+    assert given.view_as(DaskOptions).partition_size is None
+    assert given.view_as(DaskOptions).npartitions == 3
+
+    prism = tmp_path / "prism"
+    monkeypatch.setenv(beam_runners.PRISM_ENV, str(prism))
+    with pytest.raises(InputError, match=r"Prism's binary is not at .*; build it with `make pr"):
+        pipeline_options(["--runner=PrismRunner"])
+    prism.write_text("#!/bin/sh\n")
+    prism.chmod(0o755)
+    options = pipeline_options(["--runner=PrismRunner"]).view_as(PrismRunnerOptions)
+    assert (options.prism_location, options.prism_log_level) == (str(prism), "warn")
+    monkeypatch.delenv(beam_runners.PRISM_ENV)
+    assert beam_runners.prism_binary().endswith("/elastic-step/prism/v2.77.0/prism")
 
 
 def test_beam_options_without_the_beam_runner_are_an_error(tmp_path: Path, capsys) -> None:
