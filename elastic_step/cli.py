@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
+from elastic_step import __version__
 from elastic_step.backends import backend_names
 from elastic_step.backends.local import LocalOptions
 from elastic_step.errors import ElasticStepError, InputError
@@ -521,6 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"elastic-step {__version__}",
+        help="print the version and exit",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in _COMPONENT_COMMANDS.values():
         add(commands)

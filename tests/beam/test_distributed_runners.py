@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from file_trees import tree
 
 from elastic_step.cli import main
 from elastic_step.data.beam_preprocess import preprocess_on_beam
@@ -34,14 +35,6 @@ def write_csv(path: Path, rows: int = 3000, bad_line: int | None = None) -> Path
         lines[bad_line - 1] = "oops,1,centre,a"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def tree(directory: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(directory)): p.read_bytes()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from file_trees import tree
 
 pytest.importorskip("apache_beam")
 
@@ -62,14 +63,6 @@ def write_csv(path: Path, *, rows: int = 300, quoted: bool = False, label: str =
     end = "\r\n" if quoted else "\n"
     path.write_bytes((end.join(lines) + end).encode())
     return path
-
-
-def tree(directory: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(directory)): p.read_bytes()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
 
 
 def object_tree(uri: str) -> dict[str, bytes]:

@@ -64,3 +64,12 @@ def test_predict_help_speaks_of_workers_only_and_train_help_of_ps_too(
     assert "--worker-cpu" in predict and "--high-priority-class" in predict
     train = help_of("train")
     assert "--ps-cpu" in train and "PriorityClass of PS pods" in train
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"elastic-step {version('elastic-step')}"

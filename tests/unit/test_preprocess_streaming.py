@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from file_trees import tree
 
 from elastic_step.data import storage
 from elastic_step.data.input_names import input_names
@@ -42,14 +43,6 @@ def _records(schema: Schema, out: str, split: str) -> list[dict[str, object]]:
                 row[name] = value.decode() if kind == "bytes_list" else value
             rows.append(row)
     return rows
-
-
-def _tree(directory: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(directory)): p.read_bytes()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture
@@ -81,14 +74,14 @@ def test_output_is_the_same_whatever_the_budget_compression_or_storage(
     gz.write_bytes(gzip.compress(wine_csv.read_bytes()))
     streamed = tmp_path / "streamed"
     preprocess(input_path=str(gz), output=str(streamed), memory=TINY, **common)
-    assert _tree(streamed) == _tree(in_memory)
+    assert tree(streamed) == tree(in_memory)
 
     bucket = s3_env.new_bucket()
     uri = f"s3://{bucket}/in/wine.csv"
     storage.write_bytes_atomic(uri, wine_csv.read_bytes())
     from_s3 = tmp_path / "from-s3"
     preprocess(input_path=uri, output=str(from_s3), memory=TINY, **common)
-    assert _tree(from_s3) == _tree(in_memory)
+    assert tree(from_s3) == tree(in_memory)
 
     # A CSV sorted by label still gives shards in random order.
     first_shard = _records(Schema.load(str(in_memory)), str(in_memory), "train")[:120]
@@ -115,7 +108,7 @@ def test_gzip_is_told_by_its_first_bytes_not_its_name(
         out = tmp_path / f"out-{i}"
         schema = preprocess(input_path=source, output=str(out), memory=TINY, **common)
         assert schema.records == {"train": 480, "validation": 120}, source
-        assert _tree(out) == _tree(plain), source
+        assert tree(out) == tree(plain), source
 
 
 def test_three_class_split_is_stratified(tmp_path: Path) -> None:
