@@ -159,7 +159,7 @@ bench-makespan: $(STAMP) cluster
 bench-kfp: $(STAMP) argo kfp mlmd mariadb
 	GO=$(GO) $(BIN)/python bench/kfp_backend.py
 
-bench-preprocess: $(STAMP)
+bench-preprocess: $(STAMP) prism
 	$(BIN)/python bench/preprocess.py
 
 # A job without MLflow, with a tracking server, and with the server stopped mid-run.
