@@ -6,13 +6,14 @@ before learned from the whole file (the counts, the split plan, where each range
 and Beam's Dask runner computes a side input again, from the start of the pipeline, in every
 task that reads it: the file was parsed once per task, and a range's records written again
 while other tasks read them. So this process runs each pass as its own pipeline and keeps what
-the passes learn; a pass gets it as an argument of its function. What comes back from a pass
-is small (counts, file places, shard entries): each item's result is written, pickled, under
-the output's temporary directory, which the workers reach (beam_preprocess.py checks that),
-and read back here. The records themselves go from pass to pass through files (spill.py).
+the passes learn, and a pass gets it as an argument of its function. A pass's function, items
+and arguments are written, pickled, under the output's temporary directory, which the workers
+reach (a worker that does not says so in one line); each item's result is written there too,
+and read back here. What comes back is small (counts, file places, shard entries); the
+records themselves go from pass to pass through files (spill.py).
 
-Every runner runs the same pipelines: one ``Create`` of the items, a ``Reshuffle`` that
-spreads them over the workers, and the function. On Dask, where ``Create`` would put up to
+Every runner runs the same pipelines: one ``Create`` of the items' numbers, a ``Reshuffle``
+that spreads them over the workers, and the function. On Dask, where ``Create`` would put up to
 128 items in one task, each item is its own task unless ``--dask_npartitions`` or
 ``--dask_partition_size`` says otherwise (beam_preprocess.pipeline_options).
 Tests: tests/unit/test_beam_preprocess.py, tests/beam/.
@@ -20,6 +21,7 @@ Tests: tests/unit/test_beam_preprocess.py, tests/beam/.
 
 from __future__ import annotations
 
+import functools
 import pickle
 import time
 from collections.abc import Callable, Sequence
@@ -28,8 +30,12 @@ from typing import Any
 from elastic_step.data import storage
 from elastic_step.errors import InputError
 
-#: Where each pass's results wait to be read, under the output's temporary directory.
+#: Where each pass's input and results wait to be read, under the output's temporary directory.
 RESULTS = "results"
+#: A pass's function, items and arguments, pickled: the pipeline itself holds only the items'
+#: numbers, so its size, which a runner keeps for each job (and Dataflow caps), stays the same
+#: whatever the data.
+INPUT = "input.pickle"
 
 
 class Stages:
@@ -61,13 +67,17 @@ class Stages:
             return []
         beam = self._beam
         out = storage.join(self._pieces, RESULTS, name)
+        given = storage.join(out, INPUT)
         started = time.monotonic()
+        storage.write_bytes_atomic(
+            given, pickle.dumps((fn, list(items), args), protocol=pickle.HIGHEST_PROTOCOL)
+        )
         pipeline = beam.Pipeline(options=self._options)
         _ = (
             pipeline
-            | f"{name}: items" >> beam.Create(list(enumerate(items)))
+            | f"{name}: items" >> beam.Create(list(range(len(items))))
             | f"{name}: spread" >> beam.Reshuffle()
-            | name >> beam.Map(_compute, fn, args, out)
+            | name >> beam.Map(_compute, given, out)
         )
         _run(pipeline)
         results = [self._load(storage.join(out, _result_name(i)), name) for i in range(len(items))]
@@ -84,11 +94,22 @@ class Stages:
         return pickle.loads(storage.read_bytes(path))
 
 
-def _compute(item: tuple[int, Any], fn: Callable, args: tuple, out: str) -> None:
-    index, value = item
+@functools.lru_cache(maxsize=1)
+def _inputs(path: str) -> tuple[Callable, list, tuple]:
+    """A pass's function, items and arguments, read once per worker process and pass."""
+    if not storage.exists(path):
+        raise InputError(
+            f"{path}: not found where the pipeline's workers run; they must reach --input and "
+            "--output (URIs such as s3:// or gs://)"
+        )
+    return pickle.loads(storage.read_bytes(path))
+
+
+def _compute(index: int, given: str, out: str) -> None:
+    fn, items, args = _inputs(given)
     storage.write_bytes_atomic(
         storage.join(out, _result_name(index)),
-        pickle.dumps(fn(value, *args), protocol=pickle.HIGHEST_PROTOCOL),
+        pickle.dumps(fn(items[index], *args), protocol=pickle.HIGHEST_PROTOCOL),
     )
 
 

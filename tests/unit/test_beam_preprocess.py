@@ -200,6 +200,13 @@ def test_a_pipeline_that_wrote_elsewhere_leaves_the_old_output(
     assert tree(out) == {"schema.json": b"{}"}
 
 
+def test_a_worker_that_cannot_read_a_pass_says_which_file(tmp_path: Path) -> None:
+    """A pass's input is written under --output; a worker elsewhere does not find it."""
+    given = str(tmp_path / "elsewhere" / "input.pickle")
+    with pytest.raises(InputError, match=r"input.pickle: not found where the pipeline's work"):
+        beam_stages._compute(0, given, str(tmp_path / "results"))
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
