@@ -33,7 +33,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from elastic_step.data.storage import Storage
+from elastic_step.data.storage_api import Storage
 from elastic_step.errors import InputError
 
 # Each new client logs at INFO where it found the credentials: noise among the job's lines.

@@ -143,3 +143,31 @@ def test_backends_take_typed_options_and_leave_argparse_to_the_cli() -> None:
 def test_the_master_stands_above_the_processes_without_importing_them() -> None:
     below = set(package_graph()["elastic_step.master"])
     assert not below & {"elastic_step.worker", "elastic_step.ps"}, below
+
+
+def module_graph(package: Path) -> dict[str, dict[str, str]]:
+    """The modules of ``package`` -> {module of it they import: one import site}."""
+    paths = sorted(package.rglob("*.py"))
+    modules = {module_name(path) for path in paths}
+    graph: dict[str, dict[str, str]] = defaultdict(dict)
+    for path in paths:
+        source = module_name(path)
+        for target, line in imports_of(path):
+            parts = target.split(".")
+            known = next(
+                (".".join(parts[:n]) for n in range(len(parts), 0, -1)
+                 if ".".join(parts[:n]) in modules),
+                None,
+            )  # fmt: skip
+            if known is not None and known != source:
+                where = f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
+                graph[source].setdefault(known, where)
+    return graph
+
+
+def test_the_modules_of_data_import_each_other_in_no_cycle() -> None:
+    # storage.py chooses object_storage.py by scheme; both implement storage_api.py's Storage.
+    graph = module_graph(PACKAGE / "data")
+    assert "elastic_step.data.storage" not in graph["elastic_step.data.object_storage"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "an import cycle:\n" + "\n".join(cycle or [])
