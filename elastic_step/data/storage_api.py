@@ -4,6 +4,7 @@ its local implementation (storage.py) and the object stores (object_storage.py) 
 It is a module of its own so that object_storage.py depends on the interface, not on the
 layer that chooses it: storage.py imports object_storage.py (lazily, by scheme), never the
 other way round.
+Tests: tests/unit/test_storage.py, tests/unit/test_object_storage.py.
 """
 
 from __future__ import annotations
