@@ -18,6 +18,7 @@ tests/unit/test_beam_preprocess.py.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from abc import ABC, abstractmethod
@@ -129,7 +130,8 @@ BlockPlace = tuple[str, int, int]
 class RangeParts(_Parked):
     """One range's records in one file ``path`` (any storage, written front to back), and
     where each bucket's blocks lie in it (:attr:`index`). Use as a context manager: the file
-    is complete when it closes."""
+    appears, complete, when it closes without an error (a runner that runs a range twice, on
+    a retry or as a backup, never shows a reader half a file)."""
 
     def __init__(self, path: str, *, flush_bytes: int = FLUSH_BYTES) -> None:
         super().__init__(flush_bytes)
@@ -137,19 +139,20 @@ class RangeParts(_Parked):
         self.index: dict[int, list[BlockPlace]] = {}
         self._written = 0
         self._file: IO[bytes] | None = None
+        self._open = contextlib.ExitStack()
 
     def __enter__(self) -> RangeParts:
-        storage.makedirs(storage.parent(self.path))
-        self._file = storage.open_file(self.path, "wb")
+        self._file = self._open.enter_context(storage.open_atomic(self.path))
         return self
 
-    def __exit__(self, kind, error, traceback) -> None:
-        assert self._file is not None
-        try:
-            if kind is None:
+    def __exit__(self, kind, error, traceback) -> bool:
+        if kind is None:
+            try:
                 self.flush()
-        finally:
-            self._file.close()
+            except BaseException as e:  # the file is not published
+                self._open.__exit__(type(e), e, e.__traceback__)
+                raise
+        return self._open.__exit__(kind, error, traceback)
 
     def _write(self, bucket: int, keys: np.ndarray, records: pa.Array) -> int:
         assert self._file is not None, "RangeParts is used as a context manager"

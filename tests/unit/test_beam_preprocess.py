@@ -357,3 +357,28 @@ def test_ranges_hold_whole_rows(chunk_bytes: int, tmp_path: Path) -> None:
 
 def rows(batch) -> list[list[str]]:
     return [list(row) for row in zip(*(c.to_pylist() for c in batch.columns), strict=True)]
+
+
+def test_a_range_file_appears_whole_or_not_at_all(tmp_path: Path) -> None:
+    """A range's records by bucket (spill.RangeParts): nothing is published when the range
+    fails midway (a retried or backup run never shows half a file), and each bucket's blocks
+    read back in key order."""
+    import pyarrow as pa
+
+    from elastic_step.data.spill import RangeParts, sorted_blocks
+
+    path = str(tmp_path / "pieces" / "range-000000.blocks")
+    keys = np.array([5, 3, 1], dtype=np.uint64)
+    with (
+        pytest.raises(RuntimeError, match="the worker died"),
+        RangeParts(path, flush_bytes=1) as parked,
+    ):
+        parked.add(np.array([0, 1, 0]), keys, pa.array([b"a", b"b", b"c"]))
+        raise RuntimeError("the worker died")
+    assert not (tmp_path / "pieces").exists() or not list((tmp_path / "pieces").iterdir())
+    with RangeParts(path, flush_bytes=1) as parked:
+        parked.add(np.array([0, 1, 0]), keys, pa.array([b"a", b"b", b"c"]))
+        parked.add(np.array([1]), np.array([0], dtype=np.uint64), pa.array([b"d"]))
+    assert len(parked.index[1]) == 2  # two blocks: a flush after each add
+    assert sorted_blocks(parked.index[0]).to_pylist() == [b"c", b"a"]
+    assert sorted_blocks(parked.index[1]).to_pylist() == [b"d", b"b"]
