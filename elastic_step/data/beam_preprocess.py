@@ -1,9 +1,10 @@
-"""``elastic-step preprocess --runner beam``: the preprocessing of preprocess.py as an Apache
-Beam pipeline, which writes the same files, byte for byte.
+"""``elastic-step preprocess --runner beam``: the preprocessing of preprocess.py as Apache Beam
+pipelines, which write the same files, byte for byte.
 
-This process reads the header and the first rows (the columns' kinds) and builds the
-pipeline; the steps are beam_steps.py's. Before them the file is cut into ranges of whole
-rows (csv_ranges.py: each chunk counts its quotes in parallel). The output goes into a
+This process reads the header and the first rows (the columns' kinds), makes the runner ready
+(beam_runners.py), and runs the passes, each a pipeline of its own (beam_stages.py) whose
+steps are beam_steps.py's. The first pass cuts the file into ranges of whole rows
+(csv_ranges.py: each chunk counts its quotes in parallel). The output goes into a
 temporary directory beside ``output`` that replaces it when the pipeline has succeeded, as
 on a single machine. On a remote runner the workers read the input and write the output
 themselves, so both must be where they can reach them (``s3://``, ``gs://``), and the
@@ -12,7 +13,7 @@ workers need elastic-step installed.
 Beam is imported here and only when called: plain ``preprocess`` needs no Beam. Without a
 ``--runner`` among the Beam options, the pipeline runs on Beam's local FnApiRunner in this
 process (DirectRunner would first try Prism, whose binary it downloads).
-Tests: tests/unit/test_beam_preprocess.py, tests/e2e/test_beam_training.py.
+Tests: tests/unit/test_beam_preprocess.py, tests/e2e/test_beam_training.py, tests/beam/.
 """
 
 from __future__ import annotations
