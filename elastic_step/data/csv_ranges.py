@@ -27,7 +27,12 @@ import numpy as np
 
 from elastic_step.data import storage
 
-CHUNK_BYTES = 64 << 20  # about the bytes of a range: what one worker reads at a time
+#: About the bytes of a range: what one bundle reads at a time. A worker may run several
+#: bundles at once (Prism sends up to 8 to its SDK worker), each holding its range's parse and
+#: encoded records, so a range is kept small: 8 ranges of 32 MB keep a worker near 1.1 GB
+#: (bench/README.md, "Preprocess benchmark"), and even a 2 M-row file makes enough ranges to
+#: keep 8 bundles busy.
+CHUNK_BYTES = 32 << 20
 _WINDOW = 1 << 20  # bytes counted at a time
 _QUOTE, _NEWLINE = ord('"'), ord("\n")
 
