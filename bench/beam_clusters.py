@@ -1,5 +1,6 @@
-"""The processes of Beam's distributed runners for bench/preprocess.py, started fresh for each
-run (a process's peak memory is its lifetime's), and their peak RSS.
+"""The processes of Beam's distributed runners, started on loopback: for bench/preprocess.py,
+fresh for each run (a process's peak memory is its lifetime's), with their peak RSS; and for
+the tests of tests/beam/ (their conftest.py), once a session.
 
 - dask: a scheduler and 2 workers (``--no-nanny``: the worker is the process started, a thread
   each), on 127.0.0.1;
@@ -154,7 +155,7 @@ class Cluster:
                      "--no-dashboard", "--scheduler-file", str(scheduler_file)],
                     "scheduler", "dask scheduler")  # fmt: skip
         self._wait(scheduler_file.exists, "the Dask scheduler")
-        address = json.loads(scheduler_file.read_text())["address"]
+        address = self.address = json.loads(scheduler_file.read_text())["address"]
         for i in range(2):
             self._start([str(BIN / "dask"), "worker", address, "--host", "127.0.0.1",
                          "--nthreads", "1", "--no-nanny", "--no-dashboard"],
@@ -178,6 +179,19 @@ class Cluster:
         self._wait(listening, "Beam's worker pool")
         return ["--runner=PrismRunner", "--environment_type=EXTERNAL",
                 f"--environment_config=localhost:{port}"]  # fmt: skip
+
+    def tasks_run_per_worker(self) -> list[int]:
+        """Dask: how many tasks each worker has run, in worker order."""
+        from distributed import Client
+
+        with Client(self.address, timeout=30) as client:
+            counts = client.run(lambda dask_worker: dask_worker.state.executed_count)
+        return [counts[worker] for worker in sorted(counts)]
+
+    def workers_started(self) -> int:
+        """Prism: the SDK worker processes the pool has started."""
+        log = (self._logs / "pool.log").read_text(errors="replace")
+        return log.count("Starting worker with command")
 
     def stop(self) -> None:
         for process in self._processes:

@@ -82,8 +82,8 @@ def test_dask_with_two_worker_processes(dask_cluster, data, tmp_path: Path) -> N
 
 def test_prism_with_an_external_worker_pool(worker_pool, data, tmp_path: Path) -> None:
     before = worker_pool.workers_started()
-    options = ["--runner=PrismRunner", "--environment_type=EXTERNAL",
-               f"--environment_config={worker_pool.address}"]  # fmt: skip
+    # PrismRunner, --environment_type=EXTERNAL, --environment_config=localhost:PORT
+    options = worker_pool.options
     run_both_ways(options, data, tmp_path)
     # A worker process from the pool for each pass (quotes, count, split, encode, write, join)
     # of each of the two runs.
@@ -94,15 +94,9 @@ def test_prism_with_an_external_worker_pool(worker_pool, data, tmp_path: Path) -
 def test_a_bad_value_on_a_worker_is_the_single_machine_line(
     runner: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if runner == "dask":
-        options = [
-            "--runner=DaskRunner",
-            f"--dask_client_address={request.getfixturevalue('dask_cluster').address}",
-        ]
-    else:
-        pool = request.getfixturevalue("worker_pool")
-        options = ["--runner=PrismRunner", "--environment_type=EXTERNAL",
-                   f"--environment_config={pool.address}"]  # fmt: skip
+    options = request.getfixturevalue(
+        {"dask": "dask_cluster", "prism": "worker_pool"}[runner]
+    ).options
     csv = write_csv(tmp_path / "bad.csv", bad_line=2500)
     messages = []
     for run in (preprocess, lambda **kw: preprocess_on_beam(
