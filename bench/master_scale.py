@@ -418,8 +418,13 @@ def _master_main(config: dict) -> int:
         def shard_paths(self, data_dir: str, split: str) -> list[tuple[str, int]]:
             return list(self._shards) if split == "train" else []
 
-        def to_json(self) -> str:
-            return json.dumps({"simulated_shards": self._shards}) + "\n"
+        def copy_to(self, data_dir: str) -> None:
+            from elastic_step.data import storage
+
+            storage.write_text_atomic(
+                storage.join(data_dir, "schema.json"),
+                json.dumps({"simulated_shards": self._shards}) + "\n",
+            )
 
     class NoEvents:
         def write(self, view: object, *, final: bool = False) -> None:

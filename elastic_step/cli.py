@@ -128,8 +128,38 @@ def _add_preprocess(commands) -> None:
     p.add_argument(
         "--one-hot",
         **_SWITCH,
-        help="the default feed gives categorical columns as one-hot vectors (vocabulary "
-        "size + 1 floats) instead of vocabulary ids",
+        help="the default feed gives categorical columns as one-hot vectors (a float per "
+        "id) instead of ids",
+    )
+    p.add_argument(
+        "--max-vocabulary",
+        type=_int,
+        metavar="N",
+        default=0,
+        help="at most the N most frequent values of each categorical column get ids of their "
+        "own, ties broken by value (default 0: every value)",
+    )
+    p.add_argument(
+        "--min-frequency",
+        type=_int,
+        metavar="N",
+        default=1,
+        help="only values seen at least N times get ids of their own (default 1)",
+    )
+    p.add_argument(
+        "--oov-buckets",
+        type=_int,
+        metavar="N",
+        default=1,
+        help="ids shared by the values that are not in a vocabulary (unseen or left out), "
+        "each value hashed to one of them, the same in every process (default 1)",
+    )
+    p.add_argument(
+        "--hash-buckets",
+        default="",
+        metavar="COL=N,...",
+        help="categorical columns without a vocabulary, such as ids: each value hashed to "
+        "one of N ids, comma-separated: --hash-buckets user=2000000,item=500000",
     )
     p.add_argument(
         "--runner",
@@ -558,6 +588,8 @@ def _backend_options(args: argparse.Namespace) -> object:
 
 
 def _preprocess(args: argparse.Namespace) -> None:
+    from elastic_step.data.vocabulary import VocabularyOptions
+
     arguments = {
         "input_path": args.input,
         "label": args.label,
@@ -569,6 +601,12 @@ def _preprocess(args: argparse.Namespace) -> None:
         "label_kind": args.label_type,
         "fill_missing": args.fill_missing,
         "one_hot": args.one_hot,
+        "vocabulary_options": VocabularyOptions.from_flags(
+            max_vocabulary=args.max_vocabulary,
+            min_frequency=args.min_frequency,
+            oov_buckets=args.oov_buckets,
+            hash_buckets=args.hash_buckets,
+        ),
         "progress": log.info,
     }
     if args.runner == "beam":

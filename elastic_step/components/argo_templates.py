@@ -124,6 +124,7 @@ def _preprocess() -> Container:
             f"{INPUTS}/data.csv",
             *_flags("label", "output", "shards", "validation-fraction", "seed"),
             *_flags("categorical", "label-type", "fill-missing", "one-hot", "runner"),
+            *_flags("max-vocabulary", "min-frequency", "oov-buckets", "hash-buckets"),
         ],
         inputs=[
             Artifact(name="csv", path=f"{INPUTS}/data.csv"),
@@ -142,6 +143,13 @@ def _preprocess() -> Container:
                     "an error)",
                     "one-hot": "true: the default feed gives categorical columns as one-hot "
                     "vectors, not vocabulary ids",
+                    "max-vocabulary": "at most the N most frequent values of each categorical "
+                    "column get ids of their own (0: every value)",
+                    "min-frequency": "only values seen at least N times get ids of their own",
+                    "oov-buckets": "ids shared by the values not in a vocabulary, each value "
+                    "hashed to one",
+                    "hash-buckets": "categorical columns without a vocabulary, such as ids, "
+                    "each value hashed to one of N ids: COLUMN=N, comma-separated",
                     "runner": "local, or beam: as an Apache Beam pipeline on Beam's local "
                     "runner in the step's pod, with the same output",
                     "image": "the elastic-step image",

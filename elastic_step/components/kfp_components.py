@@ -36,6 +36,10 @@ def preprocess(
     label_type: str = "auto",
     fill_missing: str = "",
     one_hot: bool = False,
+    max_vocabulary: int = 0,
+    min_frequency: int = 1,
+    oov_buckets: int = 1,
+    hash_buckets: str = "",
     runner: str = "local",
     beam_options: List[str] | None = None,  # noqa: UP006 - see elastic_train.volumes
 ):
@@ -55,6 +59,12 @@ def preprocess(
             split's mean, 0, or a number: mean, zero or VALUE (default: an error).
         one_hot: The default feed gives categorical columns as one-hot vectors instead of
             vocabulary ids.
+        max_vocabulary: At most the N most frequent values of each categorical column get
+            ids of their own (0: every value).
+        min_frequency: Only values seen at least N times get ids of their own.
+        oov_buckets: Ids shared by the values not in a vocabulary, each value hashed to one.
+        hash_buckets: Categorical columns without a vocabulary, such as ids, each value
+            hashed to one of N ids: COLUMN=N, comma-separated.
         runner: local, or beam: as an Apache Beam pipeline, with the same output.
         beam_options: Options of the Beam pipeline, each --name=value, such as
             --runner=DataflowRunner (default: Beam's local runner, in the step).

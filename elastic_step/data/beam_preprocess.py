@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
-from elastic_step.data import beam_runners, beam_steps, storage
+from elastic_step.data import beam_runners, beam_steps, storage, vocabulary
 from elastic_step.data.beam_stages import Stages
 from elastic_step.data.beam_steps import PIECES, Job
 from elastic_step.data.csv_ranges import (
@@ -48,6 +48,7 @@ from elastic_step.data.preprocess import (
     wrote_line,
 )
 from elastic_step.data.schema import Schema
+from elastic_step.data.vocabulary import VocabularyOptions
 from elastic_step.errors import ElasticStepError, InputError
 
 BEAM_MISSING = "--runner beam needs Apache Beam: pip install 'elastic-step[beam]' (or apache-beam)"
@@ -71,6 +72,7 @@ def preprocess_on_beam(
     label_kind: str = "auto",
     fill_missing: str | None = None,
     one_hot: bool = False,
+    vocabulary_options: VocabularyOptions = vocabulary.DEFAULTS,
     beam_options: Sequence[str] = (),
     progress: Callable[[str], None] | None = None,
     memory: MemoryBudget = _MEMORY,
@@ -86,13 +88,19 @@ def preprocess_on_beam(
     say = progress or (lambda _line: None)
     fill = check_arguments(shards, validation_fraction, label_kind, fill_missing)
     source = open_input(input_path, label, categorical, memory)
+    vocabulary_options.check_columns(input_path, source.header, label)
     batches = source.batches()
     try:
         leading = leading_batches(batches)
     finally:
         batches.close()
     found = infer_columns(
-        source, leading, label=label, categorical=set(categorical), label_kind=label_kind
+        source,
+        leading,
+        label=label,
+        categorical=set(categorical),
+        label_kind=label_kind,
+        hashed=set(vocabulary_options.hash_buckets),
     )
     names = keras_input_names(found, say)
     runner = runner_name(options)
@@ -111,11 +119,12 @@ def preprocess_on_beam(
             spill_bytes=memory.spill_bytes,
             names=names,
             one_hot=one_hot,
+            vocabulary=vocabulary_options,
             out_dir=tmp,
         )
         pieces = storage.join(tmp, PIECES)
         stages = Stages(beam, options, pieces, say=say, output=output, runner=runner)
-        _run(stages, job, chunk_bytes)
+        _run(stages, job, chunk_bytes, say)
         storage.remove(pieces)
     schema = Schema.load(output)
     say(f"read {sum(schema.records.values())} rows, {len(found.header)} columns from {input_path}")
@@ -253,12 +262,12 @@ def _beam_logs(runner: str) -> contextlib.AbstractContextManager:
     return _quiet("apache_beam.typehints", logging.WARNING)
 
 
-def _run(stages: Stages, job: Job, chunk_bytes: int) -> None:
+def _run(stages: Stages, job: Job, chunk_bytes: int, say: Callable[[str], None]) -> None:
     """The passes of beam_steps.py, one pipeline each (beam_stages.py), and the schema."""
     try:
         ranges = _ranges(stages, job, chunk_bytes)
         counted = stages.map("count", beam_steps.count_range, ranges, job)
-        plan = beam_steps.make_plan(counted, job)
+        plan = beam_steps.make_plan(counted, job, say)
         splits = stages.map("split", beam_steps.split_range, ranges, job, plan)
         placed = beam_steps.place(splits, plan)
         encoded = stages.map("encode", beam_steps.encode_range, ranges, job, placed)

@@ -5,8 +5,9 @@ The file is cut into ranges of whole rows (csv_ranges.py; a gzip file is one ran
 range is read once per pass, as the single-machine path reads the whole file:
 
 1. :func:`count_range`: the scan's checks and counts (csv_scan.Counts) of one range;
-2. :func:`make_plan`: all counts merged, as one scan of the file would have them; the split plan;
-   each range's first row number, and its rows before it in each stratum;
+2. :func:`make_plan`: all counts merged, as one scan of the file would have them (past the
+   memory bound, on the driver's disk); the vocabulary files written; the split plan; each
+   range's first row number, and its rows before it in each stratum;
 3. :func:`split_range`: the split of each row of a range (``Encoder.split``): its rows per
    split, and each numeric column's first train value;
 4. :func:`place`: where each range's rows begin in each split, and each column's first train
@@ -33,7 +34,8 @@ Tests: tests/unit/test_beam_preprocess.py (through the pipeline, on Beam's local
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+import shutil
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,10 +55,12 @@ from elastic_step.data.preprocess import (
     new_schema,
     shard_name,
     train_values,
+    write_vocabularies,
 )
 from elastic_step.data.schema import Shard
 from elastic_step.data.spill import BlockPlace, RangeParts, sorted_blocks
 from elastic_step.data.tfrecord import ShardWriter
+from elastic_step.data.vocabulary import VocabularyOptions
 from elastic_step.errors import InputError
 
 #: Where buckets of shards that have several wait to be joined, in the output directory.
@@ -80,6 +84,7 @@ class Job:
     spill_bytes: int  # records held at a time, while a range is encoded
     names: list[str]  # the features' Keras input names
     one_hot: bool
+    vocabulary: VocabularyOptions
     out_dir: str
 
     def batches(self, part: RowRange, first_row: int) -> Iterator[CsvBatch]:
@@ -136,13 +141,18 @@ def count_range(part: RowRange, job: Job) -> tuple[int, Counts]:
     return part.index, counts
 
 
-def make_plan(counted: list[tuple[int, Counts]], job: Job) -> Plan:
-    """Step 2: the scan of the whole file, and the split plan."""
+def make_plan(counted: list[tuple[int, Counts]], job: Job, say: Callable[[str], None]) -> Plan:
+    """Step 2: the scan of the whole file, its vocabularies written, and the split plan."""
     ranges = [counts for _, counts in sorted(counted, key=lambda item: item[0])]
-    total = Counts.start(job.found, job.label_kind)
-    for counts in ranges:
-        total.merge(counts)
-    found = finish_scan(job.source.path, job.found, total)
+    scratch = storage.local_temp_dir()
+    try:
+        total = Counts.start(job.found, job.label_kind, scratch)
+        for counts in ranges:
+            total.merge(counts)
+        found = finish_scan(job.source.path, job.found, total, job.vocabulary)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    found = write_vocabularies(job.out_dir, found, say)
     split = SplitPlan.make(found, job.validation_fraction, job.shards, job.seed)
     rows = np.array([counts.rows for counts in ranges], dtype=np.int64)
     strata = np.array([_stratum_rows(found, counts) for counts in ranges], dtype=np.int64)
@@ -289,7 +299,9 @@ def join_shard(
 
 def write_schema(job: Job, plan: Plan, encoded: list[EncodedRange], shards: list) -> None:
     """Step 7: ``schema.json``, as the single-machine path writes it."""
-    schema = new_schema(plan.found, merge_stats(encoded), job.names, job.fill, job.one_hot)
+    schema = new_schema(
+        plan.found, merge_stats(encoded), job.names, job.fill, job.one_hot, job.vocabulary
+    )
     for split in SPLITS:
         written = sorted((k, entry) for s, k, entry in shards if s == split)
         schema.splits[split] = [entry for _, entry in written]

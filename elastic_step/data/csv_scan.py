@@ -10,7 +10,9 @@ Column types come from the first 100 data rows (empty values aside):
 
 A later value that does not fit its column's type, an empty numeric value without
 ``--fill-missing``, and an empty label are errors naming the line and the column. Nothing is
-held per row: the pass keeps the vocabularies of categorical columns and the label's classes.
+held per row: the pass counts the values of categorical columns within a memory bound
+(:mod:`elastic_step.data.vocabulary`), and the label's classes. A hashed column
+(``--hash-buckets``) is categorical, and not counted.
 Tests: tests/unit/test_preprocess.py, tests/unit/test_preprocess_streaming.py (via preprocess),
 tests/unit/test_beam_preprocess.py (counted in parts, merged).
 """
@@ -20,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,6 +32,12 @@ import pyarrow.compute as pc
 
 from elastic_step.data.csv_source import CsvBatch, CsvSource
 from elastic_step.data.numbers import first_true, is_number, to_numbers
+from elastic_step.data.vocabulary import (
+    COUNT_MEMORY_VALUES,
+    Chosen,
+    ValueCounter,
+    VocabularyOptions,
+)
 from elastic_step.errors import InputError
 
 INFER_ROWS = 100  # column types come from this many leading data rows
@@ -42,14 +51,18 @@ log = logging.getLogger(__name__)
 @dataclass
 class Scan:
     """What the first pass learned. ``kinds[j]`` is how column ``j``'s values are read
-    (the label's included): ``numeric`` or ``categorical`` (text)."""
+    (the label's included): ``numeric`` or ``categorical`` (text); ``hashed`` are the
+    categorical columns without a vocabulary. ``vocabularies`` holds the chosen vocabulary
+    of each other categorical column, once the whole file is counted."""
 
     header: list[str]
     label_index: int
     kinds: list[str]
     sample: CsvBatch  # the leading rows, for estimates
+    hashed: frozenset[int] = frozenset()
     rows: int = 0
-    value_counts: dict[int, dict[str, int]] = field(default_factory=dict)
+    vocabularies: dict[int, Chosen] = field(default_factory=dict)
+    vocabulary_sizes: dict[int, int] = field(default_factory=dict)  # once written
     label_kind: str = "numeric"
     label_vocabulary: list[str] | None = None
     class_counts: list[int] | None = None  # per label_vocabulary entry
@@ -59,10 +72,14 @@ class Scan:
         """The label's values are numbers (a numeric label, or classes named by numbers)."""
         return self.kinds[self.label_index] == "numeric"
 
-    def vocabulary(self, column: int) -> list[str]:
-        """Values of categorical column ``column``, most frequent first, ties by value."""
-        counts = self.value_counts[column]
-        return sorted(counts, key=lambda v: (-counts[v], v))
+    @property
+    def counted(self) -> list[int]:
+        """The categorical feature columns whose values are counted: all but the hashed."""
+        return [
+            j
+            for j, kind in enumerate(self.kinds)
+            if kind == "categorical" and j != self.label_index and j not in self.hashed
+        ]
 
 
 def canonical_number(value: float) -> str:
@@ -120,16 +137,18 @@ class Counts:
     parallel (:mod:`elastic_step.data.beam_preprocess`)."""
 
     rows: int
-    value_counts: dict[int, dict[str, int]]  # per categorical feature column
+    value_counts: dict[int, ValueCounter]  # per counted column (Scan.counted)
     labels: _LabelCounter
 
     @classmethod
-    def start(cls, found: Scan, label_kind: str) -> Counts:
-        """No rows yet, for the columns of ``found``."""
+    def start(cls, found: Scan, label_kind: str, spill_dir: str | None = None) -> Counts:
+        """No rows yet, for the columns of ``found``. With a ``spill_dir`` (local), counts
+        past the memory bound go to disk there; without one the counts stay in memory, to be
+        merged into those of the whole file."""
+        each = COUNT_MEMORY_VALUES // max(1, len(found.counted))
         value_counts = {
-            j: {}
-            for j, kind in enumerate(found.kinds)
-            if kind == "categorical" and j != found.label_index
+            j: ValueCounter(each, spill_dir and os.path.join(spill_dir, f"column-{j}"))
+            for j in found.counted
         }
         return cls(rows=0, value_counts=value_counts, labels=_LabelCounter(label_kind))
 
@@ -142,7 +161,7 @@ class Counts:
     def merge(self, other: Counts) -> None:
         self.rows += other.rows
         for j, counts in other.value_counts.items():
-            _merge_counts(self.value_counts[j], counts)
+            self.value_counts[j].merge(counts)
         self.labels.merge(other.labels)
 
     def label_counts(self) -> dict | None:
@@ -167,18 +186,26 @@ def scan(
     categorical: set[str],
     label_kind: str,
     fill_missing: bool,
+    vocabulary: VocabularyOptions,
+    spill_dir: str,
     progress: Callable[[int, int], None],
 ) -> Scan:
-    """Reads the whole file once; an :class:`InputError` at the first bad value."""
+    """Reads the whole file once; an :class:`InputError` at the first bad value. Counts
+    past the memory bound go to the local ``spill_dir``."""
     batches = source.batches(progress)
     leading = leading_batches(batches)
     found = infer_columns(
-        source, leading, label=label, categorical=categorical, label_kind=label_kind
+        source,
+        leading,
+        label=label,
+        categorical=categorical,
+        label_kind=label_kind,
+        hashed=set(vocabulary.hash_buckets),
     )
-    counts = Counts.start(found, label_kind)
+    counts = Counts.start(found, label_kind, spill_dir)
     for batch in itertools.chain(leading, batches):
         counts.add(source, batch, found, fill_missing)
-    return finish_scan(source.path, found, counts)
+    return finish_scan(source.path, found, counts, vocabulary)
 
 
 def leading_batches(batches: Iterator[CsvBatch]) -> list[CsvBatch]:
@@ -198,9 +225,12 @@ def infer_columns(
     label: str,
     categorical: set[str],
     label_kind: str,
+    hashed: Collection[str] = (),
 ) -> Scan:
     """The columns' kinds, from the first rows of the file (``leading``): a :class:`Scan`
-    that knows no counts yet (see :func:`finish_scan`)."""
+    that knows no counts yet (see :func:`finish_scan`). ``hashed`` columns are categorical,
+    as are those in ``categorical``."""
+    categorical = {*categorical, *hashed}
     path, header = source.path, source.header
     label_index = header.index(label)
     if not leading:
@@ -219,17 +249,29 @@ def infer_columns(
             kinds.append(
                 _infer_kind(source, name, sample.first_row, sample.columns[j], label, categorical)
             )
-    return Scan(header=header, label_index=label_index, kinds=kinds, sample=sample)
+    return Scan(
+        header=header,
+        label_index=label_index,
+        kinds=kinds,
+        sample=sample,
+        hashed=frozenset(header.index(name) for name in hashed),
+    )
 
 
-def finish_scan(path: str, found: Scan, counts: Counts) -> Scan:
+def finish_scan(path: str, found: Scan, counts: Counts, options: VocabularyOptions) -> Scan:
     """A copy of ``found`` with the counts of the whole file ``path``: the label's kind and
-    classes decided."""
+    classes decided, the vocabularies chosen (``counts`` are spent)."""
     if counts.rows < 2:
         raise InputError(f"{path}: has {counts.rows} data rows, need at least 2")
-    found = dataclasses.replace(found, rows=counts.rows, value_counts=counts.value_counts)
+    vocabularies = {}
+    for j, counter in counts.value_counts.items():
+        try:
+            vocabularies[j] = counter.choose(options.max_size, options.min_frequency)
+        finally:
+            counter.close()
+    found = dataclasses.replace(found, rows=counts.rows, vocabularies=vocabularies)
     _decide_label(found, counts.labels, counts.labels.label_kind)
-    _warn_about_id_columns(found)
+    _warn_about_id_columns(found, options)
     return found
 
 
@@ -309,8 +351,8 @@ def _check_batch(
                     f"{path}: line {line(empty)}: empty value in numeric column '{name}' "
                     f"(pass --fill-missing mean|zero|VALUE, or --categorical {name})"
                 )
-        else:
-            _add_counts(counts.value_counts[j], pc.utf8_trim_whitespace(values))
+        elif j in counts.value_counts:  # not a hashed column
+            counts.value_counts[j].add(pc.utf8_trim_whitespace(values))
 
 
 def _label_not_a_number(path: str, line: int, label: str, value: str, label_kind: str) -> None:
@@ -343,13 +385,34 @@ def _decide_label(result: Scan, labels: _LabelCounter, label_kind: str) -> None:
     result.class_counts = [counts[v] for v in ordered]
 
 
-def _warn_about_id_columns(result: Scan) -> None:
-    for j, counts in result.value_counts.items():
-        if result.rows >= ID_COLUMN_MIN_ROWS and len(counts) >= ID_COLUMN_SHARE * result.rows:
+def _warn_about_id_columns(result: Scan, options: VocabularyOptions) -> None:
+    """Warns of a column with about as many values as rows, unless its vocabulary is
+    already bounded."""
+    if options.max_size is not None or options.min_frequency > 1:
+        return
+    for j, chosen in result.vocabularies.items():
+        if result.rows >= ID_COLUMN_MIN_ROWS and chosen.distinct >= ID_COLUMN_SHARE * result.rows:
+            name = result.header[j]
             log.warning(
                 "column '%s' has %d distinct values in %d rows: probably an id column, which "
-                "a model cannot learn from; consider dropping it",
-                result.header[j],
-                len(counts),
+                "a model cannot learn from; drop it, or, if its values recur in new data, give "
+                "it --hash-buckets %s=%d (about 2 ids per value), or --min-frequency 2 (%d of "
+                "its values are seen twice or more)",
+                name,
+                chosen.distinct,
                 result.rows,
+                name,
+                _buckets_for(chosen.distinct),
+                _seen_twice(chosen),
             )
+
+
+def _buckets_for(distinct: int) -> int:
+    """A round number of hash buckets of about twice ``distinct``: few collisions."""
+    target = 2 * distinct
+    scale = 10 ** max(0, len(str(target)) - 1)
+    return -(-target // scale) * scale
+
+
+def _seen_twice(chosen: Chosen) -> int:
+    return int(pc.sum(pc.greater_equal(chosen.counts, 2)).as_py() or 0)

@@ -6,8 +6,10 @@ yields what the model trains on. The default feed returns ``(features, labels)``
 
 - numeric columns standardized ``(x - mean) / std`` as float32, an absent value read as the
   column's ``fill`` first;
-- categorical columns as int64 vocabulary ids (unknown values map to the out-of-vocabulary id
-  ``V``), or with ``Schema.one_hot`` as float32 one-hot vectors of ``V + 1``;
+- categorical columns as int64 ids, ``0..num_ids-1`` (:mod:`elastic_step.data.schema`): looked
+  up in a TF table loaded from the column's vocabulary file, unknown values hashed into its
+  out-of-vocabulary ids; or, for a hashed column, its value hashed. With ``Schema.one_hot``,
+  float32 one-hot vectors of ``num_ids``;
 - labels: float32 ``[batch]`` for a numeric label, int64 class ids ``[batch]`` for a class
   label.
 
@@ -16,20 +18,23 @@ It gives the features in one of two forms (:class:`InputForm`), the one the mode
 - *columns*: a dict from each column's input name to its ``[batch]`` tensor (``[batch, V+1]``
   one-hot), for a model with one named ``keras.Input`` per column;
 - *vector*: one float32 ``[batch, width]`` tensor, the columns side by side in schema order
-  (an id as one float, a one-hot vector as ``V + 1``), for a model with one
+  (an id as one float, a one-hot vector as ``num_ids``), for a model with one
   ``keras.Input(shape=(width,))``, such as a plain ``keras.Sequential``.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
+import shutil
 import threading
 import weakref
 from collections.abc import Callable
 
 import tensorflow as tf
 
+from elastic_step.data import storage
 from elastic_step.data.schema import Column, Schema
 from elastic_step.errors import InputError
 
@@ -80,6 +85,45 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
+def vocabulary_table(path: str, size: int, oov_buckets: int) -> tf.lookup.StaticVocabularyTable:
+    """The ids of a vocabulary file (:mod:`elastic_step.data.vocabulary`) at the local
+    ``path``: its ``size`` entries ``0..size-1`` by line, other values hashed into
+    ``oov_buckets`` ids after them. TF reads the file itself, and checks its size."""
+    if size == 0:  # TF's reader refuses a file without lines
+        initializer = tf.lookup.KeyValueTensorInitializer(
+            tf.constant([], tf.string), tf.constant([], tf.int64)
+        )
+    else:
+        initializer = tf.lookup.TextFileInitializer(
+            path,
+            key_dtype=tf.string,
+            key_index=0,
+            value_dtype=tf.int64,
+            value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
+            vocab_size=size,
+            delimiter="\t",
+        )
+    return tf.lookup.StaticVocabularyTable(initializer, num_oov_buckets=oov_buckets)
+
+
+_local_copies: dict[str, str] = {}
+_local_copies_lock = threading.Lock()
+
+
+def local_vocabulary(schema: Schema, column: Column) -> str:
+    """A local path of ``column``'s vocabulary file: where it is, or a copy of it for the
+    life of the process when it is in object storage (TF reads local files only)."""
+    path = schema.vocabulary_path(column)
+    if storage.is_local(path):
+        return storage.local_path(path)
+    with _local_copies_lock:
+        if path not in _local_copies:
+            directory = storage.local_temp_dir("elastic-step-vocabulary-")
+            atexit.register(shutil.rmtree, directory, True)
+            _local_copies[path] = storage.fetch(path, directory)
+        return _local_copies[path]
+
+
 def _lookup_table(keys: list[str], default: int) -> tf.lookup.StaticHashTable:
     init = tf.lookup.KeyValueTensorInitializer(
         keys=tf.constant(keys, dtype=tf.string),
@@ -93,7 +137,7 @@ def _check_width(schema: Schema, form: InputForm) -> None:
     if form.width is None or form.width == width:
         return
     categorical = sum(c.kind == "categorical" for c in schema.columns)
-    each = "its vocabulary size + 1 (--one-hot)" if schema.one_hot else "one id"
+    each = "num_ids floats (--one-hot)" if schema.one_hot else "one id"
     raise InputError(
         f"the model's input takes vectors of {form.width} values, but the default feed makes "
         f"{width} per record: {len(schema.columns) - categorical} numeric columns and "
@@ -118,11 +162,14 @@ class DefaultFeed:
         self.label_kind = schema.label_kind
         self.one_hot = schema.one_hot
         self.form = form
-        self._tables: dict[str, tf.lookup.StaticHashTable] = {}
+        self._tables: dict[str, tf.lookup.StaticVocabularyTable] = {}
         for column in self.columns:
-            if column.kind == "categorical":
-                vocab = column.vocabulary or []
-                self._tables[column.name] = _lookup_table(vocab, default=len(vocab))
+            if column.kind == "categorical" and not column.hashed:
+                self._tables[column.name] = vocabulary_table(
+                    local_vocabulary(schema, column),
+                    column.vocabulary_size or 0,
+                    column.oov_buckets or 1,
+                )
         self._label_table = None
         self._parsers: dict[str, object] = {}
         if schema.label_kind == "class":
@@ -147,7 +194,10 @@ class DefaultFeed:
         return spec
 
     def _categorical(self, column: Column, parsed: dict[str, tf.Tensor]) -> tf.Tensor:
-        ids = self._tables[column.name].lookup(parsed[column.name])
+        if column.hashed:
+            ids = tf.strings.to_hash_bucket_fast(parsed[column.name], column.num_ids)
+        else:
+            ids = self._tables[column.name].lookup(parsed[column.name])
         if self.one_hot:
             return tf.one_hot(ids, column.num_ids, dtype=tf.float32)
         return ids

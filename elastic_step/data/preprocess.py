@@ -3,6 +3,7 @@
 Layout of the output directory::
 
     schema.json
+    vocabularies/000-NAME.txt        (one per categorical column with a vocabulary)
     train/part-00000.tfrecord        (+ .index)   ...
     validation/part-00000.tfrecord   (+ .index)   ...
 
@@ -12,8 +13,9 @@ fills and looks up ids at read time from the schema.
 
 Three passes, each holding a bounded part of the data (:class:`MemoryBudget`):
 
-1. read the CSV: column types, every value checked, vocabularies and label classes
-   (:mod:`elastic_step.data.csv_scan`);
+1. read the CSV: column types, every value checked, values counted and label classes
+   (:mod:`elastic_step.data.csv_scan`); the vocabularies chosen and written
+   (:mod:`elastic_step.data.vocabulary`);
 2. read it again: choose each row's split (stratified by class for a class label), encode
    the records in batches, and park them in bucket files on local disk by a random key;
    train-split statistics;
@@ -29,7 +31,9 @@ steps of the Apache Beam pipeline (beam_steps.py), which writes the same output.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from elastic_step.data import storage
+from elastic_step.data import storage, vocabulary
 from elastic_step.data.csv_scan import Scan, scan
 from elastic_step.data.csv_source import BATCH_BYTES, BLOCK_BYTES, CsvBatch, CsvSource
 from elastic_step.data.example_encoding import BytesColumn, FloatColumn, encode_examples
@@ -49,6 +53,7 @@ from elastic_step.data.row_random import Permutation, row_keys, stream_key
 from elastic_step.data.schema import Column, Schema, Shard
 from elastic_step.data.spill import FLUSH_BYTES, Spill
 from elastic_step.data.tfrecord import ShardWriter
+from elastic_step.data.vocabulary import VOCABULARY_DIR, VocabularyOptions
 from elastic_step.errors import InputError
 
 LABEL_KINDS = ("auto", "class", "numeric")
@@ -78,6 +83,7 @@ def preprocess(
     label_kind: str = "auto",
     fill_missing: str | None = None,
     one_hot: bool = False,
+    vocabulary_options: VocabularyOptions = vocabulary.DEFAULTS,
     progress: Callable[[str], None] | None = None,
     progress_every_s: float = 5.0,
     memory: MemoryBudget = MemoryBudget(),
@@ -99,8 +105,8 @@ def preprocess(
     of a class label (of all ``n`` rows for a numeric label), and never all rows. Each split is
     dealt round-robin into ``shards`` shards (fewer when it has fewer records; none when it is
     empty). Means and standard deviations come from the train split's non-empty values (a
-    zero std is stored as 1.0); vocabularies come from all rows, most frequent first, ties by
-    value.
+    zero std is stored as 1.0); vocabularies come from all rows, as ``vocabulary_options``
+    say (:mod:`elastic_step.data.vocabulary`).
 
     Everything is written into a temporary directory that replaces ``output`` only on success,
     so a failure leaves ``output`` as it was. Bad input raises :class:`InputError` with one
@@ -110,26 +116,29 @@ def preprocess(
     say = progress or (lambda _line: None)
     fill = check_arguments(shards, validation_fraction, label_kind, fill_missing)
     source = open_input(input_path, label, categorical, memory)
+    vocabulary_options.check_columns(input_path, source.header, label)
 
     def progress_of(what: str) -> Progress:
         return Progress(say, what=what, total_bytes=source.total_bytes, every_s=progress_every_s)
 
-    found = scan(
-        source,
-        label=label,
-        categorical=set(categorical),
-        label_kind=label_kind,
-        fill_missing=fill is not None,
-        progress=progress_of("reading"),
-    )
-    say(f"read {found.rows} rows, {len(found.header)} columns from {input_path}")
-    plan = SplitPlan.make(found, validation_fraction, shards, seed)
-    layout = BucketLayout.make(found, plan, memory.bucket_bytes)
-    names = keras_input_names(found, say)
-
     with storage.atomic_directory(output) as tmp:
         scratch = storage.local_temp_dir()
         try:
+            found = scan(
+                source,
+                label=label,
+                categorical=set(categorical),
+                label_kind=label_kind,
+                fill_missing=fill is not None,
+                vocabulary=vocabulary_options,
+                spill_dir=os.path.join(scratch, "counts"),
+                progress=progress_of("reading"),
+            )
+            say(f"read {found.rows} rows, {len(found.header)} columns from {input_path}")
+            found = write_vocabularies(tmp, found, say)
+            plan = SplitPlan.make(found, validation_fraction, shards, seed)
+            layout = BucketLayout.make(found, plan, memory.bucket_bytes)
+            names = keras_input_names(found, say)
             spill = Spill(scratch, layout.total, flush_bytes=memory.spill_bytes)
             encoder = Encoder(found, plan, layout, seed)
             for batch in source.batches(progress_of("encoding")):
@@ -137,7 +146,7 @@ def preprocess(
             spill.flush()
             if encoder.rows != found.rows:
                 raise InputError(f"{input_path}: the file changed while it was being read")
-            schema = new_schema(found, encoder.stats, names, fill, one_hot)
+            schema = new_schema(found, encoder.stats, names, fill, one_hot, vocabulary_options)
             say(describe(schema))
             writing = Progress(
                 say, what="writing", total_bytes=spill.bytes_written, every_s=progress_every_s
@@ -149,6 +158,7 @@ def preprocess(
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         schema.save(tmp)
+    schema.directory = output
     say(f"wrote {output}")
     return schema
 
@@ -164,6 +174,32 @@ def open_input(
     source = CsvSource(input_path, block_bytes=memory.block_bytes, batch_bytes=memory.batch_bytes)
     _check_header(input_path, source.header, label, set(categorical))
     return source
+
+
+def write_vocabularies(out_dir: str, found: Scan, say: Callable[[str], None]) -> Scan:
+    """Writes the vocabulary file of each counted column into ``out_dir``, and says their
+    sizes; ``found`` without the entries, with the sizes (``vocabulary_sizes``)."""
+    sizes = {}
+    for j, chosen in sorted(found.vocabularies.items()):
+        if not sizes:
+            storage.makedirs(storage.join(out_dir, VOCABULARY_DIR))
+        vocabulary.write(storage.join(out_dir, vocabulary_file(found, j)), chosen)
+        sizes[j] = chosen.size
+    if sizes:
+        say(
+            "vocabularies: "
+            + ", ".join(
+                f"'{found.header[j]}' {sizes[j]} of {found.vocabularies[j].distinct} values"
+                for j in sorted(sizes)
+            )
+        )
+    return dataclasses.replace(found, vocabularies={}, vocabulary_sizes=sizes)
+
+
+def vocabulary_file(found: Scan, column: int) -> str:
+    """The vocabulary file of column ``column`` of the CSV, relative to the output."""
+    features = [j for j in range(len(found.header)) if j != found.label_index]
+    return vocabulary.file_name(features.index(column), found.header[column])
 
 
 def keras_input_names(found: Scan, say: Callable[[str], None]) -> list[str]:
@@ -184,13 +220,14 @@ def new_schema(
     names: list[str],
     fill: str | float | None,
     one_hot: bool,
+    options: VocabularyOptions,
 ) -> Schema:
     """The schema of the data, its splits not yet filled in."""
     return Schema(
         label=found.header[found.label_index],
         label_kind=found.label_kind,  # type: ignore[arg-type]
         label_vocabulary=found.label_vocabulary,
-        columns=_columns(found, stats, names, fill),
+        columns=_columns(found, stats, names, fill, options),
         one_hot=one_hot,
     )
 
@@ -523,7 +560,11 @@ def train_values(numbers: dict[int, pa.Array], validation: np.ndarray) -> dict[i
 
 
 def _columns(
-    found: Scan, stats: dict[int, ColumnStats], names: list[str], fill: str | float | None
+    found: Scan,
+    stats: dict[int, ColumnStats],
+    names: list[str],
+    fill: str | float | None,
+    options: VocabularyOptions,
 ) -> list[Column]:
     columns = []
     features = [j for j in range(len(found.header)) if j != found.label_index]
@@ -541,13 +582,24 @@ def _columns(
                     fill=mean if fill == "mean" else fill,  # type: ignore[arg-type]
                 )
             )
+        elif j in found.hashed:
+            columns.append(
+                Column(
+                    name=name,
+                    kind="categorical",
+                    input_name=input_name,
+                    hash_buckets=options.hash_buckets[name],
+                )
+            )
         else:
             columns.append(
                 Column(
                     name=name,
                     kind="categorical",
-                    vocabulary=found.vocabulary(j),
                     input_name=input_name,
+                    vocabulary_file=vocabulary_file(found, j),
+                    vocabulary_size=found.vocabulary_sizes[j],
+                    oov_buckets=options.oov_buckets,
                 )
             )
     return columns

@@ -2,10 +2,13 @@
 
 ``DIR/schema.json`` describes the data that :func:`elastic_step.data.preprocess.preprocess`
 wrote into ``DIR``. Records hold raw values; the schema carries what the default feed needs to
-transform them (means and standard deviations, vocabularies).
+transform them (means and standard deviations, and where the vocabularies are).
 
-Categorical ids are ``0..V-1`` in vocabulary order; any value not in the vocabulary maps to the
-out-of-vocabulary id ``V``, so an embedding over a column needs ``Column.num_ids = V + 1`` rows.
+A categorical column's ids (:mod:`elastic_step.data.vocabulary`): ``0..V-1`` for the ``V``
+entries of its vocabulary, in the order of its file under ``DIR/vocabularies/``; any other
+value one of the ``B`` out-of-vocabulary ids ``V..V+B-1`` after them, by a hash of the value.
+A hashed column has no vocabulary: its ids are ``0..N-1``, by a hash of the value. An
+embedding over a column needs ``Column.num_ids`` rows (``V + B``, or ``N``).
 
 How the records store each kind (one value per feature, keyed by the CSV's column name):
 
@@ -22,6 +25,7 @@ Tests: tests/unit/test_preprocess.py (test_schema_and_records, test_schema_load_
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -40,28 +44,41 @@ class Column:
     ``keras.Input`` accepts it, else a valid name made from it (see
     :func:`elastic_step.data.input_names.input_names`). Numeric columns have ``mean``/``std``
     (over the train split's non-empty values, std > 0) and ``fill``: the value of an empty
-    cell, or None when empty cells were refused. Categorical columns have a ``vocabulary``
-    (most frequent first).
+    cell, or None when empty cells were refused. A categorical column has either a
+    vocabulary (``vocabulary_size`` entries, most frequent first, in ``vocabulary_file``,
+    relative to the data directory) and ``oov_buckets`` ids for other values, or
+    ``hash_buckets`` ids and no vocabulary.
     """
 
     name: str
     kind: Literal["numeric", "categorical"]
     mean: float | None = None
     std: float | None = None
-    vocabulary: list[str] | None = None
     input_name: str | None = None  # None: the same as ``name``
     fill: float | None = None
+    vocabulary_file: str | None = None
+    vocabulary_size: int | None = None
+    oov_buckets: int | None = None
+    hash_buckets: int | None = None
 
     def __post_init__(self) -> None:
         if self.input_name is None:
             self.input_name = self.name
 
     @property
+    def hashed(self) -> bool:
+        """A categorical column without a vocabulary, its ids a hash of the value."""
+        return self.hash_buckets is not None
+
+    @property
     def num_ids(self) -> int:
-        """Number of ids of a categorical column: its vocabulary plus one out-of-vocabulary id."""
-        if self.kind != "categorical" or self.vocabulary is None:
+        """Number of ids of a categorical column: its vocabulary's entries and its
+        out-of-vocabulary ids, or its hash buckets."""
+        if self.kind != "categorical":
             raise ValueError(f"column {self.name!r} is {self.kind}, it has no ids")
-        return len(self.vocabulary) + 1
+        if self.hash_buckets is not None:
+            return self.hash_buckets
+        return (self.vocabulary_size or 0) + (self.oov_buckets or 1)
 
 
 @dataclass
@@ -80,7 +97,8 @@ class Schema:
     default feed give each categorical column as a one-hot vector of ``num_ids`` floats instead
     of one id (``preprocess --one-hot``). ``splits`` maps ``"train"`` and ``"validation"`` to
     their shards (a split with no records has none); ``records`` maps each split to its record
-    count.
+    count. ``directory`` is where it was loaded from (not saved): its vocabulary files are
+    there.
     """
 
     label: str
@@ -90,6 +108,7 @@ class Schema:
     one_hot: bool = False
     splits: dict[str, list[Shard]] = field(default_factory=dict)
     records: dict[str, int] = field(default_factory=dict)
+    directory: str | None = field(default=None, compare=False)
 
     @property
     def num_classes(self) -> int | None:
@@ -118,8 +137,37 @@ class Schema:
             raise InputError(f"{data_dir}: no split {split!r} in the schema (splits: {known})")
         return [(storage.join(data_dir, s.path), s.records) for s in self.splits[split]]
 
+    def vocabulary_path(self, column: Column) -> str:
+        """Where ``column``'s vocabulary file is (a path or URI)."""
+        if column.vocabulary_file is None:
+            raise ValueError(f"column {column.name!r} has no vocabulary")
+        if self.directory is None:
+            raise ValueError("the schema was not loaded from a data directory")
+        return storage.join(self.directory, column.vocabulary_file)
+
+    def vocabulary(self, column: Column, limit: int | None = None) -> list[str]:
+        """The entries of ``column``'s vocabulary (the first ``limit``), read from its file."""
+        from elastic_step.data import vocabulary
+
+        return vocabulary.read(self.vocabulary_path(column), limit)
+
+    def copy_to(self, data_dir: str) -> None:
+        """Writes this schema and its vocabulary files into ``data_dir`` (not its shards)."""
+        for column in self.columns:
+            if column.vocabulary_file is not None:
+                target = storage.join(data_dir, column.vocabulary_file)
+                storage.makedirs(storage.parent(target))
+                with (
+                    storage.open_file(self.vocabulary_path(column)) as source,
+                    storage.open_atomic(target) as f,
+                ):
+                    shutil.copyfileobj(source, f, 1 << 20)
+        self.save(data_dir)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=False) + "\n"
+        document = asdict(self)
+        del document["directory"]
+        return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> Schema:
@@ -159,9 +207,11 @@ class Schema:
         if not storage.exists(path):
             raise InputError(f"{path}: schema file not found (is {data_dir} preprocessed data?)")
         try:
-            return cls.from_json(storage.read_text(path))
+            schema = cls.from_json(storage.read_text(path))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise InputError(f"{path}: malformed schema: {type(e).__name__}: {e}") from None
+        schema.directory = data_dir
+        return schema
 
 
 def _shard(obj: Any) -> Shard:
@@ -189,12 +239,34 @@ def _column(obj: Any) -> Column:
             fill=None if fill is None else float(fill),
         )
     if kind == "categorical":
-        vocab = obj["vocabulary"]
-        if not isinstance(vocab, list):
-            raise TypeError(f"column {name!r}: vocabulary must be a list")
+        if "vocabulary" in obj:
+            raise ValueError(
+                f"column {name!r} keeps its vocabulary inline, as elastic-step wrote schemas "
+                "before vocabulary files: preprocess the data again"
+            )
+        hash_buckets = obj.get("hash_buckets")
+        if hash_buckets is not None:
+            return Column(
+                name=name, kind=kind, input_name=input_name, hash_buckets=_count(obj, 1, name)
+            )
+        path = str(obj["vocabulary_file"])
+        if path.startswith("/") or "://" in path or ".." in path.split("/"):
+            raise ValueError(f"column {name!r}: vocabulary_file {path!r} must be relative")
         return Column(
-            name=name, kind=kind, vocabulary=[str(v) for v in vocab], input_name=input_name
+            name=name,
+            kind=kind,
+            input_name=input_name,
+            vocabulary_file=path,
+            vocabulary_size=_count(obj, 0, name, "vocabulary_size"),
+            oov_buckets=_count(obj, 1, name, "oov_buckets"),
         )
     raise ValueError(
         f"column {obj.get('name')!r}: kind must be numeric or categorical, got {kind!r}"
     )
+
+
+def _count(obj: dict, least: int, column: str, key: str = "hash_buckets") -> int:
+    value = obj[key]
+    if type(value) is not int or value < least:
+        raise ValueError(f"column {column!r}: {key} must be an integer >= {least}, got {value!r}")
+    return value

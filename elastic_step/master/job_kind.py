@@ -126,10 +126,11 @@ class JobKind(ABC):
 
     def prepare_output(self, *, new: bool) -> None:
         """Writes what --output holds before any task runs: for a new job, copies of the
-        model definition and of the data's schema (what `evaluate` and `predict` read)."""
+        model definition and of the data's schema and vocabularies (what `evaluate` and
+        `predict` read)."""
         if new:
             storage.write_text_atomic(self.paths.model_def, self.definition.source)
-            storage.write_text_atomic(self.paths.schema, self.schema.to_json())
+            self.schema.copy_to(self.paths.root)
 
     def work_due(self, run: RunContext) -> bool:
         """Does work that the job waits for while it runs (none by default); True when it

@@ -26,8 +26,10 @@ The ``schema`` that ``feed`` receives is the data's :class:`elastic_step.data.sc
 
 - ``schema.columns``: the feature columns in CSV order, the label left out. Each has a
   ``name`` and a ``kind``, ``"numeric"`` or ``"categorical"``. A numeric column has the
-  ``mean`` and ``std`` of the train split; a categorical one has a ``vocabulary`` (most
-  frequent first) and ``num_ids``, the vocabulary's size plus one id for unseen values.
+  ``mean`` and ``std`` of the train split; a categorical one has ``num_ids``, the rows an
+  embedding over it needs: its ``vocabulary_size`` plus its ``oov_buckets`` (ids for values
+  not in the vocabulary), or its ``hash_buckets``. ``schema.vocabulary(column)`` reads a
+  vocabulary's entries, most frequent first, from its file.
 - ``schema.feature_names`` and ``schema.feature(name)``: the column names, one column by name.
 - ``schema.label``, ``schema.label_kind`` (``"class"`` or ``"numeric"``), and for a class label
   ``schema.label_vocabulary`` and ``schema.num_classes``.

@@ -9,11 +9,12 @@ of it, so that it takes raw values:
   one. Its :class:`RawFeatures` layer fills empty cells with the schema's fill value and then
   encodes as the default feed does, by calling the feed's own code
   (:meth:`elastic_step.data.feed.DefaultFeed.features`); the trained model follows.
-  ``model.keras`` holds it.
+  ``model.keras`` holds it, the vocabulary files among its assets.
 - :func:`export_saved_model`: ``saved_model/`` with two signatures that call that model:
   ``serving_default`` on serialized ``tf.train.Example`` records of raw values (the records'
   own format; an absent feature is an empty cell), and ``predict_raw`` on one raw tensor per
-  column, keyed by the CSV's column names. Both return named outputs: ``probabilities``,
+  column, keyed by the CSV's column names; the vocabulary files are its assets. Both return
+  named outputs: ``probabilities``,
   ``class_ids`` and ``classes`` (the label's class names) for a class label, ``predictions``
   for a numeric one.
 
@@ -23,6 +24,7 @@ in general; with one, both files hold the trained model, taking the feed's featu
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
@@ -33,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from elastic_step.data import storage
-from elastic_step.data.feed import DefaultFeed, InputForm, input_form
+from elastic_step.data.feed import DefaultFeed, InputForm, input_form, vector_width
 from elastic_step.data.schema import Schema
 from elastic_step.model.api import ModelDefinition
 
@@ -53,7 +55,11 @@ class RawFeatures(keras.layers.Layer):
     ``schema_json``: the data's schema (``Schema.to_json``); ``vector``: whether the model
     takes the feed's vector form. An empty numeric cell (NaN) reads as the column's fill
     value; categorical values are stripped of surrounding whitespace, as ``preprocess``
-    strips them, and an unseen one gets the out-of-vocabulary id.
+    strips them, and an unseen one gets an out-of-vocabulary id.
+
+    Its lookup tables are loaded from the vocabulary files of ``schema`` (the loaded schema,
+    which knows where they are), or, in a layer that Keras loads from ``model.keras``, from
+    the files it saved among the archive's assets (:meth:`save_assets`, :meth:`load_assets`).
     """
 
     #: First in the layer's saved config, so that Keras's error on a load without this
@@ -61,20 +67,77 @@ class RawFeatures(keras.layers.Layer):
     LOAD_WITH = "import elastic_step.model.serving before keras.models.load_model"
 
     def __init__(
-        self, *, schema_json: str, vector: bool, load_with: str | None = None, **kwargs
+        self,
+        *,
+        schema_json: str,
+        vector: bool,
+        load_with: str | None = None,
+        schema: Schema | None = None,
+        **kwargs,
     ) -> None:
         kwargs.setdefault("trainable", False)  # it has no weights; a loaded config sets it
         super().__init__(**kwargs)
         self.schema_json = schema_json
         self.vector = vector
-        schema = Schema.from_json(schema_json)
-        self._feed = DefaultFeed(schema, InputForm(vector=vector))
-        self._columns = schema.columns
+        self._schema = Schema.from_json(schema_json)
+        self._schema.directory = None if schema is None else schema.directory
+        self._columns = self._schema.columns
+        self._files = [c for c in self._columns if c.vocabulary_file is not None]
+        self._feed: DefaultFeed | None = None
+        if schema is not None or not self._files:
+            self._feed = DefaultFeed(self._schema, InputForm(vector=vector))
 
     @property
-    def tables(self) -> list[tf.lookup.StaticHashTable]:
+    def tables(self) -> list[tf.lookup.StaticVocabularyTable]:
         """The vocabulary tables, which a SavedModel must track."""
-        return list(self._feed._tables.values())
+        return list(self._built_feed()._tables.values())
+
+    def _built_feed(self) -> DefaultFeed:
+        if self._feed is None:
+            raise ValueError(
+                "the raw_features layer has no vocabularies: load model.keras with "
+                "keras.models.load_model, which reads them from its assets"
+            )
+        return self._feed
+
+    def save_assets(self, dir_path: str) -> None:
+        """Copies the vocabulary files into ``dir_path`` (Keras's assets of the layer)."""
+        from elastic_step.data.feed import local_vocabulary
+
+        for column in self._files:
+            target = os.path.join(dir_path, column.vocabulary_file)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(local_vocabulary(self._schema, column), target)
+
+    def load_assets(self, dir_path: str) -> None:
+        """Builds the lookup tables from the vocabulary files that :meth:`save_assets` wrote
+        into ``dir_path``; keeps a copy for the life of the process (a SavedModel exported
+        from the loaded model takes the files along)."""
+        if not self._files:
+            return
+        directory = storage.local_temp_dir("elastic-step-assets-")
+        atexit.register(shutil.rmtree, directory, True)
+        shutil.copytree(dir_path, directory, dirs_exist_ok=True)
+        self._schema.directory = directory
+        self._feed = DefaultFeed(self._schema, InputForm(vector=self.vector))
+
+    def compute_output_spec(self, raw: dict) -> dict[str, keras.KerasTensor] | keras.KerasTensor:
+        """The features' shapes and types, known without the tables (a model loaded from
+        ``model.keras`` is rebuilt before its assets are read)."""
+        first = next(iter(raw.values()))
+        batch = first.shape[0]
+        if self.vector:
+            return keras.KerasTensor((batch, vector_width(self._schema)), dtype="float32")
+        features = {}
+        for column in self._columns:
+            if column.kind == "numeric":
+                features[column.input_name] = keras.KerasTensor((batch,), dtype="float32")
+            elif self._schema.one_hot:
+                shape = (batch, column.num_ids)
+                features[column.input_name] = keras.KerasTensor(shape, dtype="float32")
+            else:
+                features[column.input_name] = keras.KerasTensor((batch,), dtype="int64")
+        return features
 
     def call(self, raw: dict[str, tf.Tensor]) -> dict[str, tf.Tensor] | tf.Tensor:
         parsed = {}
@@ -87,7 +150,7 @@ class RawFeatures(keras.layers.Layer):
             else:
                 value = tf.strings.strip(value)
             parsed[column.name] = value
-        return self._feed.features(parsed)
+        return self._built_feed().features(parsed)
 
     def get_config(self) -> dict:
         return {
@@ -119,6 +182,7 @@ def raw_input_model(model: keras.Model, schema: Schema) -> keras.Model:
     features = RawFeatures(
         schema_json=_feature_schema(schema).to_json(),
         vector=input_form(model).vector,
+        schema=schema,
         name=RAW_FEATURES_LAYER,
     )(inputs)
     raw = keras.Model(inputs, model(features), name="raw_input_model")
@@ -175,7 +239,8 @@ def probe_rows(schema: Schema, rows: int = PROBE_ROWS) -> dict[str, np.ndarray]:
             values = column.mean + column.std * rng.standard_normal(rows)
             batch[column.input_name] = values.astype(np.float32)
         else:
-            choices = [*(column.vocabulary or []), "a value not in the vocabulary"]
+            known = [] if column.hashed else schema.vocabulary(column, limit=rows - 1)
+            choices = [*known, "a value not in the vocabulary"]
             batch[column.input_name] = np.array([choices[i % len(choices)] for i in range(rows)])
     return batch
 

@@ -87,8 +87,8 @@ def train(root: Path, csv: Path, label: str, model_def: str, *prep: str) -> tupl
     result = run_cli("preprocess", "--input", str(csv), "--label", label, "--output", str(data),
                      *prep)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    schema = json.loads((data / "schema.json").read_text())
-    num_ids = {c["name"]: len(c["vocabulary"] or []) + 1 for c in schema["columns"]}
+    schema = Schema.load(str(data))
+    num_ids = {c.name: c.num_ids for c in schema.columns if c.kind == "categorical"}
     (root / "model.py").write_text(model_def.replace("NUM_IDS", str(num_ids.get("city"))))
     run = TrainRun(data, output, "--epochs", "2", "--workers", "1", "--ps", "1",
                    model_def=str(root / "model.py"))  # fmt: skip
@@ -195,7 +195,7 @@ def test_classifier_reads_unseen_categories_and_empty_cells_as_training_does(cla
 
     # The same rows encoded by hand as the default feed encodes them.
     trained = keras.models.load_model(output / "model.keras").layers[-1]
-    unknown = len(schema.feature("city").vocabulary)
+    unknown = schema.feature("city").vocabulary_size
 
     def encoded(city_id: int, size_value: float, weight_value: float) -> dict:
         return {
@@ -204,7 +204,7 @@ def test_classifier_reads_unseen_categories_and_empty_cells_as_training_does(cla
             "weight_in_kg": np.array([(weight_value - weight.mean) / weight.std], np.float32),
         }
 
-    vocabulary = schema.feature("city").vocabulary
+    vocabulary = schema.vocabulary(schema.feature("city"))
     expected = [
         encoded(unknown, 6.0, 80.0),
         encoded(vocabulary.index("Paris"), size.fill, weight.fill),

@@ -111,7 +111,7 @@ def test_the_command_writes_the_same_files_on_both_runners(
     assert sum(len(records) for records in records_by_shard(beam).values()) == 300
     acidity, _, region = schema.columns
     assert acidity.input_name == "fixed_acidity" and acidity.fill == acidity.mean
-    assert region.kind == "categorical" and "" in region.vocabulary
+    assert region.kind == "categorical" and "" in schema.vocabulary(region)
     assert f"preprocessing {csv} with Apache Beam on FnApiRunner" in said["beam"]
     # columns: ..., wrote train: ..., wrote validation: ...
     assert said["beam"][-4:-1] == said["local"][-4:-1]

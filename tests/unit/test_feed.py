@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from vocabulary_files import categorical, schema_with
 
 from elastic_step.data import feed as feed_module
 from elastic_step.data.feed import (
@@ -34,14 +35,14 @@ def _example(**values: float | str) -> bytes:  # keys may be any CSV column name
 
 
 def _schema(label_kind: str = "class") -> Schema:
-    return Schema(
+    return schema_with(
+        lambda directory: [
+            Column(name="x", kind="numeric", mean=10.0, std=4.0),
+            categorical(directory, "color", ["red", "blue"]),
+        ],
         label="y",
         label_kind=label_kind,  # type: ignore[arg-type]
         label_vocabulary=["cat", "dog"] if label_kind == "class" else None,
-        columns=[
-            Column(name="x", kind="numeric", mean=10.0, std=4.0),
-            Column(name="color", kind="categorical", vocabulary=["red", "blue"]),
-        ],
     )
 
 
@@ -162,15 +163,12 @@ def test_keras_model_fits_on_preprocessed_data(small_csv: str, tmp_path: Path) -
 
 
 def _wide_schema(one_hot: bool = False) -> Schema:
-    return Schema(
-        label="y",
-        label_kind="class",
-        label_vocabulary=["cat", "dog"],
-        columns=[
+    return schema_with(
+        lambda directory: [
             Column(
                 name="od/280", kind="numeric", mean=10.0, std=4.0, input_name="od_280", fill=10.0
             ),
-            Column(name="color", kind="categorical", vocabulary=["red", "blue"]),
+            categorical(directory, "color", ["red", "blue"]),
             Column(
                 name="fixed acidity",
                 kind="numeric",
@@ -180,6 +178,9 @@ def _wide_schema(one_hot: bool = False) -> Schema:
                 fill=0.0,
             ),
         ],
+        label="y",
+        label_kind="class",
+        label_vocabulary=["cat", "dog"],
         one_hot=one_hot,
     )
 
@@ -241,7 +242,7 @@ def test_input_form_of_models_and_width_check() -> None:
     with pytest.raises(
         InputError,
         match=r"the model's input takes vectors of 3 values, but the default feed makes 5 per "
-        r"record: 2 numeric columns and 1 categorical ones \(its vocabulary size \+ 1 "
+        r"record: 2 numeric columns and 1 categorical ones \(num_ids floats "
         r"\(--one-hot\) each\); give keras.Input\(shape=\(5,\)\)",
     ):
         feed(records_dataset(WIDE_RECORDS, 2), "train", _wide_schema(one_hot=True))

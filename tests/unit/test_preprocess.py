@@ -49,7 +49,9 @@ def test_schema_and_records(small_csv: str, tmp_path: Path) -> None:
         ("color", "categorical"),
     ]
     color = schema.feature("color")
-    assert color.vocabulary == ["red", "blue", "green"]  # by frequency, then value
+    # By frequency, then value, in its own file.
+    assert schema.vocabulary(color) == ["red", "blue", "green"]
+    assert color.vocabulary_file == "vocabularies/002-color.txt"
     assert color.num_ids == 4
     assert schema.records == {"train": 48, "validation": 12}
     assert [s.records for s in schema.splits["train"]] == [12, 12, 12, 12]
@@ -74,7 +76,7 @@ def test_schema_and_records(small_csv: str, tmp_path: Path) -> None:
     assert schema.feature("x").mean == pytest.approx(xs.mean(), rel=1e-5)
     for r in train + valid:
         assert r["digit"] == str(int(r["y"]) % 3)
-        assert r["color"] in color.vocabulary
+        assert r["color"] in schema.vocabulary(color)
 
 
 def test_split_is_deterministic_by_seed(small_csv: str, tmp_path: Path) -> None:
@@ -129,8 +131,15 @@ def test_forced_kinds(tmp_path: Path, write_csv: Callable[..., str]) -> None:
         label_kind="numeric",
     )
     assert schema.columns == [
-        Column(name="code", kind="categorical", vocabulary=["0", "1", "2", "3", "4"])
+        Column(
+            name="code",
+            kind="categorical",
+            vocabulary_file="vocabularies/000-code.txt",
+            vocabulary_size=5,
+            oov_buckets=1,
+        )
     ]
+    assert schema.vocabulary(schema.columns[0]) == ["0", "1", "2", "3", "4"]
     assert schema.label_kind == "numeric"
 
 

@@ -3,6 +3,8 @@ records that preprocess wrote from the same CSV, in every input form."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 
@@ -42,7 +44,7 @@ def test_raw_features_encode_as_the_feed_does(tmp_path, one_hot):
     for vector in (False, True):
         feed = DefaultFeed(schema, InputForm(vector=vector))
         ((expected, _),) = list(feed(records_dataset(records, len(records)), "evaluate"))
-        layer = RawFeatures(schema_json=schema.to_json(), vector=vector)
+        layer = RawFeatures(schema_json=schema.to_json(), vector=vector, schema=schema)
         got = layer(raw)
         tf.nest.map_structure(
             lambda a, b: np.testing.assert_array_equal(a.numpy(), b.numpy()), got, expected
@@ -51,7 +53,7 @@ def test_raw_features_encode_as_the_feed_does(tmp_path, one_hot):
         unseen = {**{k: v[:1] for k, v in raw.items()}, "colour": tf.constant(["mauve"])}
         encoded = layer(unseen)
         colour = (encoded if vector else encoded["colour"]).numpy()[0]
-        unknown = len(schema.feature("colour").vocabulary)
+        unknown = schema.feature("colour").vocabulary_size
         want = np.eye(unknown + 1)[unknown] if one_hot else [unknown]
         assert list(np.atleast_1d(colour)[: len(want)]) == list(want)
 
@@ -76,14 +78,23 @@ def test_a_load_without_the_layer_registered_says_what_to_import(tmp_path):
         "x": keras.Input(shape=(), name="x"),
         "colour": keras.Input(shape=(), dtype="string", name="colour"),
     }
-    features = RawFeatures(schema_json=schema.to_json(), vector=True)(inputs)
-    keras.Model(inputs, keras.layers.Dense(1)(features)).save(tmp_path / "model.keras")
-    load = f"import keras; keras.models.load_model({str(tmp_path / 'model.keras')!r})"
+    features = RawFeatures(schema_json=schema.to_json(), vector=True, schema=schema)(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1)(features))
+    model.save(tmp_path / "model.keras")
+    load = f"import keras; m = keras.models.load_model({str(tmp_path / 'model.keras')!r})"
     bare = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=120)
     assert bare.returncode != 0
     assert RawFeatures.LOAD_WITH in bare.stderr
+    # Loaded elsewhere, with the data directory gone: the vocabulary came in the archive.
+    rows = {"x": [0.5, 1.0, 2.0], "colour": ["blue", "mauve", "red"]}  # mauve: never seen
+    shutil.rmtree(data)
+    batch = f"{{k: np.array(v) for k, v in {rows!r}.items()}}"
+    predict = f"import numpy as np; print(m({batch}).numpy().ravel().tolist())"
     registered = subprocess.run(
-        [sys.executable, "-c", f"import elastic_step.model.serving; {load}"],
+        [sys.executable, "-c", f"import elastic_step.model.serving; {load}; {predict}"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert registered.returncode == 0, registered.stderr[-2000:]
+    loaded = json.loads(registered.stdout.strip().splitlines()[-1])
+    here = model({k: np.array(v) for k, v in rows.items()}).numpy().ravel()
+    np.testing.assert_allclose(loaded, here, rtol=1e-6)
