@@ -75,20 +75,24 @@ def _unless_empty(convert: Callable[[str], T]) -> Callable[[str], T | None]:
 def _add_preprocess(commands) -> None:
     p = commands.add_parser(
         "preprocess",
-        help="turn a CSV file into sharded TFRecord data with a schema",
-        description="Reads a CSV file with a header row and writes DIR/train/, "
-        "DIR/validation/ (TFRecord shards with offset indexes) and DIR/schema.json. "
-        "Column types come from the first 100 rows: a column whose values there are all "
-        "numbers is numeric; one with more than half numbers but not all is an error (a "
-        "stray word in a numeric column), unless --categorical names it; any other is "
-        "categorical. A categorical column with nearly as many values as rows is reported as "
-        "probably an id column. The file is streamed: memory stays bounded at any size.",
+        help="turn a CSV file or Parquet files into sharded TFRecord data with a schema",
+        description="Reads a CSV file with a header row, or Parquet files, and writes "
+        "DIR/train/, DIR/validation/ (TFRecord shards with offset indexes), "
+        "DIR/vocabularies/ and DIR/schema.json. A CSV file's column types come from its first "
+        "100 rows: a column whose values there are all numbers is numeric; one with more "
+        "than half numbers but not all is an error (a stray word in a numeric column), "
+        "unless --categorical names it; any other is categorical. Parquet's come from its "
+        "schema: numbers are numeric, strings and booleans categorical. A categorical column "
+        "with nearly as many values as rows is reported as probably an id column. The input "
+        "is streamed: memory stays bounded at any size.",
     )
     p.add_argument(
         "--input",
         required=True,
-        metavar="CSV",
-        help="the CSV file: a path or URI (s3://, gs://, ...); gzip-compressed or not",
+        metavar="INPUT",
+        help="a CSV file with a header row, gzip-compressed or not; or Parquet: a *.parquet "
+        "file, a directory of them, or a glob (DIR/part-*.parquet), whose schema gives the "
+        "column types; a path or URI (s3://, gs://, ...)",
     )
     p.add_argument("--label", required=True, metavar="COLUMN", help="the label column")
     p.add_argument("--output", required=True, metavar="DIR", help="where to write the data")
@@ -503,21 +507,21 @@ def _copy_summary(status: int, args: argparse.Namespace) -> int:
 def _add_predict(commands) -> None:
     p = commands.add_parser(
         "predict",
-        help="run a trained model on a CSV file or a data split, as an elastic job",
+        help="run a trained model on a CSV file, Parquet files or a data split, as an elastic job",
         description="Runs the master in this process with prediction tasks: workers load "
         "the model and write each task's predictions once; the master replaces workers "
         "that die and merges the tasks' parts into --output/predictions.csv, one row per "
-        "input row in input order, starting with its index. A CSV is encoded with the "
-        "model's schema first (into --output/input/). Running the same command again "
-        "resumes an interrupted job without redoing finished tasks.",
+        "input row in input order, starting with its index. A CSV file or Parquet input is "
+        "encoded with the model's schema first (into --output/input/). Running the same "
+        "command again resumes an interrupted job without redoing finished tasks.",
     )
     p.add_argument("--model", required=True, metavar="DIR", help="what `train` wrote")
     p.add_argument(
         "--input",
         required=True,
-        metavar="CSV_OR_DATA_DIR",
-        help="a CSV file with the model's feature columns (the label column may be there), "
-        "or what `preprocess` wrote",
+        metavar="INPUT",
+        help="a CSV file or Parquet input (as preprocess takes them) with the model's feature "
+        "columns (the label column may be there), or what `preprocess` wrote",
     )
     p.add_argument("--output", required=True, metavar="DIR", help="predictions and state")
     p.add_argument(

@@ -2,8 +2,9 @@
 
 ``--model`` is the ``--output`` of a finished training: its ``model_def.py`` builds the model,
 its ``model.keras`` holds the weights and its ``schema.json`` says how the data was encoded.
-``--input`` is a CSV file (encoded with that schema into ``--output/input/`` first, see
-:mod:`elastic_step.predict_input`) or a preprocessed data directory (``--split`` of it).
+``--input`` is a CSV file or Parquet files (encoded with that schema into ``--output/input/``
+first, see :mod:`elastic_step.predict_input`), or a preprocessed data directory (one that holds
+a ``schema.json``; its ``--split``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from elastic_step.master.prediction_job import PredictInput, PredictionJob
 from elastic_step.master.state_store import create_state_store
 from elastic_step.model.definition import load_model_definition
 from elastic_step.output_layout import OutputLayout
-from elastic_step.predict_input import SPLIT, check_data_dir, encode_csv
+from elastic_step.predict_input import SPLIT, check_data_dir, encode_input
 
 log = logging.getLogger("elastic_step")
 
@@ -51,9 +52,7 @@ def predict(config: PredictConfig, backend_options: object = None) -> int:
             f"{model.model_file}: cannot load it into the model of {model.model_def}: "
             f"{type(e).__name__}: {e}"
         ) from e
-    if not storage.exists(input_path):
-        raise InputError(f"{input_path}: no such file or directory")
-    if storage.isdir(input_path):
+    if storage.exists(storage.join(input_path, "schema.json")):  # preprocessed data
         given = PredictInput(
             shards=tuple(check_data_dir(input_path, split, schema)),
             source=f"{input_path} (split {split})",
@@ -65,7 +64,7 @@ def predict(config: PredictConfig, backend_options: object = None) -> int:
             log.info("using the input encoded by an earlier run: %s", encoded_dir)
             encoded = Schema.load(encoded_dir)
         else:
-            encoded = encode_csv(input_path, schema, encoded_dir, progress=log.info)
+            encoded = encode_input(input_path, schema, encoded_dir, progress=log.info)
         given = PredictInput(
             shards=tuple(encoded.shard_paths(encoded_dir, SPLIT)),
             source=input_path,

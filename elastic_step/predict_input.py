@@ -1,7 +1,8 @@
-"""The input of ``elastic-step predict``: a CSV file encoded with the model's schema, or the
-split of a preprocessed data directory whose columns are the model's.
+"""The input of ``elastic-step predict``: a CSV file or Parquet files encoded with the
+model's schema, or the split of a preprocessed data directory whose columns are the model's.
 
-A CSV is encoded as ``preprocess`` encodes its rows (raw values keyed by column name, see
+A CSV file or Parquet input (:mod:`elastic_step.data.input_source`) is encoded as
+``preprocess`` encodes its rows (raw values keyed by column name, see
 :mod:`elastic_step.data.schema`), into one shard in input order, so that a record's position
 is its data row's. Its header must hold every feature column of the model's schema; the
 label column may be there (it is ignored), no other column may. Values are checked as
@@ -19,9 +20,9 @@ from collections.abc import Callable
 import pyarrow.compute as pc
 
 from elastic_step.data import storage
-from elastic_step.data.csv_source import CsvSource
 from elastic_step.data.example_encoding import BytesColumn, FloatColumn, encode_examples
-from elastic_step.data.numbers import first_true, to_numbers
+from elastic_step.data.input_source import open_source
+from elastic_step.data.numbers import as_text, first_true, to_numbers
 from elastic_step.data.progress import Progress
 from elastic_step.data.schema import Schema, Shard
 from elastic_step.data.tfrecord import ShardWriter
@@ -53,15 +54,14 @@ def check_columns(path: str, header: list[str], schema: Schema) -> None:
         )
 
 
-def encode_csv(
-    csv_path: str, schema: Schema, output: str, progress: Callable[[str], None]
+def encode_input(
+    input_path: str, schema: Schema, output: str, progress: Callable[[str], None]
 ) -> Schema:
-    """Encodes ``csv_path`` into the data directory ``output`` (written atomically): its
-    rows in one shard of split ``predict``, and the model's schema with that split."""
-    if not storage.exists(csv_path):
-        raise InputError(f"{csv_path}: file not found")
-    source = CsvSource(csv_path)
-    check_columns(csv_path, source.header, schema)
+    """Encodes ``input_path`` (a CSV file, or Parquet) into the data directory ``output``
+    (written atomically): its rows in one shard of split ``predict``, and the model's schema
+    with that split."""
+    source = open_source(input_path)
+    check_columns(input_path, source.header, schema)
     position = {name: j for j, name in enumerate(source.header)}
     reading = Progress(progress, what="encoding", total_bytes=source.total_bytes, every_s=5.0)
     with storage.atomic_directory(output) as tmp:
@@ -69,39 +69,38 @@ def encode_csv(
         with ShardWriter(storage.join(tmp, SHARD)) as writer:
             for batch in source.batches(reading):
 
-                def line(index: int, first_row: int = batch.first_row) -> int:
-                    return source.line_of_row(first_row + index)
+                def where(index: int, first_row: int = batch.first_row) -> str:
+                    return source.where(first_row + index)
 
                 columns: list[FloatColumn | BytesColumn] = []
                 for column in schema.columns:
                     values = batch.columns[position[column.name]]
                     if column.kind == "categorical":
-                        trimmed = pc.utf8_trim_whitespace(values)
-                        columns.append(BytesColumn(key=column.name, values=trimmed))
+                        columns.append(BytesColumn(key=column.name, values=as_text(values)))
                         continue
                     numbers, bad = to_numbers(values)
                     if bad is not None:
                         raise InputError(
-                            f"{csv_path}: line {line(bad)}: column '{column.name}' has "
-                            f"non-numeric value {values[bad].as_py().strip()!r}; the model "
-                            "reads it as numeric"
+                            f"{where(bad)}: column '{column.name}' has value "
+                            f"{str(values[bad].as_py()).strip()!r}, not a finite number; the "
+                            "model reads it as numeric"
                         )
                     if column.fill is None and numbers.null_count:
                         empty = first_true(pc.is_null(numbers))
                         raise InputError(
-                            f"{csv_path}: line {line(empty)}: empty value in numeric column "
+                            f"{where(empty)}: empty value in numeric column "
                             f"'{column.name}' (the model was trained without --fill-missing)"
                         )
                     columns.append(FloatColumn(key=column.name, values=numbers))
                 writer.write_all(encode_examples(columns))
             rows = writer.records
         if rows == 0:
-            raise InputError(f"{csv_path}: has no data rows")
+            raise InputError(f"{input_path}: has no data rows")
         encoded = dataclasses.replace(
             schema, splits={SPLIT: [Shard(path=SHARD, records=rows)]}, records={SPLIT: rows}
         )
         encoded.save(tmp)
-    progress(f"encoded {rows} rows of {csv_path} with the model's schema")
+    progress(f"encoded {rows} rows of {input_path} with the model's schema")
     return encoded
 
 

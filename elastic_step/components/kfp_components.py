@@ -47,7 +47,8 @@ def preprocess(
     schema.json (`elastic-step preprocess`).
 
     Args:
-        csv: The CSV file.
+        csv: The CSV file, or Parquet: a file or a directory of them, whose schema gives
+            the column types.
         label: The label column.
         data: train/, validation/ and schema.json; its metadata counts the records.
         shards: Shards per split.

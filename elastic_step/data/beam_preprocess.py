@@ -28,7 +28,7 @@ from typing import Any
 
 from elastic_step.data import beam_runners, beam_steps, storage, vocabulary
 from elastic_step.data.beam_stages import Stages
-from elastic_step.data.beam_steps import PIECES, Job
+from elastic_step.data.beam_steps import PIECES, Job, Part
 from elastic_step.data.csv_ranges import (
     CHUNK_BYTES,
     ChunkQuotes,
@@ -38,6 +38,7 @@ from elastic_step.data.csv_ranges import (
     row_ranges,
 )
 from elastic_step.data.csv_scan import infer_columns, leading_batches
+from elastic_step.data.parquet_source import ParquetSource
 from elastic_step.data.preprocess import (
     SPLITS,
     MemoryBudget,
@@ -109,6 +110,7 @@ def preprocess_on_beam(
         job = Job(
             source=source,
             found=found,
+            # Where a CSV file's rows begin; a gzip file and Parquet are read in other parts.
             data_start=0 if source.gzipped else source.data_offset(),
             label_kind=label_kind,
             fill=fill,
@@ -287,9 +289,11 @@ def _run(stages: Stages, job: Job, chunk_bytes: int, say: Callable[[str], None])
     beam_steps.write_schema(job, placed, encoded, shards)
 
 
-def _ranges(stages: Stages, job: Job, chunk_bytes: int) -> list[RowRange]:
-    """The file's ranges of whole rows: a gzip file is one; else the chunks' quotes, counted
-    on the workers, say where rows end."""
+def _ranges(stages: Stages, job: Job, chunk_bytes: int) -> list[Part]:
+    """The parts of the input: Parquet's row groups; a CSV file's ranges of whole rows (a gzip
+    file is one; else the chunks' quotes, counted on the workers, say where rows end)."""
+    if isinstance(job.source, ParquetSource):
+        return list(job.source.parts())
     size = job.source.total_bytes
     if job.source.gzipped:  # no reading from the middle
         return [RowRange(index=0, start=0, end=size)]

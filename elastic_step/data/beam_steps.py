@@ -43,8 +43,10 @@ import numpy as np
 from elastic_step.data import storage
 from elastic_step.data.csv_ranges import RowRange
 from elastic_step.data.csv_scan import Counts, Scan, finish_scan
-from elastic_step.data.csv_source import CsvBatch, CsvSource
+from elastic_step.data.csv_source import CsvBatch
+from elastic_step.data.input_source import Source
 from elastic_step.data.numbers import to_numbers
+from elastic_step.data.parquet_source import ParquetSource, RowGroupPart
 from elastic_step.data.preprocess import (
     SPLITS,
     BucketLayout,
@@ -65,6 +67,8 @@ from elastic_step.errors import InputError
 
 #: Where buckets of shards that have several wait to be joined, in the output directory.
 PIECES = "pieces"
+#: A part of the input read on its own: a CSV file's range of rows, a Parquet row group.
+Part = RowRange | RowGroupPart
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,7 @@ class Job:
     """What every step knows: the file, the columns' kinds (from its first rows), the
     arguments, and the temporary output directory."""
 
-    source: CsvSource
+    source: Source
     found: Scan  # kinds and sample; no counts
     data_start: int  # where the rows begin (0 for a gzip file, read whole)
     label_kind: str
@@ -87,10 +91,14 @@ class Job:
     vocabulary: VocabularyOptions
     out_dir: str
 
-    def batches(self, part: RowRange, first_row: int) -> Iterator[CsvBatch]:
+    def batches(self, part: Part, first_row: int) -> Iterator[CsvBatch]:
         """The rows of ``part``, numbered from ``first_row``."""
+        if isinstance(self.source, ParquetSource):
+            assert isinstance(part, RowGroupPart)
+            return self.source.part_batches(part, first_row)
         if self.source.gzipped:  # one range, the whole file
             return self.source.batches()
+        assert isinstance(part, RowRange)
         return self.source.range_batches(part.start, part.end, first_row)
 
 
@@ -119,19 +127,20 @@ class _RangeLines:
     the rows before the range are counted only on the way to an error."""
 
     job: Job
-    part: RowRange
+    part: Part
 
-    @property
-    def path(self) -> str:
-        return self.job.source.path
-
-    def line_of_row(self, row: int) -> int:
-        before = RowRange(index=-1, start=self.job.data_start, end=self.part.start)
+    def where(self, row: int) -> str:
+        source, part = self.job.source, self.part
+        if isinstance(source, ParquetSource):
+            assert isinstance(part, RowGroupPart)
+            return source.part_where(part, row)
+        assert isinstance(part, RowRange)
+        before = RowRange(index=-1, start=self.job.data_start, end=part.start)
         rows = sum(b.rows for b in self.job.batches(before, 0)) if before.end > before.start else 0
-        return self.job.source.line_of_row(rows + row)
+        return source.where(rows + row)
 
 
-def count_range(part: RowRange, job: Job) -> tuple[int, Counts]:
+def count_range(part: Part, job: Job) -> tuple[int, Counts]:
     """Step 1: ``(range index, counts)``; an :class:`InputError` at the range's first bad
     value."""
     counts = Counts.start(job.found, job.label_kind)
@@ -177,7 +186,7 @@ def _stratum_rows(found: Scan, counts: Counts) -> list[int]:
     return [by_value.get(key(v), 0) for v in found.label_vocabulary or []]
 
 
-def split_range(part: RowRange, job: Job, plan: Plan) -> tuple[int, dict[str, int], dict]:
+def split_range(part: Part, job: Job, plan: Plan) -> tuple[int, dict[str, int], dict]:
     """Step 3: ``(range index, rows per split, first train value per numeric column)``."""
     found = plan.found
     encoder = Encoder(found, plan.split, plan.layout, job.seed, before=plan.before(part.index))
@@ -217,7 +226,7 @@ class EncodedRange:
     blocks: dict[int, list[BlockPlace]]
 
 
-def encode_range(part: RowRange, job: Job, plan: Plan) -> EncodedRange:
+def encode_range(part: Part, job: Job, plan: Plan) -> EncodedRange:
     """Step 5: the range's records, each with its bucket and sort key, parked in the range's
     own file (``spill_bytes`` of them in memory at a time), and its statistics."""
     i = part.index

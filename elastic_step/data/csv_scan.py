@@ -30,8 +30,9 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from elastic_step.data.csv_source import CsvBatch, CsvSource
-from elastic_step.data.numbers import first_true, is_number, to_numbers
+from elastic_step.data.csv_source import CsvBatch
+from elastic_step.data.input_source import Source
+from elastic_step.data.numbers import as_text, first_true, is_number, to_numbers
 from elastic_step.data.vocabulary import (
     COUNT_MEMORY_VALUES,
     Chosen,
@@ -170,17 +171,16 @@ class Counts:
 
 
 class RowLines(Protocol):
-    """Where a row of a CSV file is, for error messages: :class:`CsvSource`, or a part of one
-    that knows its place in the file."""
+    """Where a row of the input is, for error messages: a source (CSV or Parquet), or a part
+    of one that knows its place in the input."""
 
-    @property
-    def path(self) -> str: ...
-
-    def line_of_row(self, row: int) -> int: ...
+    def where(self, row: int) -> str:
+        """``PATH: line N`` (CSV) or ``FILE: row N`` (Parquet) of data row ``row``."""
+        ...
 
 
 def scan(
-    source: CsvSource,
+    source: Source,
     *,
     label: str,
     categorical: set[str],
@@ -219,7 +219,7 @@ def leading_batches(batches: Iterator[CsvBatch]) -> list[CsvBatch]:
 
 
 def infer_columns(
-    source: CsvSource,
+    source: Source,
     leading: list[CsvBatch],
     *,
     label: str,
@@ -227,9 +227,9 @@ def infer_columns(
     label_kind: str,
     hashed: Collection[str] = (),
 ) -> Scan:
-    """The columns' kinds, from the first rows of the file (``leading``): a :class:`Scan`
-    that knows no counts yet (see :func:`finish_scan`). ``hashed`` columns are categorical,
-    as are those in ``categorical``."""
+    """The columns' kinds: a Parquet source's from its schema, a CSV file's from its first
+    rows (``leading``); a :class:`Scan` that knows no counts yet (see :func:`finish_scan`).
+    ``hashed`` columns are categorical, as are those in ``categorical``."""
     categorical = {*categorical, *hashed}
     path, header = source.path, source.header
     label_index = header.index(label)
@@ -245,6 +245,10 @@ def infer_columns(
                     "categorical"
                 )
             kinds.append("numeric")
+        elif name in categorical:
+            kinds.append("categorical")
+        elif getattr(source, "kinds", None) is not None:  # Parquet: its schema says
+            kinds.append(source.kinds[name])
         else:
             kinds.append(
                 _infer_kind(source, name, sample.first_row, sample.columns[j], label, categorical)
@@ -286,7 +290,7 @@ def _head(batches: list[CsvBatch], rows: int) -> CsvBatch:
 
 
 def _infer_kind(
-    source: CsvSource,
+    source: Source,
     name: str,
     first_row: int,
     values: pa.Array,
@@ -305,7 +309,7 @@ def _infer_kind(
             "to read its values as class names" if name == label else "to treat it as categorical"
         )
         raise InputError(
-            f"{source.path}: line {source.line_of_row(first_row + row)}: column '{name}' has "
+            f"{source.where(first_row + row)}: column '{name}' has "
             f"non-numeric value {value!r}, but {sum(numbers)} of its first {len(given)} values "
             f"are numbers (pass --categorical {name} {what})"
         )
@@ -315,54 +319,57 @@ def _infer_kind(
 def _check_batch(
     source: RowLines, batch: CsvBatch, result: Scan, counts: Counts, fill_missing: bool
 ) -> None:
-    path, header = source.path, result.header
+    header = result.header
     labels, label_kind = counts.labels, counts.labels.label_kind
 
-    def line(index: int) -> int:
-        return source.line_of_row(batch.first_row + index)
+    def where(index: int) -> str:
+        return source.where(batch.first_row + index)
 
     for j, values in enumerate(batch.columns):
         name = header[j]
         if j == result.label_index:
-            values = pc.utf8_trim_whitespace(values)
+            values = as_text(values)
             empty = first_true(pc.equal(values, ""))
             if empty is not None:
-                raise InputError(
-                    f"{path}: line {line(empty)}: empty value in label column '{name}'"
-                )
+                raise InputError(f"{where(empty)}: empty value in label column '{name}'")
             if result.kinds[j] == "numeric":
                 floats, bad = to_numbers(values)
                 if bad is not None:
-                    _label_not_a_number(path, line(bad), name, values[bad].as_py(), label_kind)
+                    _label_not_a_number(where(bad), name, values[bad].as_py(), label_kind)
                 labels.add_numbers(floats)
             else:
                 labels.add_text(values)
         elif result.kinds[j] == "numeric":
             floats, bad = to_numbers(values)
+            if bad is not None and not pa.types.is_string(values.type):  # Parquet's numbers
+                raise InputError(
+                    f"{where(bad)}: column '{name}' has value {values[bad].as_py()}, which is "
+                    "not a finite number"
+                )
             if bad is not None:
                 raise InputError(
-                    f"{path}: line {line(bad)}: column '{name}' has non-numeric value "
+                    f"{where(bad)}: column '{name}' has non-numeric value "
                     f"{values[bad].as_py().strip()!r}, but was inferred numeric from its first "
                     f"{INFER_ROWS} values (pass --categorical {name} to treat it as categorical)"
                 )
             if not fill_missing and floats.null_count:
                 empty = first_true(pc.is_null(floats))
                 raise InputError(
-                    f"{path}: line {line(empty)}: empty value in numeric column '{name}' "
+                    f"{where(empty)}: empty value in numeric column '{name}' "
                     f"(pass --fill-missing mean|zero|VALUE, or --categorical {name})"
                 )
         elif j in counts.value_counts:  # not a hashed column
-            counts.value_counts[j].add(pc.utf8_trim_whitespace(values))
+            counts.value_counts[j].add(as_text(values))
 
 
-def _label_not_a_number(path: str, line: int, label: str, value: str, label_kind: str) -> None:
+def _label_not_a_number(where: str, label: str, value: str, label_kind: str) -> None:
     if label_kind == "numeric":
         raise InputError(
-            f"{path}: line {line}: label column '{label}' has non-numeric value {value!r}, "
+            f"{where}: label column '{label}' has non-numeric value {value!r}, "
             f"but --label-kind is numeric"
         )
     raise InputError(
-        f"{path}: line {line}: label column '{label}' has non-numeric value {value!r}, but was "
+        f"{where}: label column '{label}' has non-numeric value {value!r}, but was "
         f"inferred numeric from its first {INFER_ROWS} values (pass --categorical {label} to "
         "read its values as class names)"
     )

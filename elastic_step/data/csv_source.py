@@ -214,6 +214,10 @@ class CsvSource:
         first_line = arrow_message.strip().splitlines()[0] if arrow_message.strip() else ""
         return f"{self.path}: malformed CSV: {first_line}"
 
+    def where(self, row: int) -> str:
+        """``PATH: line N``, where data row ``row`` (0-based) starts, for error messages."""
+        return f"{self.path}: line {self.line_of_row(row)}"
+
     def line_of_row(self, row: int) -> int:
         """The line on which data row ``row`` (0-based) starts."""
         for number, (line, _) in enumerate(_python_rows(self.path, self.gzipped)):

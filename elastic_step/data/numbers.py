@@ -54,6 +54,15 @@ def to_numbers(values: pa.Array) -> tuple[pa.Array, int | None]:
     return floats, int(bad[0]) if bad.size else None
 
 
+def as_text(values: pa.Array) -> pa.Array:
+    """A column's values as categorical text: strings stripped of surrounding whitespace (as
+    a CSV's cells are read), numbers of a Parquet column in Arrow's spelling (``3``,
+    ``2.5``), an empty value where there is none."""
+    if not pa.types.is_string(values.type):
+        values = pc.fill_null(pc.cast(values, pa.string()), "")
+    return pc.utf8_trim_whitespace(values)
+
+
 def is_number(text: str) -> bool:
     """Whether one (stripped, non-empty) value is a number."""
     return to_numbers(pa.array([text], pa.string()))[1] is None

@@ -44,10 +44,11 @@ import pyarrow.compute as pc
 
 from elastic_step.data import storage, vocabulary
 from elastic_step.data.csv_scan import Scan, scan
-from elastic_step.data.csv_source import BATCH_BYTES, BLOCK_BYTES, CsvBatch, CsvSource
+from elastic_step.data.csv_source import BATCH_BYTES, BLOCK_BYTES, CsvBatch
 from elastic_step.data.example_encoding import BytesColumn, FloatColumn, encode_examples
 from elastic_step.data.input_names import input_names
-from elastic_step.data.numbers import ExactSum, to_numbers
+from elastic_step.data.input_source import Source, open_source
+from elastic_step.data.numbers import ExactSum, as_text, to_numbers
 from elastic_step.data.progress import Progress
 from elastic_step.data.row_random import Permutation, row_keys, stream_key
 from elastic_step.data.schema import Column, Schema, Shard
@@ -165,13 +166,10 @@ def preprocess(
 
 def open_input(
     input_path: str, label: str, categorical: Sequence[str], memory: MemoryBudget
-) -> CsvSource:
-    """The CSV file ``input_path``, its header checked against ``label`` and ``categorical``."""
-    if not storage.exists(input_path):
-        raise InputError(f"{input_path}: file not found")
-    if storage.isdir(input_path):
-        raise InputError(f"{input_path}: is a directory, expected a CSV file")
-    source = CsvSource(input_path, block_bytes=memory.block_bytes, batch_bytes=memory.batch_bytes)
+) -> Source:
+    """The CSV file or Parquet files ``input_path`` (:mod:`elastic_step.data.input_source`),
+    the header checked against ``label`` and ``categorical``."""
+    source = open_source(input_path, block_bytes=memory.block_bytes, batch_bytes=memory.batch_bytes)
     _check_header(input_path, source.header, label, set(categorical))
     return source
 
@@ -389,7 +387,7 @@ def _encode_batch(
             numbers[j] = to_numbers(values)[0]
             columns.append(FloatColumn(key=header[j], values=numbers[j]))
         else:
-            columns.append(BytesColumn(key=header[j], values=pc.utf8_trim_whitespace(values)))
+            columns.append(BytesColumn(key=header[j], values=as_text(values)))
     label = batch.columns[label_index]
     classes = None
     if found.label_kind == "numeric":
@@ -407,8 +405,7 @@ def _classes(found: Scan, label: pa.Array) -> pa.Array:
     if found.label_numeric:
         floats = to_numbers(label)[0]
         return pc.index_in(floats, value_set=pa.array([float(v) for v in vocabulary]))
-    label = pc.utf8_trim_whitespace(label)
-    return pc.index_in(label, value_set=pa.array(vocabulary, pa.string()))
+    return pc.index_in(as_text(label), value_set=pa.array(vocabulary, pa.string()))
 
 
 @dataclass

@@ -157,6 +157,31 @@ def test_predictions_are_the_trained_models_outputs(killed, trained, rows) -> No
     assert accuracy > 0.8
 
 
+def test_parquet_input_gives_the_same_predictions(killed, trained, rows, tmp_path) -> None:
+    """The same rows as two Parquet files (pixels as int64, the label a string): the same
+    predictions.csv, byte for byte."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    table = pacsv.read_csv(rows)
+    table = table.set_column(
+        table.column_names.index("digit"), "digit", table["digit"].cast("string")
+    )
+    parquet = tmp_path / "rows"
+    parquet.mkdir()
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), parquet / "a.parquet", row_group_size=1000)
+    pq.write_table(table.slice(half), parquet / "b.parquet", row_group_size=1000)
+    run = PredictRun(trained, parquet, tmp_path / "out", "--workers", "2")
+    run.start()
+    try:
+        assert run.wait() == 0, run.log()[-3000:]
+    finally:
+        run.kill_all()
+    want = (killed["run"].output / "predictions.csv").read_bytes()
+    assert (run.output / "predictions.csv").read_bytes() == want
+
+
 def test_running_a_finished_job_again_changes_nothing(killed) -> None:
     run = killed["run"]
     before = (run.output / "predictions.csv").read_bytes()
