@@ -4,7 +4,9 @@ The file defines ``model`` and may define ``loss``, ``optimizer``, ``metrics`` a
 ``loss``, ``optimizer`` and ``metrics`` may each be a function or a module-level object, or come
 from the model's ``compile()``; what the file defines takes precedence over ``compile()``.
 
-- ``model() -> keras.Model``: functional, Sequential or subclassed, compiled or not. A model
+- ``model() -> keras.Model``, or ``model(schema)`` to be given the data's schema (below), for
+  a model shaped by the data, such as one embedding of ``num_ids`` rows per categorical
+  column: functional, Sequential or subclassed, compiled or not. A model
   that has no variables yet (subclassed, or Sequential without an ``Input``) is built by calling
   it once on a batch of zeros shaped as the feed's features.
 - ``loss``: a function ``loss(labels, outputs)`` giving per-example values or a scalar, a
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import linecache
 import sys
 import types
@@ -107,7 +110,14 @@ class PythonModelDefinition(ModelDefinition):
         from elastic_step.data.feed import default_feed_for_model
         from elastic_step.model.keras_parts import compiled_parts
 
-        model = self._run_user("model()", self.module.model)
+        if takes_schema(self.module.model):
+            if self.schema is None:
+                raise ModelDefinitionError(
+                    self.path, "model(schema) needs the data's schema, which this process lacks"
+                )
+            model = self._run_user("model(schema)", self.module.model, self.schema)
+        else:
+            model = self._run_user("model()", self.module.model)
         if not isinstance(model, keras.Model):
             raise ModelDefinitionError(
                 self.path, f"model() returned {type(model).__name__}, expected a keras.Model"
@@ -333,10 +343,34 @@ def load_model_definition(
             f"'model' is {type(model).__name__}; it must be a function that returns a new "
             "keras.Model (def model(): ...)",
         )
+    try:
+        takes_schema(model)
+    except ValueError as e:
+        raise ModelDefinitionError(path, str(e)) from None
     feed = getattr(module, "feed", None)
     if feed is not None and not callable(feed):
         raise ModelDefinitionError(path, "'feed' must be a function")
     return PythonModelDefinition(path, source, module, schema)
+
+
+def takes_schema(model: Callable) -> bool:
+    """Whether ``model`` is ``model(schema)`` rather than ``model()``; a ValueError when it
+    requires more arguments than the schema."""
+    try:
+        parameters = inspect.signature(model).parameters.values()
+    except (TypeError, ValueError):  # a builtin or a callable without a signature: model()
+        return False
+    required = [
+        p
+        for p in parameters
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if len(required) > 1:
+        names = ", ".join(p.name for p in required)
+        raise ValueError(
+            f"model({names}) takes {len(required)} arguments; it must be model() or model(schema)"
+        )
+    return bool(required)
 
 
 def changed_since(actual: str, expected: str) -> str:

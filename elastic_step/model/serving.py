@@ -218,7 +218,11 @@ class OutputHead:
             if outputs.shape.rank == 2 and outputs.shape[1] == 1:
                 outputs = outputs[:, 0]
             return {"predictions": outputs}
-        outputs = tf.reshape(outputs, [tf.shape(outputs)[0], -1])
+        # One row per example, the width known statically where the model's is: a reshape to
+        # [batch, -1] would lose it, and read one logit as one class of a softmax.
+        per_example = outputs.shape[1:]
+        width = per_example.num_elements() if per_example.is_fully_defined() else -1
+        outputs = tf.reshape(outputs, [-1, width])
         if outputs.shape[1] == 1:
             positive = tf.sigmoid(outputs) if self.logits else outputs
             probabilities = tf.concat([1.0 - positive, positive], axis=1)

@@ -455,3 +455,35 @@ def test_a_definition_whose_text_changed_since_the_job_started_is_refused_unrun(
     assert f"its SHA-256 is {source_digest(path.read_text())[:12]}..." in str(raised.value)
     assert f"not {digest[:12]}... as when the job started" in str(raised.value)
     assert not marker.exists()  # refused before any of it ran
+
+
+# -- model(schema) --
+
+
+def test_model_of_the_schema_is_given_it(tmp_path, class3_data):
+    """``model(schema)``: a model shaped by the data (here: one input per feature column)."""
+    definition = checked(
+        tmp_path,
+        class3_data,
+        """
+        import keras
+
+        def model(schema):
+            inputs = {c.input_name: keras.Input(shape=(), name=c.input_name)
+                      for c in schema.columns}
+            x = keras.layers.Concatenate()([keras.layers.Reshape((1,))(v)
+                                            for v in inputs.values()])
+            return keras.Model(inputs, keras.layers.Dense(schema.num_classes)(x))
+
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        optimizer = "adam"
+        """,
+    )
+    model, _, outputs = first_batch(definition, class3_data)
+    assert sorted(model.input) and outputs.shape[-1] == 3
+
+
+def test_a_model_with_two_parameters_is_refused_at_load(tmp_path, class3_data):
+    with pytest.raises(ModelDefinitionError, match=r"model\(schema, size\) takes 2 arguments; "
+                       r"it must be model\(\) or model\(schema\)"):  # fmt: skip
+        load(tmp_path, class3_data, "def model(schema, size):\n    pass\n")

@@ -98,3 +98,18 @@ def test_a_load_without_the_layer_registered_says_what_to_import(tmp_path):
     loaded = json.loads(registered.stdout.strip().splitlines()[-1])
     here = model({k: np.array(v) for k, v in rows.items()}).numpy().ravel()
     np.testing.assert_allclose(loaded, here, rtol=1e-6)
+
+
+def test_one_logit_of_unknown_batch_is_the_second_class_s() -> None:
+    """A binary classifier's one logit, traced as a signature traces it (batch unknown): the
+    probabilities of both classes, not a softmax over one column."""
+    from elastic_step.model.serving import OutputHead
+
+    head = OutputHead(classes=["no", "yes"], logits=True)
+    serve = tf.function(lambda x: head(x), input_signature=[tf.TensorSpec([None, 1], tf.float32)])
+    result = serve(tf.constant([[0.0], [2.0]]))
+    expected_yes = 1 / (1 + np.exp(-2.0))
+    np.testing.assert_allclose(
+        result["probabilities"].numpy(), [[0.5, 0.5], [1 - expected_yes, expected_yes]], rtol=1e-6
+    )
+    assert result["classes"].numpy().tolist() == [b"no", b"yes"]
