@@ -979,3 +979,23 @@ def test_state_is_last_writer_wins_and_checkpointed(tmp_path: Path) -> None:
     restored = ParameterShard(0, 1, keras.optimizers.SGD(LR))
     restored.restore(version, arrays)
     np.testing.assert_array_equal(restored.pull({}, True)[:2][1]["bn/mean"], [3, 4])
+
+
+def test_a_checkpoint_is_streamed_both_ways(tmp_path):
+    """Saving and loading hold no whole-file copy of a table: memory grows by at most a
+    fraction of the table while it is written, and by the table alone while it is read."""
+    import tracemalloc
+
+    table = np.random.default_rng(0).random((1 << 24) // 8 * 8, dtype=np.float64)  # 128 MB
+    tracemalloc.start()
+    try:
+        checkpoint.save(str(tmp_path), 3, {"table/t": table}, keep=1, token=1)
+        _, saving_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        version, arrays = checkpoint.load_latest(str(tmp_path))
+        _, loading_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert version == 3 and np.array_equal(arrays["table/t"], table)
+    assert saving_peak < table.nbytes / 3, saving_peak
+    assert loading_peak < table.nbytes * 1.3, loading_peak
