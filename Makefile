@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: setup lock browser demo test test-unit test-e2e test-k8s test-argo test-beam prism cluster argo kfp kfp-ui mlmd mariadb lint format proto clean \
 	components bench bench-throughput bench-embedding bench-master bench-goodput \
 	bench-preprocess bench-preauth bench-tls bench-k8s bench-kfp bench-makespan bench-mlflow \
-	bench-quality
+	bench-quality bench-scale
 
 setup: $(STAMP)
 
@@ -161,6 +161,11 @@ bench-kfp: $(STAMP) argo kfp mlmd mariadb
 
 bench-preprocess: $(STAMP) prism
 	$(BIN)/python bench/preprocess.py
+
+# A recommendation job's whole path at 1 M, 3 M and 10 M Criteo-shaped rows, a worker and a PS
+# killed in training (hours on 2 cores; kept out of `make bench` for its length).
+bench-scale: $(STAMP)
+	$(BIN)/python bench/scale.py
 
 # A job without MLflow, with a tracking server, and with the server stopped mid-run.
 bench-mlflow: $(STAMP)
