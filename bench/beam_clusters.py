@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+import common
+
 BIN = Path(sys.executable).parent
 STARTUP_S = 60
 SAMPLE_S = 0.2
@@ -49,17 +51,6 @@ def _children() -> dict[int, list[int]]:
                 continue
             children.setdefault(parent, []).append(int(entry))
     return children
-
-
-def _hwm_mb(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return None
 
 
 def _role(pid: int, roles: dict[int, str]) -> str:
@@ -110,7 +101,7 @@ class PeakMemory:
         while pending:
             pid = pending.pop()
             pending.extend(children.get(pid, []))
-            mb = _hwm_mb(pid)
+            mb = common.peak_rss_mb(pid)
             if mb is None:
                 continue
             role = _role(pid, self.roots)

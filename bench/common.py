@@ -78,6 +78,18 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def peak_rss_mb(pid: int) -> int | None:
+    """The peak resident memory of process ``pid`` (its VmHWM), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return None
+
+
 def elastic_step_command() -> list[str]:
     """The argv that runs this checkout's ``elastic-step``."""
     return [sys.executable, "-m", "elastic_step"]

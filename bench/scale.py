@@ -49,17 +49,6 @@ SAMPLE_S = 0.5
 SHARDS = 8
 
 
-def _hwm_mb(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return None
-
-
 def _bytes_under(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)
@@ -99,7 +88,7 @@ class JobMemory:
                 if member.get("pid") and member.get("state") == "running":
                     members.append((role, member["pid"]))
         for role, pid in members:
-            mb = _hwm_mb(pid)
+            mb = common.peak_rss_mb(pid)
             if mb is not None:
                 self.peaks[role] = max(self.peaks.get(role, 0), mb)
 

@@ -156,6 +156,19 @@ def _bad(tmp_path: Path, case: str) -> Path:
     return path
 
 
+def _refused(path: Path, out: Path) -> list[str]:
+    """The lines that `preprocess` of ``path`` says on stderr, having exited 2 and written
+    nothing."""
+    result = subprocess.run(
+        [sys.executable, "-m", "elastic_step", "preprocess", "--input", str(path),
+         "--label", "label", "--output", str(out), "--fill-missing", "mean"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert not out.exists()
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
 @pytest.mark.parametrize(
     "case,message",
     [
@@ -173,17 +186,8 @@ def _bad(tmp_path: Path, case: str) -> Path:
 def test_bad_parquet_exits_2_in_one_line_and_writes_nothing(
     tmp_path: Path, case: str, message: str
 ) -> None:
-    path = _bad(tmp_path, case)
-    out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "elastic_step", "preprocess", "--input", str(path),
-         "--label", "label", "--output", str(out), "--fill-missing", "mean"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    [line] = [s for s in result.stderr.splitlines() if s.strip()]
+    [line] = _refused(_bad(tmp_path, case), tmp_path / "out")
     assert re.search(message, line), line
-    assert not out.exists()
 
 
 def test_a_bad_value_names_its_file_and_row(tmp_path: Path) -> None:
@@ -193,14 +197,5 @@ def test_a_bad_value_names_its_file_and_row(tmp_path: Path) -> None:
     pq.write_table(table, path / "a.parquet")
     bad = table.set_column(1, "price", pa.array([1.0] * 40 + [float("inf")] + [1.0] * 59))
     pq.write_table(bad, path / "b.parquet")
-    out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "elastic_step", "preprocess", "--input", str(path),
-         "--label", "label", "--output", str(out), "--fill-missing", "mean"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    assert f"{path}/b.parquet: row 41: column 'price' has value inf, which is not a finite " in (
-        result.stderr
-    )
-    assert not out.exists()
+    [line] = _refused(path, tmp_path / "out")
+    assert f"{path}/b.parquet: row 41: column 'price' has value inf, which is not a finite " in line
