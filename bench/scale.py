@@ -218,7 +218,7 @@ def one_size(args: argparse.Namespace, rows: int) -> dict:
         rows, metrics, os.path.join(work, "evaluate.log"),
     )  # fmt: skip
     with open(metrics) as f:
-        stages["evaluate"]["auc"] = json.load(f).get("auc")
+        stages["evaluate"]["auc"] = json.load(f)["metrics"].get("auc")
     predictions = os.path.join(work, "predict")
     stages["predict"] = run_stage(
         "predict",

@@ -17,6 +17,8 @@ from elastic_step.model.definition import load_model_definition
 from elastic_step.output_layout import OutputLayout
 
 log = logging.getLogger("elastic_step")
+#: Records read from a shard at a time.
+SLICE_RECORDS = 16_384
 
 
 def evaluate(
@@ -53,9 +55,16 @@ def evaluate(
     classifier = None
     if schema.label_kind == "class":
         classifier = ClassifierOutputs(num_classes=schema.num_classes)
-    for shard, records in shards:
+    # A shard is read a slice at a time: memory holds a slice, whatever the split's size.
+    per_slice = batch_size * max(1, SLICE_RECORDS // batch_size)
+    slices = [
+        (shard, start, min(per_slice, records - start))
+        for shard, records in shards
+        for start in range(0, records, per_slice)
+    ]
+    for shard, start, length in slices:
         dataset = make_dataset(
-            read_records(shard, 0, records),
+            read_records(shard, start, length),
             batch_size=batch_size,
             mode="evaluate",
             schema=schema,
