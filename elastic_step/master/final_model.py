@@ -64,10 +64,12 @@ def save_model(model, output: str, definition: ModelDefinition) -> None:
         finally:
             tf_log.setLevel(level)
         paths = OutputLayout(output)
-        storage.write_bytes_atomic(
-            paths.model_file,
-            storage.read_bytes(os.path.join(scratch, MODEL_FILE)),
-        )
+        # Streamed: the file holds every table of the model.
+        with (
+            open(os.path.join(scratch, MODEL_FILE), "rb") as source,
+            storage.open_atomic(paths.model_file) as target,
+        ):
+            shutil.copyfileobj(source, target, 1 << 20)
         with storage.atomic_directory(paths.saved_model) as target:
             storage.copy_tree(os.path.join(scratch, SAVED_MODEL_DIR), target)
     finally:
