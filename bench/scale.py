@@ -306,8 +306,10 @@ def print_table(document: dict) -> None:
               f"{'exact' if train['accounting_exact'] else 'NOT EXACT'}")  # fmt: skip
     fit = document.get("fit")
     if fit:
+        ratio = fit["elastic_over_fit"]
+        shown = "n/a" if ratio is None else f"{ratio:.2f}"
         print(f"fit at {fit['rows']:,} rows: {fit['examples_per_s']:,} examples/s, AUC "
-              f"{fit['auc']:.4f}; elastic / fit = {fit['elastic_over_fit']:.2f}")  # fmt: skip
+              f"{fit['auc']:.4f}; elastic / fit = {shown}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,9 +339,10 @@ def main(argv: list[str] | None = None) -> int:
         document["sizes"].append(one_size(args, rows))
         if rows == args.fit_size:
             fit = run_fit(args, rows)
+            # None: a job too short for the master to measure its steady rate.
             elastic = document["sizes"][-1]["stages"]["train"]["examples_per_s"]
-            document["fit"] = {**fit, "rows": rows, "elastic_over_fit": elastic / fit[
-                "examples_per_s"]}  # fmt: skip
+            ratio = None if elastic is None else round(elastic / fit["examples_per_s"], 3)
+            document["fit"] = {**fit, "rows": rows, "elastic_over_fit": ratio}
         small, large = document["sizes"][0], document["sizes"][-1]
         for stage in ("preprocess", "train", "evaluate", "predict"):
             if large is not small:

@@ -64,7 +64,7 @@ def evaluate(
     ]
     for shard, start, length in slices:
         dataset = make_dataset(
-            read_records(shard, start, length),
+            read_records(shard, start, start + length),
             batch_size=batch_size,
             mode="evaluate",
             schema=schema,
