@@ -119,3 +119,25 @@ def test_ps_and_every_worker_lost_before_a_checkpoint_fail_the_job_at_once(train
         status["phase"] == "failed" and int(lines[0].split(" at model v")[1].split()[0]) >= version
     )
     print(f"failed {took:.1f} s after the kill")
+
+
+def test_evaluate_reads_shards_in_slices_with_the_same_result(
+    digits_run, digits_data, tmp_path, monkeypatch
+):
+    """evaluate reads a shard a slice at a time (bounded memory): slices of 32 records, several
+    per shard, give what one slice per shard gives."""
+    from elastic_step import evaluate as evaluate_module
+
+    def run(name: str) -> dict:
+        return evaluate_module.evaluate(
+            model_dir=str(digits_run.output), data_dir=str(digits_data), split="validation",
+            metrics_output=str(tmp_path / name), batch_size=16,
+        )  # fmt: skip
+
+    whole = run("whole.json")
+    monkeypatch.setattr(evaluate_module, "SLICE_RECORDS", 40)  # 32 records a slice
+    sliced = run("sliced.json")
+    assert sliced["records"] == whole["records"] == 359
+    assert sliced["confusion_matrix"] == whole["confusion_matrix"]
+    assert sliced["metrics"] == pytest.approx(whole["metrics"], abs=1e-6)
+    assert sliced["loss"] == pytest.approx(whole["loss"], rel=1e-5)
