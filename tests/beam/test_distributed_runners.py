@@ -1,13 +1,16 @@
 """`preprocess --runner beam` with workers outside this process: on Dask's distributed
 scheduler (2 worker processes) and on Prism with an external pool of SDK workers. Each writes
 what the single-machine path writes, byte for byte, from a file read as many ranges and shards
-written as several buckets; a bad value is the single-machine path's one line."""
+written as several buckets, and from Parquet files read a row group at a time; a bad value is
+the single-machine path's one line."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import pytest
 from file_trees import tree
 
@@ -38,19 +41,27 @@ def write_csv(path: Path, rows: int = 3000, bad_line: int | None = None) -> Path
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, Path, Path]:
     """The CSV, what the single-machine path wrote from it with the tiny budget, and with the
-    default one."""
+    default one; the same rows as two Parquet files of several row groups, and what the
+    single-machine path wrote from those."""
     root = tmp_path_factory.mktemp("data")
     csv = write_csv(root / "places.csv")
     preprocess(input_path=str(csv), output=str(root / "tiny"), memory=TINY, **SETTINGS)
     preprocess(input_path=str(csv), output=str(root / "plain"), **SETTINGS)
-    return csv, root / "tiny", root / "plain"
+    table = pacsv.read_csv(csv)
+    parquet = root / "parquet"
+    parquet.mkdir()
+    pq.write_table(table.slice(0, 1700), parquet / "a.parquet", row_group_size=400)
+    pq.write_table(table.slice(1700), parquet / "b.parquet", row_group_size=400)
+    preprocess(input_path=str(parquet), output=str(root / "from-parquet"), **SETTINGS)
+    return csv, root / "tiny", root / "plain", parquet, root / "from-parquet"
 
 
 def run_both_ways(options: list[str], data, tmp_path: Path) -> None:
-    """Many ranges and pieces through the function, and the command with its defaults."""
-    csv, tiny, plain = data
+    """Many ranges and pieces through the function, the command with its defaults, and
+    Parquet input (a part per row group)."""
+    csv, tiny, plain, parquet, from_parquet = data
     out = tmp_path / "ranges"
     schema = preprocess_on_beam(
         input_path=str(csv),
@@ -69,6 +80,12 @@ def run_both_ways(options: list[str], data, tmp_path: Path) -> None:
     assert main(command) == 0
     assert tree(tmp_path / "command") == tree(plain)
 
+    preprocess_on_beam(
+        input_path=str(parquet), output=str(tmp_path / "parquet"), beam_options=options,
+        **SETTINGS,
+    )  # fmt: skip
+    assert tree(tmp_path / "parquet") == tree(from_parquet)
+
 
 def test_dask_with_two_worker_processes(dask_cluster, data, tmp_path: Path) -> None:
     before = dask_cluster.tasks_run_per_worker()
@@ -86,7 +103,7 @@ def test_prism_with_an_external_worker_pool(worker_pool, data, tmp_path: Path) -
     options = worker_pool.options
     run_both_ways(options, data, tmp_path)
     # A worker process from the pool for each pass (quotes, count, split, encode, write, join)
-    # of each of the two runs.
+    # of each of the two runs of the CSV file (and more for the Parquet files).
     assert worker_pool.workers_started() - before >= 12
 
 
