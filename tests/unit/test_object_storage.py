@@ -277,3 +277,18 @@ def test_the_master_state_stays_on_local_disk(tmp_path, monkeypatch):
         "--state-dir applies to --backend local only (on Kubernetes the master keeps its "
         "state on the cluster), got 'st'"
     )
+
+
+def test_a_checkpoint_streams_to_an_object_and_back(s3_env, bucket):
+    """A PS checkpoint in a bucket: written through an upload that cannot seek, read back
+    array by array from the object."""
+    import numpy as np
+
+    from elastic_step.ps import checkpoint
+
+    arrays = {"table/t": np.arange(300_000, dtype=np.float32).reshape(-1, 3), "dense/b": np.ones(4)}
+    directory = f"s3://{bucket}/run/checkpoints/ps-0-of-1"
+    checkpoint.save(directory, 7, arrays, keep=2, token=1)
+    version, loaded = checkpoint.load_latest(directory)
+    assert version == 7 and set(loaded) == set(arrays)
+    assert all(np.array_equal(loaded[k], v) for k, v in arrays.items())
