@@ -87,7 +87,8 @@ class ParquetSource:
         self.path = path
         self.batch_bytes = batch_bytes
         self.files = _files(path)
-        self.total_bytes = sum(storage.size(f) for f in self.files)
+        self._sizes = {f: storage.size(f) for f in self.files}  # one stat per file
+        self.total_bytes = sum(self._sizes.values())
         first = self._metadata(self.files[0])
         self.schema = first.schema.to_arrow_schema()
         self.header = list(self.schema.names)
@@ -153,7 +154,7 @@ class ParquetSource:
                 yield batch
                 if progress is not None:
                     progress(done_bytes, row)
-            done_bytes += storage.size(file)
+            done_bytes += self._sizes[file]
             if progress is not None:
                 progress(done_bytes, row)
 
