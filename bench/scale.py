@@ -46,6 +46,8 @@ TRAIN = ["--workers", "2", "--ps", "2", "--epochs", "1", "--batch-size", "512",
 #: The share of the epoch trained when a worker and a PS are killed.
 KILL_AT = 0.4
 SAMPLE_S = 0.5
+#: No stage runs longer (10 M rows' training takes about 17 minutes on 2 cores).
+STAGE_TIMEOUT_S = 3 * 3600
 SHARDS = 8
 
 
@@ -109,6 +111,10 @@ def run_stage(name: str, command: list[str], rows: int, output: str, log_path: s
         memory = JobMemory(process.pid, output)
         try:
             while process.poll() is None:
+                if time.perf_counter() - started > STAGE_TIMEOUT_S:
+                    process.kill()
+                    process.wait(timeout=60)
+                    raise SystemExit(f"{name} ran past {STAGE_TIMEOUT_S} s; see {log_path}")
                 time.sleep(SAMPLE_S)
                 if on_status is not None:
                     on_status(memory.status)
