@@ -110,7 +110,12 @@ def run_stage(name: str, command: list[str], rows: int, output: str, log_path: s
                                    stderr=subprocess.STDOUT)  # fmt: skip
         memory = JobMemory(process.pid, output)
         try:
-            while process.poll() is None:
+            while True:
+                # Reaped here, for its rusage: the main process's peak even if it ended
+                # before a sample.
+                pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+                if pid:
+                    break
                 if time.perf_counter() - started > STAGE_TIMEOUT_S:
                     process.kill()
                     process.wait(timeout=60)
@@ -121,8 +126,10 @@ def run_stage(name: str, command: list[str], rows: int, output: str, log_path: s
         finally:
             peaks = memory.stop()
     wall = time.perf_counter() - started
-    if process.returncode != 0:
-        raise SystemExit(f"{name} failed with exit status {process.returncode}; see {log_path}")
+    peaks["main"] = max(peaks.get("main", 0), usage.ru_maxrss // 1024)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{name} failed with exit status {code}; see {log_path}")
     result = {
         "wall_s": round(wall, 1),
         "us_per_row": round(wall / rows * 1e6, 2),
