@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from k8s_helpers import container_log
+from k8s_helpers import PACED, container_log
 from k8s_helpers import wait_for as poll
 from kubernetes import client
 from kubernetes.utils import parse_quantity
@@ -41,8 +41,6 @@ from elastic_step.backends import kubernetes_pods as pods
 
 HIGH, LOW = "elastic-step-high", "elastic-step-low"
 SHARED = "/shared"
-#: The digits model with a least time per training batch: the job outlives the test's steps.
-PACED = Path(__file__).with_name("paced_digits.py")
 
 
 def _free_millicpu(core: client.CoreV1Api, node: str) -> int:

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from k8s_helpers import container_log, pid_of
+from k8s_helpers import PACED, container_log, pid_of
 from k8s_helpers import wait_for as poll
 from kubernetes import client
 from test_k8s_backend_support import (
@@ -135,10 +135,13 @@ def test_a_master_pod_replaced_mid_job_is_found_again_by_its_service(
     the same name."""
     ns, job = restricted.name, new_job_name()
     output = tmp_path / "run"
+    # The job must still run when the second master starts, however fast training has
+    # become: its model paces each training batch, so 8 epochs of batches of 8 last at least
+    # 18 s of training after the test has seen it under way.
     argv = [
         sys.executable, "-m", "elastic_step", "train",
-        "--model-def", path_of("digits"), "--data", str(digits), "--output", str(output),
-        "--batch-size", "32", "--records-per-task", "64", "--seed", "7", "--epochs", "4",
+        "--model-def", str(PACED), "--data", str(digits), "--output", str(output),
+        "--batch-size", "8", "--records-per-task", "64", "--seed", "7", "--epochs", "8",
         "--workers", "2", "--ps", "1", "--job-name", job, "--backend", "kubernetes",
         "--env", f"PYTHONPATH={REPO}",
     ]  # fmt: skip
