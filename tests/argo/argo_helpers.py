@@ -19,9 +19,11 @@ from kubernetes import client
 from local_cluster import container_log, log_tail, wait_for
 
 from elastic_step.backends import kubernetes_pods as pods
-from elastic_step.examples import path_of
 
 GROUP, VERSION = "argoproj.io", "v1alpha1"
+#: A model with a least time per training batch: a job outlives what a test does while it
+#: runs, however fast training has become.
+PACED_MODEL = Path(__file__).parents[1] / "cluster" / "paced_model.py"
 SERVICE_ACCOUNT = "elastic-step-master"
 ENDED = ("Succeeded", "Failed", "Error")
 #: What the example's steps read the object store with (tests/argo/conftest.py): the main
@@ -93,11 +95,10 @@ def read_json(s3_server, bucket: str, key: str) -> dict:
 def train_only_workflow(
     data: str, output: str, *, epochs: int, launcher: bool = False, **parameters: str
 ) -> dict:
-    """A Workflow of one task, the training step, on data already preprocessed: the
-    WorkflowTemplate's elastic-train by templateRef, or with ``launcher`` a copy of it whose
-    command runs below :data:`SWALLOWING_LAUNCHER`."""
-    with open(path_of("breast_cancer")) as f:
-        model_def = f.read()
+    """A Workflow of one task, the training step of :data:`PACED_MODEL` in batches of 4, on
+    data already preprocessed: the WorkflowTemplate's elastic-train by templateRef, or with
+    ``launcher`` a copy of it whose command runs below :data:`SWALLOWING_LAUNCHER`."""
+    model_def = PACED_MODEL.read_text()
     arguments = {
         "artifacts": [
             {"name": "model-def", "raw": {"data": model_def}},
@@ -112,6 +113,7 @@ def train_only_workflow(
                 "workers": 2,
                 "ps": 1,
                 "records-per-task": 64,
+                "batch-size": 4,
                 **parameters,
             }.items()
         ],

@@ -22,9 +22,9 @@ TEST_POD_LABELS = {
     "elastic-step/job": "kubelet-test",
 }
 
-#: The digits model with a least time per training batch (paced_digits.py): a job that must
-#: outlive a test's steps does, however fast training has become.
-PACED = Path(__file__).with_name("paced_digits.py")
+#: A model with a least time per training batch (tests/cluster/paced_model.py): a job that
+#: must outlive a test's steps does, however fast training has become.
+PACED = Path(__file__).parents[1] / "cluster" / "paced_model.py"
 
 
 def pod_manifest(

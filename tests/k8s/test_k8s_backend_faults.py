@@ -137,7 +137,7 @@ def claim(cluster, restricted) -> Iterator[str]:
 
 # About 3 minutes on 2 idle cores. The job must outlive the second master's wait for the lease
 # (35 s) and the preemption and PS loss after it, however fast training has become: its model
-# paces each training batch (tests/k8s/paced_digits.py), so 24 epochs last at least 108 s.
+# paces each training batch (tests/cluster/paced_model.py), so 24 epochs last at least 108 s.
 @pytest.mark.timeout(600)
 def test_a_job_rides_out_a_small_node_preemption_a_second_master_and_a_lost_ps(
     cluster, restricted, digits, claim
