@@ -35,7 +35,6 @@ from test_k8s_backend_support import (
 )
 
 from elastic_step.backends import kubernetes_pods as pods
-from elastic_step.examples import path_of
 
 
 def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, tmp_path):
@@ -43,10 +42,11 @@ def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, 
     output = tmp_path / "run"
     argv = [
         sys.executable, "-m", "elastic_step", "train",
-        "--model-def", path_of("digits"), "--data", str(digits), "--output", str(output),
+        "--model-def", str(PACED), "--data", str(digits), "--output", str(output),
         # Epochs enough to outlast a standby's loading (its windows compile before it is
-        # ready): 3 of them ended 5 s after the standby was ready.
-        "--batch-size", "32", "--records-per-task", "64", "--seed", "7", "--epochs", "15",
+        # ready), however fast training has become: 15 epochs of 180 paced batches last at
+        # least 34 s with 2 workers.
+        "--batch-size", "8", "--records-per-task", "64", "--seed", "7", "--epochs", "15",
         "--workers", "2", "--ps", "1", "--standby", "1", "--job-name", job,
         "--backend", "kubernetes", "--kubeconfig", str(restricted.master_kubeconfig),
         "--namespace", ns, "--image", "local/process", "--ps-cpu", "1",
@@ -259,8 +259,9 @@ def _start_master_pod_job(
     job = new_job_name()
     argv = [
         sys.executable, "-m", "elastic_step", "train",
-        "--model-def", path_of("digits"), "--data", str(digits), "--output", str(output),
-        "--batch-size", "32", "--records-per-task", "64", "--seed", "7", "--epochs", "20",
+        # Paced: the job outlasts two stops and a resume, however fast training has become.
+        "--model-def", str(PACED), "--data", str(digits), "--output", str(output),
+        "--batch-size", "8", "--records-per-task", "64", "--seed", "7", "--epochs", "12",
         "--workers", "2", "--ps", "1", "--job-name", job, "--backend", "kubernetes",
         "--env", f"PYTHONPATH={REPO}",
     ]  # fmt: skip
