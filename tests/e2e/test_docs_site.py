@@ -1,0 +1,166 @@
+"""The documentation site as its reader sees it: built by `make docs`'s command (warnings as
+errors), served over HTTP on loopback and opened in headless Chromium. Its reference pages
+list every flag of the CLI's parser and every parameter of each component, on both engines,
+with nothing loaded from elsewhere; a broken link fails the build.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from headless_chromium import HeadlessChromium
+
+from elastic_step import __version__
+from elastic_step.cli import command_parser
+from elastic_step.components import parameters
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+MKDOCS = [sys.executable, "-m", "mkdocs", "build", "--strict"]
+
+
+def _build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*MKDOCS, "--config-file", str(config), "--site-dir", str(site)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"},
+    )
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    site = tmp_path_factory.mktemp("docs") / "site"
+    built = _build(REPO / "mkdocs.yml", site)
+    assert built.returncode == 0, built.stderr
+    assert "WARNING" not in built.stderr, built.stderr
+    return site
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def served(site):
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join(timeout=10)
+
+
+#: The text of the tables of the page's article as rendered, by the titles of their h2 and
+#: h3 (a usage line names flags too: only a table row says what one does).
+SECTIONS_JS = """(() => {
+  const sections = {};
+  const title = (element) => element.innerText.replace("\u00b6", "").trim();
+  let h2 = null, h3 = "";
+  for (const element of document.querySelector("article").children) {
+    if (element.tagName === "H2") {
+      h2 = title(element);
+      h3 = "";
+      sections[h2] = {};
+    } else if (element.tagName === "H3" && h2 !== null) {
+      h3 = title(element);
+    } else if (h2 !== null) {
+      const tables = element.matches("table") ? [element] : element.querySelectorAll("table");
+      for (const table of tables) {
+        sections[h2][h3] = (sections[h2][h3] || "") + table.innerText + "\\n";
+      }
+    }
+  }
+  return sections;
+})()"""
+
+
+@pytest.fixture(scope="module")
+def pages(served, tmp_path_factory) -> dict:
+    """Each page as Chromium renders it, by path: its whole text and its sections' texts;
+    and what the browser saw go wrong, and what it fetched from elsewhere."""
+    browser = HeadlessChromium(tmp_path_factory.mktemp("profile"), width=1280, height=900)
+    try:
+        pages: dict = {}
+        for path in ("/", "/getting-started/", "/reference/cli/", "/reference/components/"):
+            browser.load(served + path)
+            pages[path] = browser.evaluate("document.body.innerText")
+            pages[path + "#sections"] = browser.evaluate(SECTIONS_JS)
+        pages["errors"] = "\n".join(browser.errors())
+        pages["elsewhere"] = "\n".join(
+            url
+            for url in browser.requests()
+            if not url.startswith((served, "data:"))  # data: is in the page itself
+        )
+    finally:
+        browser.close()
+    return pages
+
+
+def test_the_site_loads_nothing_from_elsewhere_and_names_its_version(pages):
+    assert pages["errors"] == ""
+    assert pages["elsewhere"] == ""
+    assert f"This site documents elastic-step {__version__}." in pages["/"]
+    assert f"elastic-step {__version__}" in pages["/reference/cli/"]  # each page's footer
+    assert "elastic-step preprocess --input data.csv" in pages["/getting-started/"]
+
+
+@pytest.mark.parametrize("command", ["preprocess", "train", "evaluate", "predict"])
+def test_the_cli_reference_lists_every_flag_of_the_parser(pages, command):
+    page = pages["/reference/cli/"]
+    section = "".join(pages["/reference/cli/#sections"][f"elastic-step {command}"].values())
+    for action in command_parser(command)._actions:
+        for option in action.option_strings:
+            assert option in section, f"{option} of {command} is not on the page"
+    assert "--version" in page and "print the version and exit" in page
+
+
+def test_the_components_reference_lists_every_parameter_on_both_engines(pages):
+    sections = pages["/reference/components/#sections"]
+    template = yaml.safe_load((REPO / "components/argo/workflow-template.yaml").read_text())
+    argo = {t["name"]: t for t in template["spec"]["templates"]}
+    for name, command in parameters.COMMANDS.items():
+        section = "".join(sections[name].values())
+        kfp_part, argo_part = (
+            sections[name]["On Kubeflow Pipelines"],
+            sections[name]["On Argo Workflows"],
+        )
+        kfp = yaml.safe_load(
+            (REPO / "components/kfp" / f"{name.replace('-', '_')}.yaml").read_text()
+        )
+        for parameter in kfp["root"]["inputDefinitions"]["parameters"]:
+            assert parameter in kfp_part, f"{parameter} of {name} (KFP)"
+        for parameter in argo[name]["inputs"]["parameters"]:
+            assert parameter["name"] in argo_part, f"{parameter['name']} of {name} (Argo)"
+        # Each flag is a parameter of each engine's component, or the page says why not.
+        for flag in parameters.command_flags(command).values():
+            for engine in parameters.ENGINES:
+                deviation = parameters.deviation(command, flag.option, engine)
+                if isinstance(deviation, parameters.LeftOut):
+                    assert flag.option in section and deviation.why in section, flag.option
+                else:
+                    part = kfp_part if engine == parameters.KFP else argo_part
+                    assert parameters.parameter_name(command, flag, engine) in part
+
+
+def test_a_broken_link_fails_the_build(tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(REPO / "docs", copy / "docs")
+    shutil.copy(REPO / "mkdocs.yml", copy / "mkdocs.yml")
+    page = copy / "docs" / "getting-started.md"
+    page.write_text(page.read_text() + "\nSee [the guide](guides/missing.md).\n")
+    built = _build(copy / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode != 0
+    assert "guides/missing.md" in built.stderr, built.stderr
