@@ -103,7 +103,11 @@ def vocabulary_table(path: str, size: int, oov_buckets: int) -> tf.lookup.Static
             vocab_size=size,
             delimiter="\t",
         )
-    return tf.lookup.StaticVocabularyTable(initializer, num_oov_buckets=oov_buckets)
+    # Anonymous: the table lives as long as this object. A named one stays in TF's resource
+    # manager for the life of the process (a vocabulary of millions of values is gigabytes).
+    return tf.lookup.StaticVocabularyTable(
+        initializer, num_oov_buckets=oov_buckets, experimental_is_anonymous=True
+    )
 
 
 _local_copies: dict[str, str] = {}
@@ -278,6 +282,15 @@ def default_feed_for(schema: Schema, form: InputForm = COLUMNS) -> DefaultFeed:
         if form not in feeds:
             feeds[form] = DefaultFeed(schema, form)
         return feeds[form]
+
+
+def release_feeds(schema: Schema) -> None:
+    """Drops ``schema``'s cached feeds, and with them their lookup tables (anonymous: freed
+    with their last reference), for a process done with them while the schema lives on."""
+    with _CACHE_LOCK:
+        entry = _CACHE.get(id(schema))
+        if entry is not None and entry[0]() is schema:
+            del _CACHE[id(schema)]
 
 
 def _forget(key: int, ref: weakref.ref) -> None:

@@ -45,6 +45,7 @@ label) or one float (numeric label).
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import inspect
 import linecache
@@ -386,8 +387,21 @@ def changed_since(actual: str, expected: str) -> str:
 def check_model_definition(definition: ModelDefinition, records: list[bytes]) -> None:
     """Builds everything once and runs one small batch through feed, model, loss and metrics.
 
-    Catches, before any process starts, what would otherwise fail on every worker.
+    Catches, before any process starts, what would otherwise fail on every worker. The
+    default feed's lookup tables go afterwards: the master that checks does not train, and
+    a job's vocabularies can hold millions of values.
     """
+    from elastic_step.data.feed import release_feeds
+
+    try:
+        _check(definition, records)
+    finally:
+        if definition.schema is not None:
+            release_feeds(definition.schema)
+        gc.collect()  # the feed's traced functions refer back to it: a cycle
+
+
+def _check(definition: ModelDefinition, records: list[bytes]) -> None:
     from elastic_step.data.feed import FeedReturnError, make_dataset
 
     model = definition.build_model()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import weakref
 from pathlib import Path
 
 import keras
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from elastic_step.cli import main
-from elastic_step.data.feed import make_dataset
+from elastic_step.data.feed import default_feed_for, make_dataset
 from elastic_step.data.schema import Schema
 from elastic_step.data.tfrecord import read_records
 from elastic_step.errors import ModelDefinitionError
@@ -487,3 +488,38 @@ def test_a_model_with_two_parameters_is_refused_at_load(tmp_path, class3_data):
     with pytest.raises(ModelDefinitionError, match=r"model\(schema, size\) takes 2 arguments; "
                        r"it must be model\(\) or model\(schema\)"):  # fmt: skip
         load(tmp_path, class3_data, "def model(schema, size):\n    pass\n")
+
+
+def test_the_check_lets_go_of_the_feeds_lookup_tables(tmp_path):
+    """The master checks the definition, then trains nothing: the default feed the check
+    used, with a lookup table per categorical column (a vocabulary can hold millions of
+    values), is freed afterwards."""
+    rows = ["x,color,label"] + [f"{i % 3 + 0.5},{'rgb'[i % 3]},{i % 3}" for i in range(30)]
+    (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
+    data = tmp_path / "data"
+    args = ["preprocess", "--input", str(tmp_path / "data.csv"), "--label", "label"]
+    assert main([*args, "--output", str(data)]) == 0
+    definition = load(
+        tmp_path,
+        data,
+        """
+        import keras
+
+        def model(schema):
+            inputs, parts = {}, []
+            for c in schema.columns:
+                if c.kind == "categorical":
+                    ids = inputs[c.input_name] = keras.Input((), name=c.input_name, dtype="int64")
+                    parts.append(keras.layers.Embedding(c.num_ids, 2)(ids))
+                else:
+                    x = inputs[c.input_name] = keras.Input((), name=c.input_name)
+                    parts.append(keras.layers.Reshape((1,))(x))
+            return keras.Model(inputs, keras.layers.Dense(3)(keras.layers.Concatenate()(parts)))
+
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        optimizer = "adam"
+        """,
+    )
+    table = weakref.ref(default_feed_for(definition.schema)._tables["color"])
+    check_model_definition(definition, sample_records(data))
+    assert table() is None, "the check's feed keeps its lookup table"
