@@ -88,7 +88,29 @@ def check_mode(mode: str) -> None:
 def vocabulary_table(path: str, size: int, oov_buckets: int) -> tf.lookup.StaticVocabularyTable:
     """The ids of a vocabulary file (:mod:`elastic_step.data.vocabulary`) at the local
     ``path``: its ``size`` entries ``0..size-1`` by line, other values hashed into
-    ``oov_buckets`` ids after them. TF reads the file itself, and checks its size."""
+    ``oov_buckets`` ids after them. TF reads the file itself, and checks its size.
+
+    One table per file while any user holds it (a feed, the serving layer): the table is
+    anonymous, so it is freed with its last reference. A named one would stay in TF's
+    resource manager for the life of the process, and a vocabulary of millions of values
+    is hundreds of MB."""
+    if not tf.executing_eagerly():  # a graph's table belongs to that graph
+        return _new_vocabulary_table(path, size, oov_buckets)
+    key = (path, size, oov_buckets)
+    with _tables_lock:
+        table = _tables.get(key)
+        if table is None:
+            table = _tables[key] = _new_vocabulary_table(path, size, oov_buckets)
+        return table
+
+
+_tables: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_tables_lock = threading.Lock()
+
+
+def _new_vocabulary_table(
+    path: str, size: int, oov_buckets: int
+) -> tf.lookup.StaticVocabularyTable:
     if size == 0:  # TF's reader refuses a file without lines
         initializer = tf.lookup.KeyValueTensorInitializer(
             tf.constant([], tf.string), tf.constant([], tf.int64)
@@ -103,8 +125,6 @@ def vocabulary_table(path: str, size: int, oov_buckets: int) -> tf.lookup.Static
             vocab_size=size,
             delimiter="\t",
         )
-    # Anonymous: the table lives as long as this object. A named one stays in TF's resource
-    # manager for the life of the process (a vocabulary of millions of values is gigabytes).
     return tf.lookup.StaticVocabularyTable(
         initializer, num_oov_buckets=oov_buckets, experimental_is_anonymous=True
     )

@@ -223,3 +223,34 @@ def test_beam_writes_the_same_vocabularies(clicks: Path, tmp_path: Path) -> None
     _preprocess(clicks, tmp_path / "beam", *flags, "--runner", "beam")
     assert tree(tmp_path / "beam") == tree(tmp_path / "local")
     assert (tmp_path / "local" / "vocabularies" / "000-user.txt").exists()
+
+
+def test_a_vocabulary_table_is_shared_while_held_and_freed_with_its_last_holder(tmp_path):
+    """The feed and the serving layer of one process look values up in one table per file;
+    once neither holds it, its memory is freed (it is anonymous: TF's resource manager does
+    not keep it)."""
+    import gc
+    import weakref
+
+    import tensorflow as tf
+
+    from elastic_step.data import vocabulary
+    from elastic_step.data.feed import vocabulary_table
+
+    path = str(tmp_path / "colors.txt")
+    entries = ["red", "green", "blue"]
+    chosen = vocabulary.Chosen(
+        entries=pa.array(entries, pa.large_string()),
+        counts=pa.array([3, 2, 1], pa.int64()),
+        distinct=3,
+    )
+    vocabulary.write(path, chosen)
+    feeds, servings = vocabulary_table(path, 3, 2), vocabulary_table(path, 3, 2)
+    assert feeds is servings
+    assert vocabulary_table(path, 3, 1) is not feeds  # other ids for other values: its own
+    ids = feeds.lookup(tf.constant(["green", "blue", "mauve"])).numpy().tolist()
+    assert ids[:2] == [1, 2] and ids[2] in (3, 4)
+    table = weakref.ref(feeds)
+    del feeds, servings
+    gc.collect()
+    assert table() is None
