@@ -11,7 +11,7 @@ The CSV comes from the default artifact repository (key ``csv-key``); data, mode
 checkpoints and predictions go under ``work-dir``, an object store that every pod reaches with the
 credentials in the Secret ``storage-secret`` (keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 and AWS_ENDPOINT_URL for a server that is not AWS). The workflow's service account needs the
-Role in manifests/rbac.yaml (see the README).
+Role in manifests/rbac.yaml (docs/guides/security.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Upload pipelines/kfp_pipeline.yaml in the KFP UI (or with ``kfp.Client().upload_
 and start a run with the URIs of a CSV file and of a model definition, and the CSV's label
 column (for example elastic_step/examples/breast_cancer.py, for scikit-learn's breast cancer
 data). Its parameters are the components' (and so the CLI's flags), under the same names.
-The run's service account needs the Role in manifests/rbac.yaml (see the README).
+The run's service account needs the Role in manifests/rbac.yaml (docs/guides/security.md).
 """
 
 from kfp import dsl, kubernetes
@@ -102,7 +102,8 @@ def elastic_step_pipeline(
     for task, cpu in ((data, "500m"), (train, "250m"), (evaluation, "500m"), (predict, "250m")):
         task.set_cpu_request(cpu).set_memory_request("1Gi")
     # No set_retry: KFP retries every failure, a bad setting's exit status 2 too, and not a
-    # deleted pod; KFP's Retry of the run resumes the job instead (README, "Retries").
+    # deleted pod; KFP's Retry of the run resumes the job instead (docs/guides/pipelines.md,
+    # "Retries").
     for job in (train, predict):
         # Runs a master: manifests/network-policy.yaml lets it reach its job's PS.
         kubernetes.add_pod_label(job, "elastic-step/master", "true")

@@ -10,5 +10,5 @@ pipelines/.
 
 from elastic_step import __version__
 
-#: The image every component runs in; see the README for how to use your own build.
+#: The image every component runs in; docs/guides/pipelines.md says how to use your own build.
 IMAGE = f"ghcr.io/elastic-step/elastic-step:{__version__}"

@@ -10,7 +10,7 @@ containers ``launcher-v2``, as in KFP's images.
   its own (KFP's stores speak MySQL's dialect only).
 - :func:`install_pipeline_runtime` makes what a default install gives the namespace where
   pipelines run: the ServiceAccount ``pipeline-runner`` with KFP's Role (and elastic-step's,
-  as the README asks of a user), the ``kfp-launcher`` ConfigMap (pipeline root
+  as docs/guides/pipelines.md asks of a user), the ``kfp-launcher`` ConfigMap (pipeline root
   ``minio://mlpipeline/v2/artifacts``), the Secret ``mlpipeline-minio-artifact``, and the
   object store at KFP's default address, ``seaweedfs.kubeflow:9000``.
 - :func:`start_api_server` runs KFP's API server as a host process, as KFP's own development
@@ -166,7 +166,7 @@ def install_pipeline_runtime(
         runner_role = create_role(api, ns, kfp_dir / "pipeline-runner-role.yaml")
         bind_role(api, ns, runner_role, PIPELINE_RUNNER)
         # elastic-step's own Role (manifests/rbac.yaml, applied in the namespace by the
-        # cluster), as the README asks a user to bind it to the run's ServiceAccount.
+        # cluster), as docs/guides/pipelines.md asks a user to bind it to the run's ServiceAccount.
         bind_role(api, ns, "elastic-step-master", PIPELINE_RUNNER)
 
 

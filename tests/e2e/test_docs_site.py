@@ -63,6 +63,25 @@ def served(site):
     thread.join(timeout=10)
 
 
+def _nav_pages() -> dict[str, Path]:
+    """Every page in the site's navigation: its URL path, and its Markdown file."""
+
+    def files(entries) -> list[str]:
+        found = []
+        for entry in entries:
+            value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+            found += files(value) if isinstance(value, list) else [value]
+        return found
+
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
+    return {
+        ("/" + name.removesuffix(".md").removesuffix("index") + "/").replace("//", "/"): REPO
+        / "docs"
+        / name
+        for name in files(nav)
+    }
+
+
 #: The text of the tables of the page's article as rendered, by the titles of their h2 and
 #: h3 (a usage line names flags too: only a table row says what one does).
 SECTIONS_JS = """(() => {
@@ -94,10 +113,13 @@ def pages(served, tmp_path_factory) -> dict:
     browser = HeadlessChromium(tmp_path_factory.mktemp("profile"), width=1280, height=900)
     try:
         pages: dict = {}
-        for path in ("/", "/getting-started/", "/reference/cli/", "/reference/components/"):
+        for path in _nav_pages():
             browser.load(served + path)
             pages[path] = browser.evaluate("document.body.innerText")
             pages[path + "#sections"] = browser.evaluate(SECTIONS_JS)
+            pages[path + "#title"] = browser.evaluate(
+                'document.querySelector("article h1").innerText.replace("\\u00b6", "").trim()'
+            )
         pages["errors"] = "\n".join(browser.errors())
         pages["elsewhere"] = "\n".join(
             url
@@ -109,7 +131,12 @@ def pages(served, tmp_path_factory) -> dict:
     return pages
 
 
-def test_the_site_loads_nothing_from_elsewhere_and_names_its_version(pages):
+def test_every_page_loads_with_nothing_from_elsewhere_and_the_version_is_named(pages):
+    # The guides, the reference and the design: each page shows its own title.
+    assert len(_nav_pages()) >= 15, list(_nav_pages())
+    for path, source in _nav_pages().items():
+        title = source.read_text().split("\n", 1)[0].removeprefix("# ")
+        assert pages[path + "#title"] == title, path
     assert pages["errors"] == ""
     assert pages["elsewhere"] == ""
     assert f"This site documents elastic-step {__version__}." in pages["/"]

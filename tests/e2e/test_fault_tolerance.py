@@ -78,8 +78,8 @@ def test_worker_killed_mid_epoch(train_run, digits_run):
     assert 1 in live[live.index(2) :]
     accuracy = summary["metrics"]["accuracy"]
     reference = digits_run.summary()["metrics"]["accuracy"]
-    # The replacement's optimizer starts fresh (README, "Local steps"): a kill late in these
-    # 4 epochs cost 2.5 points (9 of the 360 validation digits) in one CI run.
+    # The replacement's optimizer starts fresh (docs/guides/training.md, local steps): a kill
+    # late in these 4 epochs cost 2.5 points (9 of the 360 validation digits) in one CI run.
     assert abs(accuracy - reference) <= 0.03, (accuracy, reference)
     assert f"{victim['id']} crashed (killed by SIGKILL); replacing it" in run.log()
 

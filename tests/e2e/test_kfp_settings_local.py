@@ -3,7 +3,8 @@ text column runs through preprocess (fill_missing="mean", one_hot=True) and elas
 (early_stopping); a bad setting ends its step as the command would, with one line on stderr
 and exit status 2, and the step runs once. (A task with a retry policy is retried on any
 failure, bad input too: KFP 2.17's RetryPolicy has no exit-code condition, under kfp.local
-or on a cluster. So neither this pipeline nor the example sets one; README, "Retries".)
+or on a cluster. So neither this pipeline nor the example sets one; docs/guides/pipelines.md,
+"Retries".)
 
 Each task's command is run as kfp.local's SubprocessRunner runs it, but through a recorder
 that keeps its exit status and its stderr apart (kfp.local merges them, and keeps only a

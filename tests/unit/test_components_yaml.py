@@ -82,7 +82,8 @@ def test_the_example_pipeline_names_each_job_by_its_task(task: str) -> None:
     task_name = step["inputs"]["parameters"]["task_name"]
     # Resolved by KFP only as a task's whole input, which is why it is passed this way.
     assert task_name == {"runtimeValue": {"constant": "{{$.pipeline_task_name}}"}}
-    # KFP retries every failure, bad input's exit status 2 too (README, "Retries").
+    # KFP retries every failure, bad input's exit status 2 too (docs/guides/pipelines.md,
+    # "Retries").
     assert "retryPolicy" not in step
     # The master reads and writes the object store itself: it gets the credentials.
     executor = step["componentRef"]["name"].replace("comp-", "exec-")

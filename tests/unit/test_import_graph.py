@@ -1,4 +1,4 @@
-"""The floors of elastic_step/ (README, "Design"): the imports between its packages form no
+"""The floors of elastic_step/ (docs/design.md): the imports between its packages form no
 cycle, the master reaches TensorFlow only through model/, and worker/ and ps/ are siblings.
 
 Every import statement counts, the lazy ones inside functions and those under

@@ -431,11 +431,12 @@ def test_verbose_logs_the_full_traceback(tmp_path, class3_data):
     assert not (tmp_path / "run").exists()
 
 
-def test_the_readme_example_is_the_tested_model_definition():
-    """The README's existing-script example is the code that the e2e tests train."""
+def test_the_guides_example_is_the_tested_model_definition():
+    """The model definition guide's existing-script example is the code that the e2e tests
+    train."""
     root = Path(__file__).resolve().parents[2]
-    readme = (root / "README.md").read_text()
-    after = readme.split("As a model definition (the code of", 1)[1]
+    guide = (root / "docs/guides/model-definition.md").read_text()
+    after = guide.split("As a model definition (the code of", 1)[1]
     example = after.split("```python\n", 1)[1].split("```", 1)[0]
     tested = (root / "tests/e2e/keras_models/compiled_sequential.py").read_text()
     assert tested.split('"""\n', 1)[1].lstrip("\n") == example

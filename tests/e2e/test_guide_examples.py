@@ -1,5 +1,5 @@
-"""The README's model definitions, as a reader copies them: every ```python block of its
-"The model definition" section that defines ``model()`` is trained by the real command on
+"""The model definition guide's examples, as a reader copies them: every ```python block of
+docs/guides/model-definition.md that defines ``model()`` is trained by the real command on
 scikit-learn's wine data, whose column ``od280/od315_of_diluted_wines`` needs another input
 name, with a categorical column added; the saved model then takes the CSV's raw values."""
 
@@ -17,17 +17,16 @@ from elastic_step.cli import main
 
 pytestmark = pytest.mark.e2e
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "model-definition.md"
 
 
 def model_definitions() -> list[str]:
-    section = README.read_text().split("### The model definition", 1)[1].split("\n### ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.DOTALL)
     return [b for b in blocks if re.search(r"^def model\(", b, flags=re.MULTILINE)]
 
 
-def test_the_readme_has_model_definitions_to_run() -> None:
-    assert model_definitions(), "no ```python block with def model() in the README's section"
+def test_the_guide_has_model_definitions_to_run() -> None:
+    assert model_definitions(), f"no ```python block with def model() in {GUIDE}"
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +47,7 @@ def wine_data(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("index", range(len(model_definitions())))
-def test_a_readme_model_definition_trains_on_renamed_and_categorical_columns(
+def test_a_guides_model_definition_trains_on_renamed_and_categorical_columns(
     tmp_path, wine_data, index
 ) -> None:
     source = model_definitions()[index]
