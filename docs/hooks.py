@@ -194,23 +194,31 @@ def _kfp(name: str) -> str:
                 ),
             )
         )
-    for title, section in (("Input artifacts", inputs), ("Outputs", outputs)):
-        rows = [
+
+    def rows(section: dict, outputs: bool) -> list[list[str]]:
+        found = [
             [f"`{a}`", text(s["artifactType"]["schemaTitle"]), text(s.get("description", ""))]
             for a, s in section.get("artifacts", {}).items()
         ]
-        rows += (
-            [
+        if outputs:  # an input parameter is in the table above
+            found += [
                 [f"`{p}`", KFP_TYPES[s["parameterType"]], text(s.get("description", ""))]
                 for p, s in section.get("parameters", {}).items()
             ]
-            if title == "Outputs"
-            else []
-        )
-        if rows:
-            parts.append(f"#### {title}\n")
-            parts.append(table(["Name", "Type", "What it is"], rows))
-    return "\n".join(parts)
+        return found
+
+    return "\n".join(parts + _inputs_and_outputs(inputs, outputs, rows, "Type"))
+
+
+def _inputs_and_outputs(
+    inputs: dict, outputs: dict, rows: Callable[[dict, bool], list[list[str]]], kind: str
+) -> list[str]:
+    """The tables of a component's input artifacts and of its outputs."""
+    parts = []
+    for title, section in (("Input artifacts", inputs), ("Outputs", outputs)):
+        if found := rows(section, title == "Outputs"):
+            parts += [f"#### {title}\n", table(["Name", kind, "What it is"], found)]
+    return parts
 
 
 def _argo_templates() -> dict[str, dict]:
@@ -240,23 +248,20 @@ def _argo(name: str, template: dict) -> str:
                 ),
             )
         )
-    for title, section in (("Input artifacts", inputs), ("Outputs", outputs)):
-        rows = [
+
+    def rows(section: dict, outputs: bool) -> list[list[str]]:
+        found = [
             [f"`{a['name']}`", "artifact", text(a.get("path", ""))]
             for a in section.get("artifacts", [])
         ]
-        rows += (
-            [
+        if outputs:  # an input parameter is in the table above
+            found += [
                 [f"`{p['name']}`", "parameter", text(p.get("description", ""))]
                 for p in section.get("parameters", [])
             ]
-            if title == "Outputs"
-            else []
-        )
-        if rows:
-            parts.append(f"#### {title}\n")
-            parts.append(table(["Name", "Kind", "What it is"], rows))
-    return "\n".join(parts)
+        return found
+
+    return "\n".join(parts + _inputs_and_outputs(inputs, outputs, rows, "Kind"))
 
 
 def _left_out(command: str) -> str:
