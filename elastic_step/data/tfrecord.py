@@ -109,22 +109,34 @@ def index_path(path: str) -> str:
 class ShardWriter:
     """Writes one TFRecord shard and, on :meth:`close`, its offset index.
 
-    Records stream into a temporary file beside ``path`` that is renamed into place on close,
-    then the index is written atomically; a reader never sees a half-written shard. If the
-    ``with`` block raises, the temporary file is removed and nothing is published.
+    Records and their offsets stream into temporary files beside ``path`` and its index
+    (memory stays flat however many records a shard holds), renamed into place on close: the
+    shard, then its index; a reader never sees a half-written shard. If the ``with`` block
+    raises, the temporary files are removed and nothing is published.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        suffix = f".tmp-{uuid.uuid4().hex[:8]}"
+        self._tmp, self._index_tmp = path + suffix, index_path(path) + suffix
         self._file = storage.open_file(self._tmp, "wb")
-        self._offsets: list[int] = [0]
+        self._index = storage.open_file(self._index_tmp, "wb")
+        self._index.write(np.zeros(1, "<u8").tobytes())
+        self._records = 0
+        self._end = 0  # the offset after the last record
         self._closed = False
 
     @property
     def records(self) -> int:
         """How many records were written so far."""
-        return len(self._offsets) - 1
+        return self._records
+
+    def _add_offsets(self, ends: np.ndarray) -> None:
+        """Records the end offsets of records just written (relative to the shard's end)."""
+        offsets = self._end + ends.astype(np.int64)
+        self._index.write(offsets.astype("<u8").tobytes())
+        self._records += len(offsets)
+        self._end = int(offsets[-1])
 
     def write(self, record: bytes) -> None:
         """Appends one record."""
@@ -164,8 +176,7 @@ class ShardWriter:
         self._file.write(
             memoryview(framed.buffers()[2])[int(framed_offsets[0]) : int(framed_offsets[-1])]
         )
-        end = self._offsets[-1]
-        self._offsets.extend((end + np.cumsum(lengths + _HEADER + _FOOTER)).tolist())
+        self._add_offsets(np.cumsum(lengths + _HEADER + _FOOTER))
 
     def append_shard(self, path: str) -> None:
         """Appends the records of the shard ``path`` (with its index), copying their frames as
@@ -175,7 +186,8 @@ class ShardWriter:
         offsets = np.frombuffer(storage.read_bytes(index_path(path)), dtype="<u8")
         with storage.open_file(path, "rb") as f:
             shutil.copyfileobj(f, self._file, _COPY_BYTES)
-        self._offsets.extend((self._offsets[-1] + offsets[1:].astype(np.int64)).tolist())
+        if len(offsets) > 1:
+            self._add_offsets(offsets[1:])
 
     def close(self) -> None:
         """Publishes the shard, then its index. Closing twice is a no-op."""
@@ -183,9 +195,10 @@ class ShardWriter:
             return
         self._closed = True
         self._file.close()
-        storage.storage_for(self.path).rename(self._tmp, self.path)
-        index = np.asarray(self._offsets, dtype="<u8").tobytes()
-        storage.write_bytes_atomic(index_path(self.path), index)
+        self._index.close()
+        store = storage.storage_for(self.path)
+        store.rename(self._tmp, self.path)
+        store.rename(self._index_tmp, index_path(self.path))
 
     def abort(self) -> None:
         """Drops what was written; nothing is published."""
@@ -193,7 +206,9 @@ class ShardWriter:
             return
         self._closed = True
         self._file.close()
+        self._index.close()
         storage.remove(self._tmp)
+        storage.remove(self._index_tmp)
 
     def __enter__(self) -> ShardWriter:
         return self
