@@ -9,6 +9,8 @@ function goes:
   compiled components in ``components/`` (which tests/unit/test_components_yaml.py keeps
   equal to the code), and the flags that are not parameters, with why
   (``elastic_step.components.parameters``);
+- ``metrics``: the master's Prometheus metrics, from their declarations
+  (``elastic_step.master.metrics_endpoint.METRICS``);
 - ``version``: the version of elastic-step that the site documents.
 
 So the reference cannot drift from the code: a flag added to the parser is on the site at
@@ -30,6 +32,7 @@ import elastic_step
 from elastic_step import __version__
 from elastic_step.cli import build_parser
 from elastic_step.components import parameters
+from elastic_step.master.metrics_endpoint import METRICS
 
 #: The checkout the site documents (also when a test builds the site from a copy of docs/).
 ROOT = Path(elastic_step.__file__).resolve().parents[1]
@@ -294,8 +297,26 @@ def components() -> str:
     return "\n".join(s for s in sections if s)
 
 
+# -- the Prometheus metrics --
+
+
+def metrics() -> str:
+    rows = (
+        [
+            f"`{spec.exposed}`",
+            spec.kind,
+            ", ".join(f"`{label}`" for label in spec.labels),
+            text(spec.help),
+            text(spec.absent or ""),
+        ]
+        for spec in METRICS.values()
+    )
+    return table(["Metric", "Type", "Labels", "What it is", "Absent"], rows)
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli,
     "components": components,
+    "metrics": metrics,
     "version": version,
 }

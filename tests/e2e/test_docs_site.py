@@ -21,6 +21,7 @@ from headless_chromium import HeadlessChromium
 from elastic_step import __version__
 from elastic_step.cli import command_parser
 from elastic_step.components import parameters
+from elastic_step.master.metrics_endpoint import METRICS
 
 pytestmark = pytest.mark.e2e
 
@@ -191,3 +192,11 @@ def test_a_broken_link_fails_the_build(tmp_path):
     built = _build(copy / "mkdocs.yml", tmp_path / "site")
     assert built.returncode != 0
     assert "guides/missing.md" in built.stderr, built.stderr
+
+
+def test_the_metrics_reference_lists_every_metric_with_its_labels(pages):
+    rows = pages["/reference/metrics/"].splitlines()  # a table row is a line, tab-separated
+    for spec in METRICS.values():
+        row = next((line for line in rows if line.startswith(spec.exposed + "\t")), "")
+        assert row, f"{spec.exposed} is not on the page"
+        assert all(label in row for label in spec.labels) and spec.help in row, row
