@@ -11,6 +11,8 @@ function goes:
   (``elastic_step.components.parameters``);
 - ``metrics``: the master's Prometheus metrics, from their declarations
   (``elastic_step.master.metrics_endpoint.METRICS``);
+- ``reports``: the fields of a job's ``status.json`` and ``summary.json``
+  (``elastic_step.master.report_fields``), which the end-to-end tests hold a job to;
 - ``version``: the version of elastic-step that the site documents.
 
 So the reference cannot drift from the code: a flag added to the parser is on the site at
@@ -32,6 +34,7 @@ import elastic_step
 from elastic_step import __version__
 from elastic_step.cli import build_parser
 from elastic_step.components import parameters
+from elastic_step.master import report_fields
 from elastic_step.master.metrics_endpoint import METRICS
 
 #: The checkout the site documents (also when a test builds the site from a copy of docs/).
@@ -314,9 +317,29 @@ def metrics() -> str:
     return table(["Metric", "Type", "Labels", "What it is", "Absent"], rows)
 
 
+# -- status.json and summary.json --
+
+
+def reports() -> str:
+    parts = []
+    for document, fields in (
+        ("status.json", report_fields.STATUS),
+        ("summary.json", report_fields.SUMMARY),
+    ):
+        parts.append(f"## {document}\n")
+        for kind, described in fields.items():
+            parts.append(f"### Of `elastic-step {kind}`\n")
+            # Descriptions are written in Markdown: code spans name values and fields.
+            parts.append(
+                table(["Field", "What it holds"], ([f"`{n}`", d] for n, d in described.items()))
+            )
+    return "\n".join(parts)
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
     "cli": cli,
     "components": components,
     "metrics": metrics,
+    "reports": reports,
     "version": version,
 }

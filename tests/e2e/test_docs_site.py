@@ -21,6 +21,7 @@ from headless_chromium import HeadlessChromium
 from elastic_step import __version__
 from elastic_step.cli import command_parser
 from elastic_step.components import parameters
+from elastic_step.master import report_fields
 from elastic_step.master.metrics_endpoint import METRICS
 
 pytestmark = pytest.mark.e2e
@@ -200,3 +201,15 @@ def test_the_metrics_reference_lists_every_metric_with_its_labels(pages):
         row = next((line for line in rows if line.startswith(spec.exposed + "\t")), "")
         assert row, f"{spec.exposed} is not on the page"
         assert all(label in row for label in spec.labels) and spec.help in row, row
+
+
+def test_the_reports_reference_lists_every_field_by_kind_of_job(pages):
+    sections = pages["/reference/status-and-summary/#sections"]
+    for document, fields in (
+        ("status.json", report_fields.STATUS),
+        ("summary.json", report_fields.SUMMARY),
+    ):
+        for kind, described in fields.items():
+            rows = sections[document][f"Of elastic-step {kind}"].splitlines()
+            listed = {row.split("\t", 1)[0] for row in rows[1:]}
+            assert listed == set(described), (document, kind)

@@ -23,6 +23,7 @@ import pytest
 from conftest import TrainRun, pid_alive
 
 from elastic_step.cli import main
+from elastic_step.master.report_fields import STATUS, SUMMARY
 
 pytestmark = pytest.mark.e2e
 
@@ -120,6 +121,9 @@ def test_the_status_of_a_prediction_is_a_prediction_s(killed, rows, capsys) -> N
         "fraction": 1.0,
     }
     assert not {"epoch", "epochs", "model_version", "ps", "train_loss"} & set(status)
+    # The fields of the documentation's reference (report_fields), no more, no fewer.
+    assert set(status) == set(STATUS["predict"])
+    assert set(run.summary()) == set(SUMMARY["predict"])
     assert main(["status", str(run.output)]) == 0
     shown = capsys.readouterr().out
     assert f"records: {expected}/{expected} predicted" in shown
