@@ -9,6 +9,7 @@ a ``schema.json``; its ``--split``).
 
 from __future__ import annotations
 
+import gc
 import logging
 
 from elastic_step.data import storage
@@ -52,6 +53,9 @@ def predict(config: PredictConfig, backend_options: object = None) -> int:
             f"{model.model_file}: cannot load it into the model of {model.model_def}: "
             f"{type(e).__name__}: {e}"
         ) from e
+    # The checked model goes, with its lookup tables (the workers predict; a layer's tables
+    # are in reference cycles, which only a collection frees).
+    gc.collect()
     if storage.exists(storage.join(input_path, "schema.json")):  # preprocessed data
         given = PredictInput(
             shards=tuple(check_data_dir(input_path, split, schema)),
