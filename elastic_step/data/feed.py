@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import os
 import shutil
 import threading
 import weakref
@@ -96,7 +97,11 @@ def vocabulary_table(path: str, size: int, oov_buckets: int) -> tf.lookup.Static
     is hundreds of MB."""
     if not tf.executing_eagerly():  # a graph's table belongs to that graph
         return _new_vocabulary_table(path, size, oov_buckets)
-    key = (path, size, oov_buckets)
+    try:  # a file written again since (a preprocess run again in place) is another table
+        written = os.stat(path).st_mtime_ns
+    except OSError:
+        written = None
+    key = (path, written, size, oov_buckets)
     with _tables_lock:
         table = _tables.get(key)
         if table is None:

@@ -229,7 +229,9 @@ def test_a_vocabulary_table_is_shared_while_held_and_freed_with_its_last_holder(
     """The feed and the serving layer of one process look values up in one table per file;
     once neither holds it, its memory is freed (it is anonymous: TF's resource manager does
     not keep it)."""
+    import dataclasses
     import gc
+    import os
     import weakref
 
     import tensorflow as tf
@@ -250,6 +252,17 @@ def test_a_vocabulary_table_is_shared_while_held_and_freed_with_its_last_holder(
     assert vocabulary_table(path, 3, 1) is not feeds  # other ids for other values: its own
     ids = feeds.lookup(tf.constant(["green", "blue", "mauve"])).numpy().tolist()
     assert ids[:2] == [1, 2] and ids[2] in (3, 4)
+    # The file written again (preprocess run again in place): its new values, a new table.
+    vocabulary.write(
+        path,
+        dataclasses.replace(chosen, entries=pa.array(["blue", "red", "green"], pa.large_string())),
+    )
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    again = vocabulary_table(path, 3, 2)
+    assert again is not feeds
+    assert again.lookup(tf.constant(["blue"])).numpy().tolist() == [0]
+    del again
     table = weakref.ref(feeds)
     del feeds, servings
     gc.collect()
