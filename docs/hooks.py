@@ -92,11 +92,18 @@ def _default(action: argparse.Action) -> str:
     if action.required:
         return "required"
     default = action.default
-    if action.nargs == 0 or default is None or default is False or default in ("", []):
-        return ""
-    if default is argparse.SUPPRESS:
+    unset = default is None or default is False or default is argparse.SUPPRESS
+    if action.nargs == 0 or unset or default in ("", []):
         return ""
     return f"`{default}`" if "`" not in str(default) else text(default)
+
+
+#: The columns of a table of flags.
+FLAG_COLUMNS = ["Flag", "Default", "What it does"]
+
+
+def _usage(parser: argparse.ArgumentParser) -> str:
+    return "```text\n" + parser.format_usage().strip() + "\n```\n"
 
 
 def _flag_rows(formatter: argparse.HelpFormatter, actions: Iterable[argparse.Action]):
@@ -123,14 +130,14 @@ def _command_section(name: str, help_: str, parser: argparse.ArgumentParser) -> 
     parts = [f"## elastic-step {name}\n", text(help_) + "\n" if help_ else ""]
     if parser.description:
         parts.append(text(parser.description) + "\n")
-    parts.append("```text\n" + parser.format_usage().strip() + "\n```\n")
+    parts.append(_usage(parser))
     for group in parser._action_groups:
         rows = list(_flag_rows(formatter, group._group_actions))
         if rows:
             parts.append(f"### {text(group.title.capitalize())}\n")
             if group.description:
                 parts.append(text(group.description) + "\n")
-            parts.append(table(["Flag", "Default", "What it does"], rows))
+            parts.append(table(FLAG_COLUMNS, rows))
     return "\n".join(part for part in parts if part)
 
 
@@ -141,8 +148,8 @@ def cli() -> str:
         _flag_rows(parser._get_formatter(), (a for a in parser._actions if a.option_strings))
     )
     sections = [
-        "```text\n" + parser.format_usage().strip() + "\n```\n",
-        table(["Flag", "Default", "What it does"], top),
+        _usage(parser),
+        table(FLAG_COLUMNS, top),
         table(
             ["Command", "What it does"],
             ([f"[`{n}`](#elastic-step-{n})", text(helps.get(n, ""))] for n in commands),

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from example_data import write_breast_cancer_csv
 
 pytestmark = pytest.mark.e2e
 
@@ -53,20 +54,13 @@ def test_the_docs_have_runnable_commands() -> None:
 
 @pytest.fixture
 def workdir(tmp_path) -> Path:
-    from sklearn.datasets import load_wine
-
-    wine = load_wine()
-    names = [re.sub(r"\W+", "_", name) for name in wine.feature_names]
-    with open(tmp_path / "data.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow([*names, "target"])
-        writer.writerows(
-            [*row, int(label)] for row, label in zip(wine.data, wine.target, strict=True)
-        )
+    """data.csv (scikit-learn's breast cancer, its label named "target"), new.csv (its first
+    20 rows without the label) and model.py."""
+    write_breast_cancer_csv(tmp_path / "data.csv", label="target")
+    with open(tmp_path / "data.csv", newline="") as f:
+        rows = list(csv.reader(f))[:21]
     with open(tmp_path / "new.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(names)
-        writer.writerows(wine.data[:20].tolist())
+        csv.writer(f).writerows(row[:-1] for row in rows)
     (tmp_path / "model.py").write_text(MODEL)
     return tmp_path
 
