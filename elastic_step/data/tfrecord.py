@@ -120,7 +120,12 @@ class ShardWriter:
         suffix = f".tmp-{uuid.uuid4().hex[:8]}"
         self._tmp, self._index_tmp = path + suffix, index_path(path) + suffix
         self._file = storage.open_file(self._tmp, "wb")
-        self._index = storage.open_file(self._index_tmp, "wb")
+        try:
+            self._index = storage.open_file(self._index_tmp, "wb")
+        except BaseException:  # nothing left behind
+            self._file.close()
+            storage.remove(self._tmp)
+            raise
         self._index.write(np.zeros(1, "<u8").tobytes())
         self._records = 0
         self._end = 0  # the offset after the last record
