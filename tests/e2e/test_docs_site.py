@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import re
 import shutil
 import subprocess
 import sys
@@ -213,3 +214,14 @@ def test_the_reports_reference_lists_every_field_by_kind_of_job(pages):
             rows = sections[document][f"Of elastic-step {kind}"].splitlines()
             listed = {row.split("\t", 1)[0] for row in rows[1:]}
             assert listed == set(described), (document, kind)
+
+
+def test_the_readme_stays_short_and_its_links_lead_to_pages() -> None:
+    """The README says what the project is and links to the site's pages, which hold the
+    rest (issue 36: under 250 lines)."""
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) < 250
+    links = re.findall(r"\]\((docs/[^)#]+)", readme)
+    assert len(links) >= 15, links  # getting started, the guides, design, development
+    for link in links:
+        assert (REPO / link).is_file(), link
