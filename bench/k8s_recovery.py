@@ -98,9 +98,9 @@ from elastic_step.backends.kubernetes_instances import InstanceTracker
 from elastic_step.backends.kubernetes_options import KubernetesOptions, RoleResources
 from elastic_step.errors import ElasticStepError
 from elastic_step.master.config import TrainConfig
-from elastic_step.master.coordinator import Coordinator
-from elastic_step.master.instance_manager import InstanceManager
-from elastic_step.master.process_state import ProcessState
+from elastic_step.master.instances.instance_manager import InstanceManager
+from elastic_step.master.instances.process_state import ProcessState
+from elastic_step.master.job_state.coordinator import Coordinator
 from elastic_step.rpc import master_pb2
 
 HERE = Path(__file__).resolve().parent

@@ -150,11 +150,11 @@ def _master_main(config: dict) -> int:
     from elastic_step.data import storage
     from elastic_step.master import servicer as servicer_module
     from elastic_step.master.config import TrainConfig
-    from elastic_step.master.coordinator import CoordinatorParams
+    from elastic_step.master.instances.job_keys import JobKeys
     from elastic_step.master.job import Job
-    from elastic_step.master.job_keys import JobKeys
     from elastic_step.master.job_reporter import JobReporter
-    from elastic_step.master.persistence import SavedJob
+    from elastic_step.master.job_state.api import CoordinatorParams
+    from elastic_step.master.job_state.persistence import SavedJob
     from elastic_step.master.servicer import MasterServicer
     from elastic_step.master.state_store import create_state_store
     from elastic_step.master.training_job import TrainingJob

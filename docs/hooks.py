@@ -10,9 +10,9 @@ function goes:
   equal to the code), and the flags that are not parameters, with why
   (``elastic_step.components.parameters``);
 - ``metrics``: the master's Prometheus metrics, from their declarations
-  (``elastic_step.master.metrics_endpoint.METRICS``);
+  (``elastic_step.master.reporting.metrics_endpoint.METRICS``);
 - ``reports``: the fields of a job's ``status.json`` and ``summary.json``
-  (``elastic_step.master.report_fields``), which the end-to-end tests hold a job to;
+  (``elastic_step.master.reporting.report_fields``), which the end-to-end tests hold a job to;
 - ``version``: the version of elastic-step that the site documents.
 
 So the reference cannot drift from the code: a flag added to the parser is on the site at
@@ -34,8 +34,8 @@ import elastic_step
 from elastic_step import __version__
 from elastic_step.cli import build_parser
 from elastic_step.components import parameters
-from elastic_step.master import report_fields
-from elastic_step.master.metrics_endpoint import METRICS
+from elastic_step.master.reporting import report_fields
+from elastic_step.master.reporting.metrics_endpoint import METRICS
 
 #: The checkout the site documents (also when a test builds the site from a copy of docs/).
 ROOT = Path(elastic_step.__file__).resolve().parents[1]

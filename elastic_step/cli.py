@@ -694,7 +694,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         return _copy_summary(predict(config, _backend_options(args)), args)
     if args.command == "status":
-        from elastic_step.master.reports import print_status
+        from elastic_step.master.reporting.reports import print_status
 
         return print_status(args.output, as_json=args.json)
     if args.command == "demo":

@@ -17,10 +17,10 @@ from elastic_step.data.schema import Schema
 from elastic_step.errors import InputError
 from elastic_step.master.config import PredictConfig
 from elastic_step.master.job import Job
-from elastic_step.master.job_record import check_same_command, command_of
-from elastic_step.master.output_owner import read_owner
-from elastic_step.master.persistence import SavedJob
+from elastic_step.master.job_state.job_record import check_same_command, command_of
+from elastic_step.master.job_state.persistence import SavedJob
 from elastic_step.master.prediction_job import PredictInput, PredictionJob
+from elastic_step.master.saving.output_owner import read_owner
 from elastic_step.master.state_store import create_state_store
 from elastic_step.model.definition import load_model_definition
 from elastic_step.output_layout import OutputLayout

@@ -47,8 +47,8 @@ def dry_run(config: TrainConfig, options, out: TextIO | None = None) -> int:
     and reads neither the data nor the model definition."""
     from elastic_step.backends import kubernetes_pods
     from elastic_step.backends.kubernetes_options import KubernetesOptions
-    from elastic_step.master.job_keys import JobKeys
-    from elastic_step.master.launch import planned_specs
+    from elastic_step.master.instances.job_keys import JobKeys
+    from elastic_step.master.instances.launch import planned_specs
 
     options = options or KubernetesOptions()
     if options.image is None:

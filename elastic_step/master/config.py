@@ -10,18 +10,23 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from elastic_step.data import storage
 from elastic_step.errors import InputError
-from elastic_step.master.local_steps import CHOSEN_BY_MASTER
-from elastic_step.master.model_selection import EarlyStopping, MetricGoal
+from elastic_step.master.saving.api import EarlyStopping, MetricGoal
+from elastic_step.master.state_store import StateStore, create_state_store
+from elastic_step.master.tasks.local_steps import CHOSEN_BY_MASTER
 from elastic_step.model.outer_optimizer import OUTER_OPTIMIZERS
+
+if TYPE_CHECKING:
+    from elastic_step.backends.api import Backend
 
 #: Pod names add up to 23 characters to the job name, within Kubernetes' 63.
 MAX_JOB_NAME = 40
 JOB_NAME = re.compile(rf"[a-z]([-a-z0-9]{{0,{MAX_JOB_NAME - 2}}}[a-z0-9])?")
 
-#: 0: the master chooses, from the steps of an epoch and the workers (master/local_steps.py).
+#: 0: the master chooses, from the steps of an epoch and the workers (master/tasks/local_steps.py).
 DEFAULT_LOCAL_STEPS = CHOSEN_BY_MASTER
 
 #: The settings that define what a job computes, by field and flag.
@@ -57,7 +62,7 @@ class EngineConfig:
     max_workers: int | None = None
     seed: int = 0
     backend: str = "local"
-    #: 0: chosen by the master (elastic_step/master/task_size.py).
+    #: 0: chosen by the master (elastic_step/master/tasks/task_size.py).
     records_per_task: int = 0
     max_restarts: int = 3
     max_task_retries: int = 3
@@ -191,7 +196,7 @@ class TrainConfig(EngineConfig):
     staleness_modulation: bool = False
     #: Steps a worker runs on its own copy between pushes; the PS applies the change with
     #: ``outer_optimizer`` (see elastic_step/model/outer_optimizer.py). 1: push every gradient;
-    #: 0: chosen by the master when the job starts (elastic_step/master/local_steps.py).
+    #: 0: chosen by the master when the job starts (elastic_step/master/tasks/local_steps.py).
     local_steps: int = DEFAULT_LOCAL_STEPS
     outer_optimizer: str = "average"
     #: ``METRIC[:PATIENCE[:min|max]]``; kept in its full form (see :attr:`stopping`).
@@ -265,3 +270,19 @@ def _at_least(minimum: int, values: dict[str, int]) -> None:
     for flag, value in values.items():
         if value < minimum:
             raise InputError(f"{flag} must be >= {minimum}, got {value}")
+
+
+def default_store(config: EngineConfig, backend: Backend, backend_options: object) -> StateStore:
+    """Where a job keeps its state: on Kubernetes on the cluster (a Lease and ConfigMaps owned
+    by the run's object), so a master pod on another node finds it; elsewhere in the local
+    directory of ``config.local_dir`` (--output itself when it is local)."""
+    if config.backend != "kubernetes":
+        return create_state_store("file", config.local_dir)
+    return create_state_store(
+        "kubernetes",
+        config.output,
+        job_name=config.resolved_job_name,
+        namespace=getattr(backend_options, "namespace", None),
+        owner=backend.owner(),
+        kubeconfig=getattr(backend_options, "kubeconfig", None),
+    )

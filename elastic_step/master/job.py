@@ -23,21 +23,21 @@ from elastic_step.backends import BackendParams, Role, create_backend
 from elastic_step.backends.api import Backend, LaunchSpec, StopKind, StopRequest
 from elastic_step.data import storage
 from elastic_step.errors import InputError, JobFailedError
-from elastic_step.master import reports
-from elastic_step.master.coordinator import Coordinator, open_coordinator
-from elastic_step.master.job_keys import JobKeys
+from elastic_step.master.config import default_store
+from elastic_step.master.instances.job_keys import JobKeys
+from elastic_step.master.instances.launch import launch_spec
 from elastic_step.master.job_kind import JobKind, RunContext
-from elastic_step.master.job_record import JobRecord, resumable_record
 from elastic_step.master.job_reporter import JobReporter
-from elastic_step.master.launch import launch_spec
-from elastic_step.master.output_owner import refuse_legacy_output
-from elastic_step.master.persistence import (
+from elastic_step.master.job_state.api import Phase
+from elastic_step.master.job_state.coordinator import Coordinator, open_coordinator
+from elastic_step.master.job_state.job_record import JobRecord, resumable_record
+from elastic_step.master.job_state.persistence import (
     FLUSH_TIMEOUT_S,
     SavedJob,
     close_store,
-    default_store,
 )
-from elastic_step.master.phase import Phase
+from elastic_step.master.reporting import reports
+from elastic_step.master.saving.output_owner import refuse_legacy_output
 from elastic_step.master.servicer import start_master_server
 from elastic_step.master.state_store import (
     StateStore,
@@ -67,7 +67,7 @@ class Job:
         self.backend_options = backend_options
         self.output = kind.config.output
         self.paths = OutputLayout(self.output)
-        #: None until run(): the default depends on the backend (see persistence.default_store).
+        #: None until run(): the default depends on the backend (see default_store).
         self.store = store
         self._stop_signal: int | None = None
         self.reporter: JobReporter | None = None  # once the coordinator exists

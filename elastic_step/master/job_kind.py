@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING, ClassVar
 
 from elastic_step.data import storage
 from elastic_step.master.config import EngineConfig
-from elastic_step.master.instance_manager import MembershipSettings
-from elastic_step.master.output_owner import OutputOwner, claim_output
+from elastic_step.master.instances.api import MembershipSettings
+from elastic_step.master.saving.output_owner import OutputOwner, claim_output
 from elastic_step.model.definition import changed_since, source_digest
 from elastic_step.output_layout import OutputLayout
 
 if TYPE_CHECKING:
     from elastic_step.data.schema import Schema
-    from elastic_step.master.coordinator import Coordinator, CoordinatorParams
+    from elastic_step.master.job_state.api import CoordinatorParams
+    from elastic_step.master.job_state.coordinator import Coordinator
     from elastic_step.master.state_store import StateStore
     from elastic_step.master.tracking.recorder import TrackingRecorder
     from elastic_step.model.api import ModelDefinition

@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import time
 
-from elastic_step.master import reports
-from elastic_step.master.coordinator import Coordinator
 from elastic_step.master.job_kind import JobKind
-from elastic_step.master.job_view import JobView, scalar_metrics
-from elastic_step.master.metrics_endpoint import MetricsEndpoint
-from elastic_step.master.phase import Phase
-from elastic_step.master.tensorboard_events import TrainingEvents
+from elastic_step.master.job_state.api import Phase
+from elastic_step.master.job_state.coordinator import Coordinator
+from elastic_step.master.reporting import reports
+from elastic_step.master.reporting.api import JobView, scalar_metrics
+from elastic_step.master.reporting.metrics_endpoint import MetricsEndpoint
+from elastic_step.master.reporting.tensorboard_events import TrainingEvents
 from elastic_step.master.tracking.api import RunStatus
 from elastic_step.output_layout import OutputLayout
 

@@ -15,13 +15,13 @@ import time
 from typing import TYPE_CHECKING
 
 from elastic_step.data import storage
-from elastic_step.master.best_model import (
+from elastic_step.master.job_state.persistence import FLUSH_TIMEOUT_S
+from elastic_step.master.saving.best_model import (
     RoundModelGoneError,
     load_round_model,
     save_round_model,
 )
-from elastic_step.master.final_model import save_final_model, save_model
-from elastic_step.master.persistence import FLUSH_TIMEOUT_S
+from elastic_step.master.saving.final_model import save_final_model, save_model
 from elastic_step.rpc.ps_client import PSUnavailableError
 
 if TYPE_CHECKING:

@@ -20,17 +20,18 @@ from typing import TYPE_CHECKING
 
 from elastic_step.data import storage
 from elastic_step.data.predict_output import merge_parts
-from elastic_step.master import reports, task_size
 from elastic_step.master.config import PredictConfig
-from elastic_step.master.coordinator import CoordinatorParams
 from elastic_step.master.job_kind import JobKind, RunContext
-from elastic_step.master.task_manager import TaskKind, TaskSettings
+from elastic_step.master.job_state.api import CoordinatorParams
+from elastic_step.master.reporting import reports
+from elastic_step.master.tasks import task_size
+from elastic_step.master.tasks.api import TaskKind, TaskSettings
 from elastic_step.output_layout import OutputLayout
 from elastic_step.rpc import master_pb2
 
 if TYPE_CHECKING:
     from elastic_step.data.schema import Schema
-    from elastic_step.master.coordinator import Coordinator
+    from elastic_step.master.job_state.coordinator import Coordinator
     from elastic_step.model.api import ModelDefinition
 
 log = logging.getLogger("elastic_step.master")

@@ -22,10 +22,11 @@ import threading
 import grpc
 
 from elastic_step.errors import InputError
-from elastic_step.master.coordinator import CallerError, Coordinator
-from elastic_step.master.job_keys import JobKeys
+from elastic_step.master.instances.job_keys import JobKeys
+from elastic_step.master.job_state.api import CallerError
+from elastic_step.master.job_state.coordinator import Coordinator
 from elastic_step.master.state_store import StateStoreError
-from elastic_step.master.task_manager import InvalidReportError
+from elastic_step.master.tasks.api import InvalidReportError
 from elastic_step.rpc import master_pb2, master_pb2_grpc
 from elastic_step.rpc.auth import AsyncAuthInterceptor, add_port, caller_name, caller_token
 from elastic_step.rpc.tokens import TokenSigner

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from elastic_step.backends.api import Backend, Role
-from elastic_step.master.coordinator import Coordinator
+from elastic_step.master.job_state.coordinator import Coordinator
 
 #: Seconds a deleted instance has to exit before it is killed.
 STOP_GRACE_S = 3.0

@@ -13,20 +13,21 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from elastic_step.data import storage
-from elastic_step.master import reports, task_size
 from elastic_step.master.config import TrainConfig
-from elastic_step.master.coordinator import CoordinatorParams
-from elastic_step.master.evaluation import metric_values
 from elastic_step.master.job_kind import JobKind, RunContext
-from elastic_step.master.local_steps import LocalSteps, choose_local_steps
+from elastic_step.master.job_state.api import CoordinatorParams
 from elastic_step.master.model_saving import ModelSaver
-from elastic_step.master.task_manager import TaskSettings
+from elastic_step.master.reporting import reports
+from elastic_step.master.tasks import task_size
+from elastic_step.master.tasks.api import TaskSettings
+from elastic_step.master.tasks.evaluation import metric_values
+from elastic_step.master.tasks.local_steps import LocalSteps, choose_local_steps
 from elastic_step.model.tf_runtime import set_random_seed
 from elastic_step.rpc import master_pb2
 
 if TYPE_CHECKING:
     from elastic_step.data.schema import Schema
-    from elastic_step.master.coordinator import Coordinator
+    from elastic_step.master.job_state.coordinator import Coordinator
     from elastic_step.master.tracking.recorder import TrackingRecorder
     from elastic_step.model.api import ModelDefinition
 
@@ -110,7 +111,7 @@ class TrainingJob(JobKind):
 
     @functools.cached_property
     def records_per_task(self) -> int:
-        """The training tasks' size (master/task_size.py): chosen once, and logged."""
+        """The training tasks' size (master/tasks/task_size.py): chosen once, and logged."""
         c = self.config
         size = task_size.training_records_per_task(
             c.records_per_task, train_records=self._train_records(), batch_size=c.batch_size

@@ -1,5 +1,5 @@
 """TensorBoard event files, written with ``tf.summary``: the master's one use of TensorFlow
-that is not a model (:mod:`elastic_step.master.tensorboard_events` decides what to write).
+that is not a model (:mod:`elastic_step.master.reporting.tensorboard_events` decides what to write).
 Tests: tests/e2e/test_watching.py (the series a job writes)."""
 
 from __future__ import annotations

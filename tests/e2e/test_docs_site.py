@@ -22,8 +22,8 @@ from headless_chromium import HeadlessChromium
 from elastic_step import __version__
 from elastic_step.cli import command_parser
 from elastic_step.components import parameters
-from elastic_step.master import report_fields
-from elastic_step.master.metrics_endpoint import METRICS
+from elastic_step.master.reporting import report_fields
+from elastic_step.master.reporting.metrics_endpoint import METRICS
 
 pytestmark = pytest.mark.e2e
 

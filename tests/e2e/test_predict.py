@@ -23,7 +23,7 @@ import pytest
 from conftest import TrainRun, pid_alive
 
 from elastic_step.cli import main
-from elastic_step.master.report_fields import STATUS, SUMMARY
+from elastic_step.master.reporting.report_fields import STATUS, SUMMARY
 
 pytestmark = pytest.mark.e2e
 

@@ -247,7 +247,7 @@ def test_a_metric_the_model_does_not_report_is_one_line_and_exit_status_2(
 def test_status_and_summary_hold_the_documented_fields(watched) -> None:
     """Each field a training writes is in the documentation's reference, and each there is
     written (docs/reference/status-and-summary.md, from report_fields)."""
-    from elastic_step.master.report_fields import STATUS, SUMMARY
+    from elastic_step.master.reporting.report_fields import STATUS, SUMMARY
 
     assert set(watched["status"]) == set(STATUS["train"])
     assert set(watched["summary"]) == set(SUMMARY["train"])

@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_step.master.job_keys import JobKeys
+from elastic_step.master.instances.job_keys import JobKeys
 from elastic_step.ps.server import ParameterServerServicer
 from elastic_step.ps.shard import ParameterShard
 from elastic_step.rpc import auth, master_pb2, master_pb2_grpc, ps_pb2, ps_pb2_grpc, tokens

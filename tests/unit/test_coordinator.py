@@ -14,17 +14,17 @@ from fake_backend import FakeBackend, FakeClock
 
 from elastic_step.backends.api import ExitReason, LaunchSpec, Role
 from elastic_step.errors import InputError
-from elastic_step.master import reports
-from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open_coordinator
-from elastic_step.master.instance_manager import MembershipSettings
-from elastic_step.master.job_keys import JobKeys
-from elastic_step.master.job_record import JobRecord
-from elastic_step.master.job_view import JobView
-from elastic_step.master.persistence import SavedJob
-from elastic_step.master.phase import Phase
+from elastic_step.master.instances.api import MembershipSettings
+from elastic_step.master.instances.job_keys import JobKeys
+from elastic_step.master.job_state.api import CoordinatorParams, Phase
+from elastic_step.master.job_state.coordinator import Coordinator, open_coordinator
+from elastic_step.master.job_state.job_record import JobRecord
+from elastic_step.master.job_state.persistence import SavedJob
+from elastic_step.master.reporting import reports
+from elastic_step.master.reporting.api import JobView
 from elastic_step.master.servicer import start_master_server
 from elastic_step.master.state_store import FileStateStore
-from elastic_step.master.task_manager import TaskSettings
+from elastic_step.master.tasks.api import TaskSettings
 from elastic_step.rpc import auth, master_pb2, master_pb2_grpc
 from elastic_step.rpc.tensors import to_proto
 from elastic_step.rpc.tokens import TOKEN_LIFETIME_S, TokenSigner

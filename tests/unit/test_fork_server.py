@@ -14,8 +14,8 @@ from pathlib import Path
 from elastic_step.backends.api import EventKind, ExitReason, LaunchSpec, Role
 from elastic_step.backends.fork_server import forkable
 from elastic_step.backends.local import process_start_time
-from elastic_step.master.job_keys import JobKeys
-from elastic_step.master.launch import INSTANCE_PRELOAD
+from elastic_step.master.instances.job_keys import JobKeys
+from elastic_step.master.instances.launch import INSTANCE_PRELOAD
 from elastic_step.rpc import auth
 from tests.unit import test_local_backend
 from tests.unit.test_local_backend import SLEEP, Processes, wait_for, wait_for_text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -171,3 +172,74 @@ def test_the_modules_of_data_import_each_other_in_no_cycle() -> None:
     assert "elastic_step.data.storage" not in graph["elastic_step.data.object_storage"]
     cycle = find_cycle(graph)
     assert cycle is None, "an import cycle:\n" + "\n".join(cycle or [])
+
+
+MASTER = PACKAGE / "master"
+MAX_ROOT_MODULES = 12
+
+
+def master_rooms() -> dict[str, set[str]]:
+    """Each room of master/ -> the rooms its docstring's "May import:" line names."""
+    rooms = {}
+    for init in sorted(MASTER.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        line = next((x for x in doc.splitlines() if x.startswith("May import:")), None)
+        assert line is not None, f"{init.relative_to(PACKAGE.parent)}: no 'May import:' line"
+        named = line.removeprefix("May import:").strip().rstrip(".")
+        rooms[init.parent.name] = (
+            set() if named == "no other room" else {r.strip() for r in named.split(",")}
+        )
+    return rooms
+
+
+def room_imports() -> list[tuple[str, str, str]]:
+    """(room, what it imports in master/ outside itself, the import site), for every import
+    of a room's module, lazy ones included."""
+    found = []
+    for path in sorted(MASTER.glob("*/**/*.py")):
+        room = path.relative_to(MASTER).parts[0]
+        for target, line in imports_of(path):
+            parts = target.split(".")
+            if parts[:2] != ["elastic_step", "master"] or len(parts) < 3 or parts[2] == room:
+                continue
+            found.append((room, parts[2], f"{path.relative_to(PACKAGE.parent)}:{line}"))
+    return list(dict.fromkeys(found))
+
+
+def test_the_master_keeps_its_root_small() -> None:
+    root = sorted(p.name for p in MASTER.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_each_room_of_the_master_imports_only_the_rooms_its_docstring_names() -> None:
+    rooms = master_rooms()
+    assert {"tasks", "instances", "job_state", "reporting", "saving"} <= set(rooms)
+    for named in rooms.values():
+        assert named <= set(rooms), named
+    wrong = [
+        f"{site} imports elastic_step.master.{target}: "
+        + ("the root, above every room" if target not in rooms else f"not named by {room}")
+        for room, target, site in room_imports()
+        if target not in rooms.get(room, set())
+    ]
+    assert wrong == []
+
+
+def test_the_rooms_of_the_master_import_each_other_in_no_cycle() -> None:
+    named = {room: {t: f"{room} may import {t}" for t in ts} for room, ts in master_rooms().items()}
+    cycle = find_cycle(named)
+    assert cycle is None, "rooms that name each other:\n" + "\n".join(cycle or [])
+
+
+def test_a_room_importing_the_root_or_an_unnamed_room_is_found(tmp_path, monkeypatch) -> None:
+    room = tmp_path / "elastic_step" / "master" / "tasks"
+    room.mkdir(parents=True)
+    (room / "__init__.py").write_text('"""Tasks.\n\nMay import: no other room.\n"""\n')
+    (room / "leak.py").write_text(
+        "def f():\n    from elastic_step.master.job import Job\n"
+        "    from elastic_step.master.instances.api import Instance\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "elastic_step")
+    monkeypatch.setattr(sys.modules[__name__], "MASTER", tmp_path / "elastic_step" / "master")
+    assert [(r, t) for r, t, _ in room_imports()] == [("tasks", "job"), ("tasks", "instances")]
+    assert master_rooms() == {"tasks": set()}

@@ -16,12 +16,9 @@ from elastic_step.backends.api import (
     LaunchSpec,
     Role,
 )
-from elastic_step.master.instance_manager import (
-    MAX_LAUNCH_ERRORS,
-    InstanceManager,
-    MembershipSettings,
-)
-from elastic_step.master.process_state import (
+from elastic_step.master.instances.api import MembershipSettings
+from elastic_step.master.instances.instance_manager import MAX_LAUNCH_ERRORS, InstanceManager
+from elastic_step.master.instances.process_state import (
     ProcessState,
     Transition,
     next_state,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from elastic_step.master.job_record import JobRecord
-from elastic_step.master.phase import Phase
+from elastic_step.master.job_state.api import Phase
+from elastic_step.master.job_state.job_record import JobRecord
 
 
 def evaluation(round_: int, epoch: int, version: int, trigger: str = "epoch-end") -> dict:

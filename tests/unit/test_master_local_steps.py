@@ -1,5 +1,5 @@
-"""The local steps the master chooses (elastic_step/master/local_steps.py), and what a training
-job tells its workers. A resumed job keeps its choice: tests/unit/test_coordinator.py."""
+"""The local steps the master chooses (elastic_step/master/tasks/local_steps.py), and what a
+training job tells its workers. A resumed job keeps its choice: tests/unit/test_coordinator.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from test_job_kinds import data, training  # noqa: F401 (data is a fixture)
 
 from elastic_step.errors import InputError
 from elastic_step.master.config import DEFAULT_LOCAL_STEPS
-from elastic_step.master.local_steps import (
+from elastic_step.master.tasks.local_steps import (
     CHOSEN_BY_MASTER,
     MAX_LOCAL_STEPS,
     PUSHES_PER_WORKER_EPOCH,

@@ -1,4 +1,4 @@
-"""The training tasks' size the master chooses (elastic_step/master/task_size.py), and the
+"""The training tasks' size the master chooses (elastic_step/master/tasks/task_size.py), and the
 tasks a training and a prediction job make with it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from test_job_kinds import data, prediction, training  # noqa: F401 (data is a f
 
 from elastic_step.errors import InputError
 from elastic_step.master.config import TrainConfig
-from elastic_step.master.task_size import (
+from elastic_step.master.tasks.task_size import (
     CHOSEN_BY_MASTER,
     DEFAULT_RECORDS_PER_TASK,
     MIN_TASKS_PER_EPOCH,

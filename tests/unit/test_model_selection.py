@@ -10,8 +10,9 @@ import pytest
 from elastic_step.cli import main
 from elastic_step.errors import InputError
 from elastic_step.master.config import TrainConfig
-from elastic_step.master.model_selection import EarlyStopping, MetricGoal
-from elastic_step.master.task_manager import TaskManager, TaskSettings
+from elastic_step.master.saving.api import EarlyStopping, MetricGoal
+from elastic_step.master.tasks.api import TaskSettings
+from elastic_step.master.tasks.task_manager import TaskManager
 
 
 def rounds(*values: float, metric: str = "loss") -> list[dict]:

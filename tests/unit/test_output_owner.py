@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from elastic_step.errors import InputError
-from elastic_step.master.output_owner import (
+from elastic_step.master.saving.output_owner import (
     MARKER,
     OutputOwner,
     OutputTakenError,

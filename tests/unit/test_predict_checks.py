@@ -10,8 +10,8 @@ import pytest
 from elastic_step.cli import main
 from elastic_step.errors import InputError
 from elastic_step.master.config import TrainConfig
-from elastic_step.master.job_record import JobRecord, check_same_command
-from elastic_step.master.phase import Phase
+from elastic_step.master.job_state.api import Phase
+from elastic_step.master.job_state.job_record import JobRecord, check_same_command
 from elastic_step.master.state_store import create_state_store
 
 MODEL_DEF = """

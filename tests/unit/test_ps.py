@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import pytest
 
-from elastic_step.master.job_keys import JobKeys
+from elastic_step.master.instances.job_keys import JobKeys
 from elastic_step.output_layout import OutputLayout
 from elastic_step.ps import checkpoint
 from elastic_step.ps.server import ParameterServerServicer, RestorePolicy, shut_down

@@ -88,7 +88,7 @@ def test_the_image_environment_runs_every_process_and_has_no_tools(tmp_path: Pat
     modules = ["elastic_step.cli", "elastic_step.master.job", "elastic_step.worker.worker",
                "elastic_step.ps.server", "elastic_step.components.steps",
                "elastic_step.backends.kubernetes", "elastic_step.data.object_storage",
-               "elastic_step.master.metrics_endpoint", "elastic_step.demo"]  # fmt: skip
+               "elastic_step.master.reporting.metrics_endpoint", "elastic_step.demo"]  # fmt: skip
     run(python, "-c", "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]",
         *modules)  # fmt: skip
     assert "usage: elastic-step" in run(venv / "bin" / "elastic-step", "--help")

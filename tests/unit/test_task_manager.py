@@ -13,14 +13,14 @@ import time
 import numpy as np
 import pytest
 
-from elastic_step.master.task_manager import (
+from elastic_step.master.tasks.api import (
     EvaluationResult,
     InvalidReportError,
     Task,
     TaskKind,
-    TaskManager,
     TaskSettings,
 )
+from elastic_step.master.tasks.task_manager import TaskManager
 
 # Two training shards of 10 and 7 records, 4 records a task: 5 tasks and 17 records an epoch.
 TRAIN = [("a", 10), ("b", 7)]

@@ -14,18 +14,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from tensorboard.backend.event_processing import event_accumulator
 
 from elastic_step.backends.api import ExitReason, LaunchSpec
-from elastic_step.master import reports
-from elastic_step.master.coordinator import Coordinator, CoordinatorParams, open_coordinator
-from elastic_step.master.instance_manager import MembershipSettings
-from elastic_step.master.job_record import JobRecord
-from elastic_step.master.job_view import JobView
-from elastic_step.master.metrics_endpoint import MetricsEndpoint
-from elastic_step.master.model_selection import EarlyStopping, MetricGoal
-from elastic_step.master.persistence import SavedJob
-from elastic_step.master.phase import Phase
+from elastic_step.master.instances.api import MembershipSettings
+from elastic_step.master.job_state.api import CoordinatorParams, Phase
+from elastic_step.master.job_state.coordinator import Coordinator, open_coordinator
+from elastic_step.master.job_state.job_record import JobRecord
+from elastic_step.master.job_state.persistence import SavedJob
+from elastic_step.master.reporting import reports
+from elastic_step.master.reporting.api import JobView
+from elastic_step.master.reporting.metrics_endpoint import MetricsEndpoint
+from elastic_step.master.reporting.tensorboard_events import TrainingEvents
+from elastic_step.master.saving.api import EarlyStopping, MetricGoal
 from elastic_step.master.state_store import FileStateStore
-from elastic_step.master.task_manager import TaskSettings
-from elastic_step.master.tensorboard_events import TrainingEvents
+from elastic_step.master.tasks.api import TaskSettings
 from elastic_step.rpc import master_pb2
 
 EPOCHS = 5

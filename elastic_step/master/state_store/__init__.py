@@ -1,4 +1,7 @@
-"""State stores: :func:`create_state_store` maps a store's name to its implementation."""
+"""State stores: :func:`create_state_store` maps a store's name to its implementation.
+
+May import: no other room.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """Experiment tracking: a training job's params, metrics, artifacts and model in an MLflow
 run (see :mod:`.api`, :mod:`.target`, :mod:`.recorder`). Tests: tests/unit/test_tracking.py,
-tests/e2e/test_mlflow.py."""
+tests/e2e/test_mlflow.py.
+
+May import: reporting.
+"""
 
 from __future__ import annotations
 

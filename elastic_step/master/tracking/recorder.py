@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from elastic_step.data import storage
-from elastic_step.master.job_view import JobView
-from elastic_step.master.scalar_series import NewScalars, ScalarPoint
+from elastic_step.master.reporting.api import JobView
+from elastic_step.master.reporting.scalar_series import NewScalars, ScalarPoint
 from elastic_step.master.tracking.api import MetricPoint, RunStatus, RunTracker
 
 log = logging.getLogger("elastic_step.master")

@@ -1,4 +1,7 @@
-"""Sizing policies: how many workers a job wants. See :mod:`.api`."""
+"""Sizing policies: how many workers a job wants. See :mod:`.api`.
+
+May import: no other room.
+"""
 
 from __future__ import annotations
 

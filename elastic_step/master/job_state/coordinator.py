@@ -17,30 +17,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from elastic_step.backends.api import Backend, InstanceEvent, Role
-from elastic_step.master.instance_manager import (
-    Instance,
-    InstanceManager,
-    MembershipSettings,
-    SpecFactory,
-)
-from elastic_step.master.job_record import JobRecord
-from elastic_step.master.model_copies import ModelCopies
-from elastic_step.master.model_selection import EarlyStopping, MetricGoal
-from elastic_step.master.persistence import Recorder, SavedJob
-from elastic_step.master.phase import Phase
-from elastic_step.master.process_state import ProcessState
+from elastic_step.master.instances.api import Instance, SpecFactory
+from elastic_step.master.instances.instance_manager import InstanceManager
+from elastic_step.master.instances.model_copies import ModelCopies
+from elastic_step.master.instances.process_state import ProcessState
+from elastic_step.master.job_state.api import CallerError, CoordinatorParams, Phase
+from elastic_step.master.job_state.job_record import JobRecord
+from elastic_step.master.job_state.persistence import Recorder, SavedJob
+from elastic_step.master.saving.api import EarlyStopping, MetricGoal
 from elastic_step.master.state_store import StateStore, StateStoreError
-from elastic_step.master.task_manager import (
+from elastic_step.master.tasks.api import (
     EvaluationResult,
     EvaluationRound,
     InvalidReportError,
     TaskKind,
-    TaskManager,
-    TaskSettings,
 )
+from elastic_step.master.tasks.task_manager import TaskManager
 from elastic_step.rpc import master_pb2
 from elastic_step.rpc.tensors import from_proto
 
@@ -51,28 +45,6 @@ _TASK_KINDS = {
     TaskKind.EVALUATE: master_pb2.Task.EVALUATE,
     TaskKind.PREDICT: master_pb2.Task.PREDICT,
 }
-
-
-class CallerError(Exception):
-    """A call from a process that is not the instance it claims, or not of this job."""
-
-
-@dataclass(frozen=True)
-class CoordinatorParams:
-    """What a job's coordinator is built from, besides its store and backend."""
-
-    tasks: TaskSettings
-    membership: MembershipSettings
-    #: What every worker and PS is told at Register.
-    job_settings: master_pb2.JobSettings
-    #: The settings a resumed job must share (see :meth:`JobRecord.differing_settings`).
-    fixed_settings: dict
-    #: An evaluation round's metric values from its summed states.
-    evaluate_round: Callable[[EvaluationRound], dict]
-    early_stopping: EarlyStopping | None = None
-    keep_best: MetricGoal | None = None
-    #: Training losses are averaged over windows of this many model versions.
-    train_loss_window: int = 100
 
 
 def open_coordinator(
@@ -169,7 +141,7 @@ def _open(
 
 def _keep_local_steps(record: JobRecord, settings: master_pb2.JobSettings) -> None:
     """A resumed job's workers run the local steps it started with, which the master chose
-    then from its workers (see master/local_steps.py): the PS's optimizer depends on them."""
+    then from its workers (see master/tasks/local_steps.py): the PS's optimizer depends on them."""
     if record.local_steps and record.local_steps != settings.local_steps:
         log.info(
             "local steps: %d, as when the job started (not %d, chosen for this start)",

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from elastic_step.errors import InputError
-from elastic_step.master.phase import Phase
+from elastic_step.master.job_state.api import Phase
 
 if TYPE_CHECKING:
-    from elastic_step.master.persistence import SavedJob
+    from elastic_step.master.job_state.persistence import SavedJob
 
 
 def command_of(settings: dict) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elastic_step.master.task_manager import EvaluationRound
+from elastic_step.master.tasks.api import EvaluationRound
 
 
 def metric_values(metrics: dict, round_: EvaluationRound) -> dict[str, float | list]:

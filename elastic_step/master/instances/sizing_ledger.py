@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from elastic_step.master.process_state import ProcessState
+from elastic_step.master.instances.process_state import ProcessState
 from elastic_step.master.worker_sizing.api import SizingDecision, SizingView, WorkerSizing
 
 #: Decisions kept on record; past that the oldest are dropped.

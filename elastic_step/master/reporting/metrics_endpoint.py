@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from elastic_step.errors import InputError
-from elastic_step.master.job_view import JobView, scalar_metrics
+from elastic_step.master.reporting.api import JobView, scalar_metrics
 
 PREFIX = "elastic_step"
 

@@ -1,6 +1,6 @@
 """The master's TensorBoard event files, ``--output/tensorboard/``, written with tf.summary.
 
-The series are :mod:`elastic_step.master.scalar_series`'s, each at step = model version.
+The series are :mod:`elastic_step.master.reporting.scalar_series`'s, each at step = model version.
 
 TensorFlow writes local files only (it no longer speaks S3): with an object-store
 ``--output`` the events are written to the master's local directory and copied to
@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 
 from elastic_step.data import storage
-from elastic_step.master.job_view import JobView
-from elastic_step.master.scalar_series import NewScalars
+from elastic_step.master.reporting.api import JobView
+from elastic_step.master.reporting.scalar_series import NewScalars
 from elastic_step.model.summaries import ScalarWriter
 from elastic_step.output_layout import OutputLayout
 

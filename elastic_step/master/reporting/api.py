@@ -1,4 +1,5 @@
-"""A copy of what the master shows about a running job, taken under the coordinator's lock.
+"""The reporting room's interface: a copy of what the master shows about a running job,
+taken under the coordinator's lock.
 
 status.json, the TensorBoard events and the Prometheus endpoint all read one, so they
 agree and none of them holds the lock while it writes or serves.
@@ -11,10 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from elastic_step.backends.api import Role
-from elastic_step.master.process_state import ProcessState
+from elastic_step.master.instances.process_state import ProcessState
 
 if TYPE_CHECKING:
-    from elastic_step.master.coordinator import Coordinator
+    from elastic_step.master.job_state.coordinator import Coordinator
 
 
 @dataclass(frozen=True, kw_only=True)

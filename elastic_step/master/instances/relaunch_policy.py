@@ -26,10 +26,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from elastic_step.backends.api import Role
-from elastic_step.master.process_state import ProcessState
+from elastic_step.master.instances.process_state import ProcessState
 
 #: The instance manager's logger: what the policy logs reads as the manager's lines.
-log = logging.getLogger("elastic_step.master.instance_manager")
+log = logging.getLogger("elastic_step.master.instances.instance_manager")
 
 #: Restart events kept (when, which instance, why); past that the oldest are dropped.
 MAX_RESTART_EVENTS = 1000

@@ -49,145 +49,40 @@ The manager is not thread-safe: the master serializes calls to it. ``clock`` mus
 monotonic (lease deadlines are kept in the order they were set).
 
 Parts. The manager keeps the epochs, the failures and the journal itself; the evaluation
-rounds are in :mod:`~elastic_step.master.evaluation_rounds` (``EvaluationResult`` and
+rounds are in :mod:`~elastic_step.master.tasks.evaluation_rounds` (``EvaluationResult`` and
 ``EvaluationRound`` may still be imported from here), the leases in
-:mod:`~elastic_step.master.task_leases`, and what epochs and rounds are made of (splits,
-done bits, queues) in :mod:`~elastic_step.master.task_groups`. Tests:
+:mod:`~elastic_step.master.tasks.task_leases`, and what epochs and rounds are made of (splits,
+done bits, queues) in :mod:`~elastic_step.master.tasks.task_groups`. Tests:
 tests/unit/test_task_manager.py.
 """
 
 from __future__ import annotations
 
-import enum
-import math
 import random
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from elastic_step.master.evaluation_rounds import (
+from elastic_step.master.tasks.api import (
     EvaluationResult,
     EvaluationRound,
-    EvaluationRounds,
+    InvalidReportError,
     ResultError,
+    Task,
+    TaskKind,
+    TaskSettings,
     encode_states,
 )
-from elastic_step.master.task_groups import Group, Queue, Split, pack, unpack
-from elastic_step.master.task_leases import Leases
+from elastic_step.master.tasks.evaluation_rounds import EvaluationRounds
+from elastic_step.master.tasks.task_groups import Group, Queue, Split, pack, unpack
+from elastic_step.master.tasks.task_leases import Leases
 
 #: Snapshot layout version; restore refuses others.
 SNAPSHOT_FORMAT = 1
 #: A failure cause longer than this keeps its end (where a traceback names the error).
 MAX_CAUSE_CHARS = 1000
-
-
-class TaskKind(enum.StrEnum):
-    TRAIN = "train"
-    EVALUATE = "evaluate"
-    PREDICT = "predict"
-
-
-class InvalidReportError(ValueError):
-    """A success report that cannot be right; its task was taken back and re-queued."""
-
-
-@dataclass(frozen=True)
-class Task:
-    """A range of records of one shard, built from its id."""
-
-    id: int
-    kind: TaskKind
-    shard: str
-    start: int
-    end: int
-    #: The epoch a training task belongs to; the epoch an evaluation round followed.
-    epoch: int
-    #: The evaluation round of an evaluation task.
-    round: int | None = None
-    #: The lease it is held under, None when nobody holds it.
-    lease_id: int | None = None
-    #: How each failure so far happened, oldest first.
-    failures: tuple[str, ...] = ()
-    #: The position of record ``start`` in its split (the split's shards in order).
-    first_index: int = 0
-
-    @property
-    def records(self) -> int:
-        return self.end - self.start
-
-    def describe(self) -> str:
-        return f"{self.kind.value} task {self.id} ({self.shard} records {self.start}-{self.end})"
-
-
-@dataclass(frozen=True)
-class TaskSettings:
-    """How the data is cut into tasks, and the limits on running them."""
-
-    #: (shard URI, record count) of the training split; at least one record in all.
-    train_shards: Sequence[tuple[str, int]]
-    #: (shard URI, record count) of the validation split; may be empty (no evaluation).
-    validation_shards: Sequence[tuple[str, int]]
-    records_per_task: int
-    epochs: int
-    #: Start an evaluation round every this many model versions; 0 for epoch ends only.
-    evaluation_steps: int = 0
-    #: A task may fail this many times; one more failure fails the job.
-    max_task_retries: int = 3
-    #: A lease runs out this long after its hand-out or its last progress.
-    task_timeout_s: float = 120.0
-    seed: int = 0
-    #: The shape of each metric state an evaluation report must carry; None: whatever the
-    #: first report of a round carries.
-    metric_shapes: tuple[tuple[int, ...], ...] | None = None
-    #: Run each evaluation round with no training task out (see the module's Order).
-    pause_training_while_evaluating: bool = False
-    #: The kind of the tasks of ``train_shards``: TRAIN, or PREDICT for a prediction job
-    #: (one epoch, no validation split).
-    task_kind: TaskKind = TaskKind.TRAIN
-
-    def __post_init__(self) -> None:
-        for name, least in (
-            ("records_per_task", 1),
-            ("epochs", 1),
-            ("evaluation_steps", 0),
-            ("max_task_retries", 0),
-        ):
-            value = getattr(self, name)
-            if value < least:
-                raise ValueError(f"{name} is {value}; it must be at least {least}")
-        if not (math.isfinite(self.task_timeout_s) and self.task_timeout_s > 0):
-            raise ValueError(
-                f"task_timeout_s is {self.task_timeout_s}; it must be a positive number of seconds"
-            )
-        for split, shards in (
-            ("training", self.train_shards),
-            ("validation", self.validation_shards),
-        ):
-            for uri, records in shards:
-                if records < 0:
-                    raise ValueError(
-                        f"{split} shard {uri} has {records} records; a count must be at least 0"
-                    )
-        if not any(records for _, records in self.train_shards):
-            raise ValueError(
-                f"the training split has no records ({len(self.train_shards)} shards, all "
-                "empty): there is nothing to train"
-            )
-        if self.task_kind is TaskKind.EVALUATE:
-            raise ValueError("task_kind is evaluate; it must be train or predict")
-        if self.task_kind is TaskKind.PREDICT and (self.epochs != 1 or self.validation_shards):
-            raise ValueError(
-                f"a prediction job has one epoch and no validation split, got epochs="
-                f"{self.epochs} and {len(self.validation_shards)} validation shards"
-            )
-        if self.metric_shapes is not None:
-            shapes = tuple(tuple(int(d) for d in shape) for shape in self.metric_shapes)
-            if any(d < 0 for shape in shapes for d in shape):
-                raise ValueError(f"metric_shapes is {shapes}; dimensions must be at least 0")
-            object.__setattr__(self, "metric_shapes", shapes)
 
 
 class TaskManager:

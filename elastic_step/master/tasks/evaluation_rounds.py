@@ -24,86 +24,16 @@ in tests/unit/test_task_manager.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from elastic_step.master.task_groups import Group, Queue, Split, pack, unpack
-
-
-class ResultError(ValueError):
-    """An evaluation result that cannot be right for its round; the message says why."""
-
-
-@dataclass
-class EvaluationResult:
-    """What a worker reports for one evaluation task: summed loss and metric states."""
-
-    loss_sum: float
-    example_count: int
-    #: Each metric's state variables, in the order the metrics define them.
-    metric_states: list[np.ndarray]
-
-
-@dataclass
-class EvaluationRound:
-    """One evaluation over the whole validation split, summed over its tasks."""
-
-    id: int
-    #: Why it ran: "epoch-end" or "steps".
-    trigger: str
-    epoch: int
-    #: The highest and lowest model version its tasks reported; None before the first report.
-    model_version: int | None = None
-    min_model_version: int | None = None
-    loss_sum: float = 0.0
-    example_count: int = 0
-    metric_states: list[np.ndarray] | None = None
-
-    def add(
-        self, loss_sum: float, example_count: int, states: list[np.ndarray], version: int
-    ) -> None:
-        """Adds one task's result, reported at model ``version``."""
-        self.loss_sum += loss_sum
-        self.example_count += example_count
-        if self.metric_states is None:
-            self.metric_states = [np.array(s, dtype=np.float64) for s in states]
-        else:
-            for total, state in zip(self.metric_states, states, strict=True):
-                total += state
-        self.model_version = (
-            version if self.model_version is None else max(self.model_version, version)
-        )
-        self.min_model_version = (
-            version if self.min_model_version is None else min(self.min_model_version, version)
-        )
-
-    def to_json(self) -> dict:
-        states = self.metric_states
-        return {
-            "id": self.id,
-            "trigger": self.trigger,
-            "epoch": self.epoch,
-            "model_version": self.model_version,
-            "min_model_version": self.min_model_version,
-            "loss_sum": self.loss_sum,
-            "example_count": self.example_count,
-            "metric_states": None if states is None else encode_states(states),
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> EvaluationRound:
-        states = d["metric_states"]
-        return cls(
-            id=d["id"],
-            trigger=d["trigger"],
-            epoch=d["epoch"],
-            model_version=d["model_version"],
-            min_model_version=d["min_model_version"],
-            loss_sum=d["loss_sum"],
-            example_count=d["example_count"],
-            metric_states=None if states is None else decode_states(states),
-        )
+from elastic_step.master.tasks.api import (
+    EvaluationResult,
+    EvaluationRound,
+    ResultError,
+    decode_states,
+)
+from elastic_step.master.tasks.task_groups import Group, Queue, Split, pack, unpack
 
 
 class RoundGroup(Group):
@@ -266,12 +196,3 @@ class EvaluationRounds:
         self.next_version = snapshot["next_evaluation_version"]
         self.completed = [EvaluationRound.from_json(r) for r in snapshot["completed_rounds"]]
         self.next_epoch = snapshot.get("next_round_epoch", next_epoch)
-
-
-def encode_states(states: Sequence[np.ndarray]) -> list[dict]:
-    # Shape kept apart from the values: tolist() loses it for shapes with a 0 in them.
-    return [{"shape": list(s.shape), "values": s.ravel().tolist()} for s in states]
-
-
-def decode_states(encoded: list[dict]) -> list[np.ndarray]:
-    return [np.array(s["values"], dtype=np.float64).reshape(s["shape"]) for s in encoded]

@@ -12,19 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from elastic_step.errors import InputError
 from elastic_step.master.state_store import (
     SavedState,
     StateStore,
     StateStoreError,
-    create_state_store,
 )
-
-if TYPE_CHECKING:
-    from elastic_step.backends.api import Backend
-    from elastic_step.master.config import EngineConfig
 
 log = logging.getLogger("elastic_step.master")
 
@@ -81,22 +75,6 @@ class SavedJob:
 
     def part(self, component: str) -> dict | None:
         return None if self.snapshot is None else self.snapshot[component]
-
-
-def default_store(config: EngineConfig, backend: Backend, backend_options: object) -> StateStore:
-    """Where a job keeps its state: on Kubernetes on the cluster (a Lease and ConfigMaps owned
-    by the run's object), so a master pod on another node finds it; elsewhere in the local
-    directory of ``config.local_dir`` (--output itself when it is local)."""
-    if config.backend != "kubernetes":
-        return create_state_store("file", config.local_dir)
-    return create_state_store(
-        "kubernetes",
-        config.output,
-        job_name=config.resolved_job_name,
-        namespace=getattr(backend_options, "namespace", None),
-        owner=backend.owner(),
-        kubeconfig=getattr(backend_options, "kubeconfig", None),
-    )
 
 
 def close_store(store: StateStore, *, quietly: bool) -> None:

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 from elastic_step.backends.api import Role
 from elastic_step.data import storage
-from elastic_step.master.instance_manager import InstanceManager
-from elastic_step.master.task_manager import TaskManager
+from elastic_step.master.instances.instance_manager import InstanceManager
+from elastic_step.master.tasks.task_manager import TaskManager
 from elastic_step.output_layout import OutputLayout
 
 if TYPE_CHECKING:
-    from elastic_step.master.coordinator import Coordinator
+    from elastic_step.master.job_state.coordinator import Coordinator
 
 
 def _members(instances: InstanceManager, role: Role) -> list[dict]:

@@ -7,7 +7,7 @@ import sys
 
 from elastic_step.backends import Role
 from elastic_step.backends.api import LaunchSpec
-from elastic_step.master.job_keys import JobKeys
+from elastic_step.master.instances.job_keys import JobKeys
 
 #: What a worker or PS imports first; the local backend loads it once for all of them.
 INSTANCE_PRELOAD = (

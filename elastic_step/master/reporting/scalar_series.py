@@ -16,7 +16,7 @@ Tests: tests/unit/test_watching_master.py, tests/e2e/test_watching.py, tests/e2e
 
 from __future__ import annotations
 
-from elastic_step.master.job_view import JobView, scalar_metrics
+from elastic_step.master.reporting.api import JobView, scalar_metrics
 
 #: (series name, value, step).
 ScalarPoint = tuple[str, float, int]

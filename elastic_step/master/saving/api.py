@@ -1,8 +1,10 @@
-"""Judging evaluation rounds by one metric: ``--early-stopping`` and ``--keep-best``.
+"""The saving room's interface: judging evaluation rounds by one metric, for
+``--early-stopping`` and ``--keep-best``.
 
 Both read the job record's evaluations (each ``{"round", "epoch", "model_version",
 "metrics": {"loss": ..., NAME: ...}}``) in the order the rounds were started, so a decision is
 a function of durable state and a restarted master reaches the same one.
+Tests: tests/unit/test_model_selection.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import io
 import numpy as np
 
 from elastic_step.data import storage
-from elastic_step.master.final_model import pull_model
+from elastic_step.master.saving.final_model import pull_model
 from elastic_step.model.api import ModelDefinition
 from elastic_step.model.tf_runtime import set_random_seed
 from elastic_step.rpc.auth import Credentials
