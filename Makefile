@@ -65,7 +65,7 @@ cluster:
 	@GO=$(GO) tests/cluster/build.sh >/dev/null
 
 test-k8s: $(STAMP) cluster
-	GO=$(GO) $(BIN)/python -m pytest -q tests/k8s
+	GO=$(GO) $(BIN)/python -m pytest -q --durations=15 tests/k8s
 
 # Argo Workflows' own controller, argoexec and CLI, built from the pinned Go module (cached).
 argo: cluster
@@ -93,7 +93,7 @@ mariadb:
 # The example Workflow and stop, retry and delete under Argo's real controller; the example
 # pipeline on Kubeflow Pipelines' own backend over that controller, and in its UI.
 test-argo: $(STAMP) browser argo kfp kfp-ui mlmd mariadb
-	GO=$(GO) $(BIN)/python -m pytest -q tests/argo
+	GO=$(GO) $(BIN)/python -m pytest -q --durations=15 tests/argo
 
 # Beam's Prism runner, built from the Go module proxy at the version of the locked apache-beam
 # (cold: about 4 minutes of CPU; then cached in ~/.cache/elastic-step/prism/). Beam would

@@ -42,6 +42,30 @@ def classifier_definition(
     )
 
 
+def mlp_classifier(width: int, hidden: int, classes: int, *, optimizer: str, **kwargs) -> str:
+    """A :func:`classifier_definition` of a Keras Sequential: one vector input of ``width``
+    (the default feed's, numeric columns and one-hot ones), a ``hidden`` ReLU layer, and
+    ``classes`` logits."""
+    model = f"""
+def model():
+    return keras.Sequential([
+        keras.Input(shape=({width},)),
+        keras.layers.Dense({hidden}, activation="relu"),
+        keras.layers.Dense({classes}),
+    ])
+"""
+    return classifier_definition(model, optimizer=optimizer, **kwargs)
+
+
+def write_job_inputs(directory: Path, csv_name: str, rows: list[str], model: str):
+    """Writes ``rows`` (a header first) as ``directory/csv_name`` and ``model`` as
+    ``directory/model.py``; returns the CSV's path and the data and run directories a job
+    preprocesses into and trains into."""
+    (directory / csv_name).write_text("\n".join(rows) + "\n")
+    (directory / "model.py").write_text(model)
+    return directory / csv_name, directory / "data", directory / "run"
+
+
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``elastic-step ARGS`` in a subprocess, its output captured as text; a run that takes
     longer than ``timeout`` seconds is killed (subprocess.TimeoutExpired)."""

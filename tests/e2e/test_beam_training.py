@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from cli_runs import classifier_definition, evaluate, run_cli
+from cli_runs import evaluate, mlp_classifier, run_cli, write_job_inputs
 from conftest import records_exact
 
 pytest.importorskip("apache_beam")
@@ -17,18 +17,7 @@ pytestmark = pytest.mark.e2e
 # 2 numeric columns, and a categorical one as one-hot over 2 regions, "" and the unseen id.
 WIDTH = 2 + 4
 
-MODEL = classifier_definition(
-    f"""
-def model():
-    return keras.Sequential([
-        keras.Input(shape=({WIDTH},)),
-        keras.layers.Dense(8, activation="relu"),
-        keras.layers.Dense(2),
-    ])
-""",
-    optimizer="keras.optimizers.Adam(0.05)",
-    accuracy=True,
-)
+MODEL = mlp_classifier(WIDTH, 8, 2, optimizer="keras.optimizers.Adam(0.05)", accuracy=True)
 
 
 def test_a_job_trains_on_the_beam_output(tmp_path):
@@ -39,11 +28,9 @@ def test_a_job_trains_on_the_beam_output(tmp_path):
         size = "" if i % 9 == 0 else f"{rng.normal(2 + 3 * kind, 0.5):.3f}"
         region = "" if i % 7 == 0 else ["north", "south"][rng.integers(2)]
         rows.append(f"{size},{rng.normal(5, 1):.3f},{region},{'ab'[kind]}")
-    (tmp_path / "items.csv").write_text("\n".join(rows) + "\n")
-    (tmp_path / "model.py").write_text(MODEL)
-    data, run = tmp_path / "data", tmp_path / "run"
+    csv, data, run = write_job_inputs(tmp_path, "items.csv", rows, MODEL)
 
-    prep = run_cli("preprocess", "--input", str(tmp_path / "items.csv"), "--label", "kind",
+    prep = run_cli("preprocess", "--input", str(csv), "--label", "kind",
                    "--output", str(data), "--fill-missing", "mean", "--one-hot",
                    "--runner", "beam")  # fmt: skip
     assert prep.returncode == 0, prep.stderr

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from cli_runs import classifier_definition, evaluate, run_cli
+from cli_runs import classifier_definition, evaluate, run_cli, write_job_inputs
 from conftest import records_exact
 
 pytestmark = pytest.mark.e2e
@@ -36,11 +36,9 @@ def test_embedding_rows_live_on_the_shard_of_their_id(tmp_path):
         city = i % CITIES
         # The label is a property of the city: only its embedding can tell.
         rows.append(f"c{city},{rng.normal():.4f},{int(city % 3 == 0)}")
-    (tmp_path / "cities.csv").write_text("\n".join(rows) + "\n")
-    (tmp_path / "model.py").write_text(MODEL)
-    data, run = tmp_path / "data", tmp_path / "run"
+    csv, data, run = write_job_inputs(tmp_path, "cities.csv", rows, MODEL)
 
-    prep = run_cli("preprocess", "--input", str(tmp_path / "cities.csv"), "--label", "label",
+    prep = run_cli("preprocess", "--input", str(csv), "--label", "label",
                    "--output", str(data))  # fmt: skip
     assert prep.returncode == 0, prep.stderr
     schema = json.loads((data / "schema.json").read_text())

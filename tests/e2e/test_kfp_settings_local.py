@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_runs import classifier_definition
+from cli_runs import mlp_classifier
 from kfp import dsl, local
 from kfp.local import subprocess_task_handler
 
@@ -36,17 +36,7 @@ pytestmark = [
 LABEL = "cultivar"
 # Two numeric columns, and the text column as one-hot over 3 regions + the unseen id.
 WIDTH = 2 + 4
-MODEL = classifier_definition(
-    f"""
-def model():
-    return keras.Sequential([
-        keras.Input(shape=({WIDTH},)),
-        keras.layers.Dense(8, activation="relu"),
-        keras.layers.Dense(3),
-    ])
-""",
-    optimizer="keras.optimizers.Adam(0.05)",
-)
+MODEL = mlp_classifier(WIDTH, 8, 3, optimizer="keras.optimizers.Adam(0.05)")
 
 
 def write_wine_csv(path: Path, rows: int = 150) -> None:

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from cli_runs import classifier_definition, evaluate, run_cli
+from cli_runs import evaluate, mlp_classifier, run_cli, write_job_inputs
 from conftest import records_exact
 
 pytestmark = pytest.mark.e2e
@@ -15,18 +15,7 @@ pytestmark = pytest.mark.e2e
 # 3 numeric columns, and a categorical one as one-hot over 3 regions + the unseen id.
 WIDTH = 3 + 4
 
-MODEL = classifier_definition(
-    f"""
-def model():
-    return keras.Sequential([
-        keras.Input(shape=({WIDTH},)),
-        keras.layers.Dense(16, activation="relu"),
-        keras.layers.Dense(3),
-    ])
-""",
-    optimizer="keras.optimizers.Adam(0.02)",
-    accuracy=True,
-)
+MODEL = mlp_classifier(WIDTH, 16, 3, optimizer="keras.optimizers.Adam(0.02)", accuracy=True)
 
 
 def test_sequential_vector_model_with_missing_values(tmp_path):
@@ -40,11 +29,9 @@ def test_sequential_vector_model_with_missing_values(tmp_path):
         color = rng.normal(3 + 2 * cultivar, 0.5)
         region = ["north", "south", "east"][rng.integers(3)]
         rows.append(f"{acidity},{od:.4f},{color:.4f},{region},{cultivar}")
-    (tmp_path / "wine.csv").write_text("\n".join(rows) + "\n")
-    (tmp_path / "model.py").write_text(MODEL)
-    data, run = tmp_path / "data", tmp_path / "run"
+    csv, data, run = write_job_inputs(tmp_path, "wine.csv", rows, MODEL)
 
-    prep = run_cli("preprocess", "--input", str(tmp_path / "wine.csv"), "--label", "cultivar",
+    prep = run_cli("preprocess", "--input", str(csv), "--label", "cultivar",
                    "--output", str(data), "--fill-missing", "mean", "--one-hot")  # fmt: skip
     assert prep.returncode == 0, prep.stderr
     assert (

@@ -5,17 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import tensorflow as tf
+from written_records import example_values
 
 from elastic_step.data.example_encoding import BytesColumn, FloatColumn, encode_examples
-
-
-def _decode(record: bytes) -> dict[str, float | bytes]:
-    example = tf.train.Example.FromString(record)
-    values = {}
-    for key, feature in example.features.feature.items():
-        kind = feature.WhichOneof("kind")
-        (values[key],) = getattr(feature, kind).value
-    return values
 
 
 def test_records_parse_back_to_the_values() -> None:
@@ -35,7 +27,7 @@ def test_records_parse_back_to_the_values() -> None:
     )
     assert len(records) == n
     for i, record in enumerate(records.to_pylist()):
-        values = _decode(record)
+        values = example_values(record, text=False)
         if missing[i]:
             assert "od280/od315 ratio" not in values
         else:

@@ -8,29 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorflow as tf
+from written_records import split_rows
 
 from elastic_step.data import storage
 from elastic_step.data.preprocess import preprocess
 from elastic_step.data.schema import Column, Schema
-from elastic_step.data.tfrecord import count_records, read_records
+from elastic_step.data.tfrecord import count_records
 from elastic_step.errors import InputError
-
-
-def _examples(schema: Schema, out: str, split: str) -> list[dict[str, object]]:
-    """Every record of ``split`` as {name: python value}."""
-    rows = []
-    for path, n in schema.shard_paths(out, split):
-        for record in read_records(path, 0, n):
-            example = tf.train.Example.FromString(record)
-            row = {}
-            for name, feature in example.features.feature.items():
-                kind = feature.WhichOneof("kind")
-                value = getattr(feature, kind).value
-                assert len(value) == 1
-                row[name] = value[0].decode() if kind == "bytes_list" else value[0]
-            rows.append(row)
-    return rows
 
 
 def test_schema_and_records(small_csv: str, tmp_path: Path) -> None:
@@ -66,8 +50,8 @@ def test_schema_and_records(small_csv: str, tmp_path: Path) -> None:
     assert "wrote train: 48 records in 4 shards" in lines
 
     # Raw values in records; statistics from the train split only.
-    train = _examples(schema, out, "train")
-    valid = _examples(schema, out, "validation")
+    train = split_rows(schema, out, "train")
+    valid = split_rows(schema, out, "validation")
     assert sorted(r["y"] for r in train + valid) == list(range(60))
     ys = np.array([r["y"] for r in train])
     assert schema.feature("y").mean == pytest.approx(ys.mean())
@@ -83,7 +67,7 @@ def test_split_is_deterministic_by_seed(small_csv: str, tmp_path: Path) -> None:
     def validation_ys(seed: int, name: str) -> list[float]:
         out = str(tmp_path / name)
         schema = preprocess(input_path=small_csv, label="digit", output=out, seed=seed)
-        return [r["y"] for r in _examples(schema, out, "validation")]
+        return [r["y"] for r in split_rows(schema, out, "validation")]
 
     assert validation_ys(3, "a") == validation_ys(3, "b")
     assert validation_ys(3, "a") != validation_ys(4, "c")

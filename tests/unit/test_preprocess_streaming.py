@@ -17,32 +17,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from file_trees import tree
+from written_records import split_rows
 
 from elastic_step.data import storage
 from elastic_step.data.input_names import input_names
 from elastic_step.data.preprocess import MemoryBudget, preprocess
 from elastic_step.data.schema import Schema
-from elastic_step.data.tfrecord import read_records
 from elastic_step.errors import InputError
 
 # Small enough that a 600-row file takes many blocks, batches, spills and buckets.
 TINY = MemoryBudget(block_bytes=512, batch_bytes=2048, spill_bytes=4096, bucket_bytes=4096)
-
-
-def _records(schema: Schema, out: str, split: str) -> list[dict[str, object]]:
-    rows = []
-    for path, n in schema.shard_paths(out, split):
-        for record in read_records(path, 0, n):
-            example = tf.train.Example.FromString(record)
-            row = {}
-            for name, feature in example.features.feature.items():
-                kind = feature.WhichOneof("kind")
-                (value,) = getattr(feature, kind).value
-                row[name] = value.decode() if kind == "bytes_list" else value
-            rows.append(row)
-    return rows
 
 
 @pytest.fixture
@@ -84,7 +69,7 @@ def test_output_is_the_same_whatever_the_budget_compression_or_storage(
     assert tree(from_s3) == tree(in_memory)
 
     # A CSV sorted by label still gives shards in random order.
-    first_shard = _records(Schema.load(str(in_memory)), str(in_memory), "train")[:120]
+    first_shard = split_rows(Schema.load(str(in_memory)), str(in_memory), "train")[:120]
     assert len({r["cultivar"] for r in first_shard[:20]}) == 3
 
 
@@ -119,14 +104,14 @@ def test_three_class_split_is_stratified(tmp_path: Path) -> None:
     for seed in (0, 1):
         out = str(tmp_path / f"out{seed}")
         schema = preprocess(input_path=str(path), label="y", output=out, seed=seed)
-        validation = Counter(r["y"] for r in _records(schema, out, "validation"))
-        train = Counter(r["y"] for r in _records(schema, out, "train"))
+        validation = Counter(r["y"] for r in split_rows(schema, out, "validation"))
+        train = Counter(r["y"] for r in split_rows(schema, out, "train"))
         assert validation == {"a": 6, "b": 12, "c": 18}
         assert train == {"a": 24, "b": 48, "c": 72}
     picked = [
         sorted(
             r["x"]
-            for r in _records(
+            for r in split_rows(
                 Schema.load(str(tmp_path / f"out{s}")), str(tmp_path / f"out{s}"), "validation"
             )
         )
@@ -209,7 +194,7 @@ def test_fill_missing(wine_csv: Path, tmp_path: Path) -> None:
     out = str(tmp_path / "mean")
     schema = preprocess(input_path=str(wine_csv), label="cultivar", output=out, fill_missing="mean")
     acidity = schema.feature("fixed acidity")
-    train = _records(schema, out, "train")
+    train = split_rows(schema, out, "train")
     present = [r["fixed acidity"] for r in train if "fixed acidity" in r]
     assert len(present) < len(train)  # the empty cells stay empty in the records
     assert acidity.mean == pytest.approx(np.mean(present), rel=1e-6)
@@ -335,9 +320,7 @@ def test_csv_larger_than_the_memory_limit(tmp_path: Path) -> None:
     assert schema.label_vocabulary == ["0", "1", "2"]
     written = sum(p.stat().st_size for p in out.rglob("*.tfrecord"))
     assert written > LIMIT_BYTES
-    (shard, _), *_ = schema.shard_paths(str(out), "validation")
-    for record in read_records(shard, 0, 50):
-        example = tf.train.Example.FromString(record).features.feature
-        i = round(example["x"].float_list.value[0] * 8)
-        assert example["text"].bytes_list.value[0].decode() == texts[i % TEXTS]
-        assert example["label"].bytes_list.value[0].decode() == str(i % 3)
+    for values in split_rows(schema, str(out), "validation")[:50]:
+        i = round(values["x"] * 8)
+        assert values["text"] == texts[i % TEXTS]
+        assert values["label"] == str(i % 3)
