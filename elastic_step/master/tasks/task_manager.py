@@ -49,8 +49,8 @@ The manager is not thread-safe: the master serializes calls to it. ``clock`` mus
 monotonic (lease deadlines are kept in the order they were set).
 
 Parts. The manager keeps the epochs, the failures and the journal itself; the evaluation
-rounds are in :mod:`~elastic_step.master.tasks.evaluation_rounds` (``EvaluationResult`` and
-``EvaluationRound`` may still be imported from here), the leases in
+rounds are in :mod:`~elastic_step.master.tasks.evaluation_rounds` (a round and its result are
+:mod:`~elastic_step.master.tasks.api`'s, with the task and its settings), the leases in
 :mod:`~elastic_step.master.tasks.task_leases`, and what epochs and rounds are made of (splits,
 done bits, queues) in :mod:`~elastic_step.master.tasks.task_groups`. Tests:
 tests/unit/test_task_manager.py.
