@@ -57,7 +57,9 @@ def model():
     return classifier_definition(model, optimizer=optimizer, **kwargs)
 
 
-def write_job_inputs(directory: Path, csv_name: str, rows: list[str], model: str):
+def write_job_inputs(
+    directory: Path, csv_name: str, rows: list[str], model: str
+) -> tuple[Path, Path, Path]:
     """Writes ``rows`` (a header first) as ``directory/csv_name`` and ``model`` as
     ``directory/model.py``; returns the CSV's path and the data and run directories a job
     preprocesses into and trains into."""

@@ -72,7 +72,8 @@ class MembershipSettings:
     #: How long the job may go without a running worker, or with a PS shard not running
     #: (pending, relaunching, refused by the platform), before it fails: no endless wait.
     starve_timeout_s: float = 300.0
-    #: Worker processes kept ready to take a dead worker's slot (see the module's docstring).
+    #: Worker processes kept ready to take a dead worker's slot (see instance_manager's
+    #: docstring).
     standby: int = 0
 
     def sizing_policy(self) -> WorkerSizing:

@@ -72,7 +72,7 @@ class TaskSettings:
     #: The shape of each metric state an evaluation report must carry; None: whatever the
     #: first report of a round carries.
     metric_shapes: tuple[tuple[int, ...], ...] | None = None
-    #: Run each evaluation round with no training task out (see the module's Order).
+    #: Run each evaluation round with no training task out (see task_manager's Order).
     pause_training_while_evaluating: bool = False
     #: The kind of the tasks of ``train_shards``: TRAIN, or PREDICT for a prediction job
     #: (one epoch, no validation split).
