@@ -333,13 +333,7 @@ class KubernetesBackend(Backend):
                     owner=self._objects.owner,
                 )
                 try:
-                    made = self._kube.call(
-                        "create",
-                        "pods",
-                        self._kube.core.create_namespaced_pod,
-                        self._namespace,
-                        body,
-                    )
+                    made = self._kube.create_pod(body)
                 except KubeCallError as e:
                     if not e.already_exists:
                         raise
@@ -355,14 +349,7 @@ class KubernetesBackend(Backend):
     def _existing_pod(self, instance: PodInstance) -> dict[str, Any]:
         """After 409 AlreadyExists: the pod, if it is this instance's (an earlier attempt was
         made after all); BackendError if another pod has the name."""
-        pod = self._kube.call(
-            "get",
-            "pods",
-            self._kube.core.read_namespaced_pod,
-            instance.pod_name,
-            self._namespace,
-            retry_for_s=30,
-        )
+        pod = self._kube.read_pod(instance.pod_name)
         labels = pod["metadata"].get("labels") or {}
         if labels.get(pods.LABEL_JOB) != self._job or labels.get(pods.LABEL_INSTANCE) != (
             instance.name
@@ -418,17 +405,7 @@ class KubernetesBackend(Backend):
                 uid = instance.uid
             grace = max(1, math.ceil(instance.delete_grace_s))
             try:
-                answer = self._kube.call(
-                    "delete",
-                    "pods",
-                    self._kube.core.delete_namespaced_pod,
-                    instance.pod_name,
-                    self._namespace,
-                    body=client.V1DeleteOptions(
-                        grace_period_seconds=grace,
-                        preconditions=client.V1Preconditions(uid=uid),
-                    ),
-                )
+                answer = self._kube.delete_pod(instance.pod_name, uid=uid, grace_s=grace)
             except KubeCallError as e:
                 if e.not_found or e.conflict:
                     # Gone already (a 409 here: the uid precondition; the name is another's).
@@ -448,17 +425,7 @@ class KubernetesBackend(Backend):
     def _delete_pod(self, pod_name: str, uid: str | None, grace_s: int) -> None:
         """Deletes a pod whose instance has ended (best effort)."""
         try:
-            self._kube.call(
-                "delete",
-                "pods",
-                self._kube.core.delete_namespaced_pod,
-                pod_name,
-                self._namespace,
-                body=client.V1DeleteOptions(
-                    grace_period_seconds=grace_s,
-                    preconditions=client.V1Preconditions(uid=uid) if uid else None,
-                ),
-            )
+            self._kube.delete_pod(pod_name, uid=uid, grace_s=grace_s)
         except KubeCallError as e:
             if not (e.not_found or e.conflict):
                 log.warning("%s", e)

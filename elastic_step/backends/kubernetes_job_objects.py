@@ -106,14 +106,7 @@ class JobObjects:
         return self._image
 
     def read_master_pod(self) -> dict[str, Any]:
-        return self._kube.call(
-            "get",
-            "pods",
-            self._kube.core.read_namespaced_pod,
-            self._master_pod,
-            self._namespace,
-            retry_for_s=30,
-        )
+        return self._kube.read_pod(self._master_pod)
 
     # -- the owner and the image --
 

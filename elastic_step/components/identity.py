@@ -72,9 +72,7 @@ def kfp_run_id(pod_name: str, kube: Kube | None = None) -> str:
 
         api_client, namespace, _ = load_api_client(None)
         kube = Kube(api_client, namespace or "default")
-    pod = kube.call(
-        "get", "pods", kube.core.read_namespaced_pod, pod_name, kube.namespace, retry_for_s=30
-    )
+    pod = kube.read_pod(pod_name)
     run_id = (pod.get("metadata", {}).get("labels") or {}).get(KFP_RUN_ID_LABEL)
     if not run_id:
         raise InputError(

@@ -25,6 +25,7 @@ import functools
 import pickle
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from elastic_step.data import storage
@@ -38,41 +39,33 @@ RESULTS = "results"
 INPUT = "input.pickle"
 
 
+@dataclass(frozen=True)
 class Stages:
     """Runs passes on one runner; ``pieces`` is the directory, reached by every worker, where
     their results are written. ``say`` reports each pass (its items and seconds); ``output``
     and ``runner`` name the job in an error."""
 
-    def __init__(
-        self,
-        beam: Any,
-        options: Any,
-        pieces: str,
-        *,
-        say: Callable[[str], None],
-        output: str,
-        runner: str,
-    ) -> None:
-        self._beam = beam
-        self._options = options
-        self._pieces = pieces
-        self._say = say
-        self._output = output
-        self._runner = runner
+    beam: Any
+    options: Any
+    pieces: str
+    _: KW_ONLY
+    say: Callable[[str], None]
+    output: str
+    runner: str
 
     def map(self, name: str, fn: Callable, items: Sequence, *args: Any) -> list:
         """``[fn(item, *args) for item in items]``, computed on the runner's workers, in the
         order of ``items``."""
         if not items:
             return []
-        beam = self._beam
-        out = storage.join(self._pieces, RESULTS, name)
+        beam = self.beam
+        out = storage.join(self.pieces, RESULTS, name)
         given = storage.join(out, INPUT)
         started = time.monotonic()
         storage.write_bytes_atomic(
             given, pickle.dumps((fn, list(items), args), protocol=pickle.HIGHEST_PROTOCOL)
         )
-        pipeline = beam.Pipeline(options=self._options)
+        pipeline = beam.Pipeline(options=self.options)
         _ = (
             pipeline
             | f"{name}: items" >> beam.Create(list(range(len(items))))
@@ -81,13 +74,13 @@ class Stages:
         )
         _run(pipeline)
         results = [self._load(storage.join(out, _result_name(i)), name) for i in range(len(items))]
-        self._say(f"{name}: {len(items)} items in {time.monotonic() - started:.1f}s")
+        self.say(f"{name}: {len(items)} items in {time.monotonic() - started:.1f}s")
         return results
 
     def _load(self, path: str, name: str) -> Any:
         if not storage.exists(path):
             raise InputError(
-                f"{self._output}: the pipeline on {self._runner} wrote no result of '{name}' "
+                f"{self.output}: the pipeline on {self.runner} wrote no result of '{name}' "
                 "where this process reads it; its workers must reach --input and --output "
                 "(URIs such as s3:// or gs://)"
             )

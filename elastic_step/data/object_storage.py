@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -211,17 +211,16 @@ class ObjectStorage(Storage):
             return self.fs.open(self._key(path), mode)
 
     def exists(self, path: str) -> bool:
-        with self._errors(path):
-            found = self.fs.exists(self._key(path))
-        if not found:
-            # s3fs answers False for a missing bucket too; that is an error, not an absence.
-            self._check_bucket(path)
-        return found
+        return self._found(path, self.fs.exists)
 
     def isdir(self, path: str) -> bool:
+        return self._found(path, self.fs.isdir)
+
+    def _found(self, path: str, ask: Callable[[str], bool]) -> bool:
         with self._errors(path):
-            found = self.fs.isdir(self._key(path))
+            found = ask(self._key(path))
         if not found:
+            # s3fs answers False for a missing bucket too; that is an error, not an absence.
             self._check_bucket(path)
         return found
 

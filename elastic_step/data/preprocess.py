@@ -221,11 +221,47 @@ def new_schema(
     options: VocabularyOptions,
 ) -> Schema:
     """The schema of the data, its splits not yet filled in."""
+    columns = []
+    features = [j for j in range(len(found.header)) if j != found.label_index]
+    for j, input_name in zip(features, names, strict=True):
+        name = found.header[j]
+        if found.kinds[j] == "numeric":
+            mean, std = stats[j].mean_std()
+            columns.append(
+                Column(
+                    name=name,
+                    kind="numeric",
+                    mean=mean,
+                    std=std,
+                    input_name=input_name,
+                    fill=mean if fill == "mean" else fill,  # type: ignore[arg-type]
+                )
+            )
+        elif j in found.hashed:
+            columns.append(
+                Column(
+                    name=name,
+                    kind="categorical",
+                    input_name=input_name,
+                    hash_buckets=options.hash_buckets[name],
+                )
+            )
+        else:
+            columns.append(
+                Column(
+                    name=name,
+                    kind="categorical",
+                    input_name=input_name,
+                    vocabulary_file=vocabulary_file(found, j),
+                    vocabulary_size=found.vocabulary_sizes[j],
+                    oov_buckets=options.oov_buckets,
+                )
+            )
     return Schema(
         label=found.header[found.label_index],
         label_kind=found.label_kind,  # type: ignore[arg-type]
         label_vocabulary=found.label_vocabulary,
-        columns=_columns(found, stats, names, fill, options),
+        columns=columns,
         one_hot=one_hot,
     )
 
@@ -554,52 +590,6 @@ def train_values(numbers: dict[int, pa.Array], validation: np.ndarray) -> dict[i
         present = column.is_valid().to_numpy(zero_copy_only=False) & train
         values[j] = column.to_numpy(zero_copy_only=False)[present]
     return values
-
-
-def _columns(
-    found: Scan,
-    stats: dict[int, ColumnStats],
-    names: list[str],
-    fill: str | float | None,
-    options: VocabularyOptions,
-) -> list[Column]:
-    columns = []
-    features = [j for j in range(len(found.header)) if j != found.label_index]
-    for j, input_name in zip(features, names, strict=True):
-        name = found.header[j]
-        if found.kinds[j] == "numeric":
-            mean, std = stats[j].mean_std()
-            columns.append(
-                Column(
-                    name=name,
-                    kind="numeric",
-                    mean=mean,
-                    std=std,
-                    input_name=input_name,
-                    fill=mean if fill == "mean" else fill,  # type: ignore[arg-type]
-                )
-            )
-        elif j in found.hashed:
-            columns.append(
-                Column(
-                    name=name,
-                    kind="categorical",
-                    input_name=input_name,
-                    hash_buckets=options.hash_buckets[name],
-                )
-            )
-        else:
-            columns.append(
-                Column(
-                    name=name,
-                    kind="categorical",
-                    input_name=input_name,
-                    vocabulary_file=vocabulary_file(found, j),
-                    vocabulary_size=found.vocabulary_sizes[j],
-                    oov_buckets=options.oov_buckets,
-                )
-            )
-    return columns
 
 
 def _write_split(

@@ -196,24 +196,25 @@ class ShardWriter:
 
     def close(self) -> None:
         """Publishes the shard, then its index. Closing twice is a no-op."""
-        if self._closed:
-            return
-        self._closed = True
-        self._file.close()
-        self._index.close()
-        store = storage.storage_for(self.path)
-        store.rename(self._tmp, self.path)
-        store.rename(self._index_tmp, index_path(self.path))
+        if self._close_files():
+            store = storage.storage_for(self.path)
+            store.rename(self._tmp, self.path)
+            store.rename(self._index_tmp, index_path(self.path))
 
     def abort(self) -> None:
         """Drops what was written; nothing is published."""
+        if self._close_files():
+            storage.remove(self._tmp)
+            storage.remove(self._index_tmp)
+
+    def _close_files(self) -> bool:
+        """Closes the temporary files; False when they were closed already."""
         if self._closed:
-            return
+            return False
         self._closed = True
         self._file.close()
         self._index.close()
-        storage.remove(self._tmp)
-        storage.remove(self._index_tmp)
+        return True
 
     def __enter__(self) -> ShardWriter:
         return self

@@ -239,6 +239,44 @@ class KubeCalls:
             log.debug("%s; retrying in %.2f s", error, pause)
             time.sleep(pause)
 
+    def read_pod(self, name: str, retry_for_s: float | None = 30) -> dict[str, Any]:
+        """The pod ``name`` of the namespace, retrying transient failures for ``retry_for_s``."""
+        return self.call(
+            "get",
+            "pods",
+            self.core.read_namespaced_pod,
+            name,
+            self.namespace,
+            object_name=name,
+            retry_for_s=retry_for_s,
+        )
+
+    def create_pod(self, body: dict) -> dict[str, Any]:
+        return self.call(
+            "create",
+            "pods",
+            self.core.create_namespaced_pod,
+            self.namespace,
+            body,
+            object_name=body["metadata"]["name"],
+        )
+
+    def delete_pod(self, name: str, *, uid: str | None, grace_s: int) -> dict[str, Any]:
+        """Deletes pod ``name`` with ``grace_s`` seconds to stop; with ``uid``, only if it is
+        still that pod (409 Conflict when the name is another pod's now)."""
+        return self.call(
+            "delete",
+            "pods",
+            self.core.delete_namespaced_pod,
+            name,
+            self.namespace,
+            object_name=name,
+            body=client.V1DeleteOptions(
+                grace_period_seconds=grace_s,
+                preconditions=client.V1Preconditions(uid=uid) if uid else None,
+            ),
+        )
+
     def list_metadata(self, resource: str, path: str, label_selector: str) -> list[dict]:
         """The metadata (no data) of the objects at ``path`` (``{namespace}`` in it is filled
         in) that match ``label_selector``, in one request."""

@@ -29,14 +29,7 @@ class KubeObjects(KubeCalls):
         that lost a race reads the winner's)."""
         name = body["metadata"]["name"]
         try:
-            return self.call(
-                "create",
-                SECRETS,
-                self.core.create_namespaced_secret,
-                self.namespace,
-                body,
-                object_name=name,
-            )
+            return self._create(SECRETS, self.core.create_namespaced_secret, body)
         except KubeError as err:
             if not err.already_exists:
                 raise
@@ -51,26 +44,11 @@ class KubeObjects(KubeCalls):
         return self._get(CONFIGMAPS, self.core.read_namespaced_config_map, name, None)
 
     def create_configmap(self, body: dict) -> dict:
-        return self.call(
-            "create",
-            CONFIGMAPS,
-            self.core.create_namespaced_config_map,
-            self.namespace,
-            body,
-            object_name=body["metadata"]["name"],
-        )
+        return self._create(CONFIGMAPS, self.core.create_namespaced_config_map, body)
 
     def patch_configmap(self, name: str, body: dict) -> dict:
         """A strategic merge patch; ``metadata.resourceVersion`` in it is a precondition."""
-        return self.call(
-            "patch",
-            CONFIGMAPS,
-            self.core.patch_namespaced_config_map,
-            name,
-            self.namespace,
-            body,
-            object_name=name,
-        )
+        return self._patch(CONFIGMAPS, self.core.patch_namespaced_config_map, name, body, None)
 
     def delete_configmap(self, name: str) -> None:
         """Deletes it; one already gone is no error."""
@@ -99,20 +77,30 @@ class KubeObjects(KubeCalls):
         return self._get(LEASES, self.coordination.read_namespaced_lease, name, retry_for_s)
 
     def create_lease(self, body: dict) -> dict:
-        return self.call(
-            "create",
-            LEASES,
-            self.coordination.create_namespaced_lease,
-            self.namespace,
-            body,
-            object_name=body["metadata"]["name"],
-        )
+        return self._create(LEASES, self.coordination.create_namespaced_lease, body)
 
     def patch_lease(self, name: str, body: dict, retry_for_s: float | None = None) -> dict:
+        return self._patch(
+            LEASES, self.coordination.patch_namespaced_lease, name, body, retry_for_s
+        )
+
+    def _create(self, resource: str, create: Callable[..., Any], body: dict) -> dict:
+        return self.call(
+            "create", resource, create, self.namespace, body, object_name=body["metadata"]["name"]
+        )
+
+    def _patch(
+        self,
+        resource: str,
+        patch: Callable[..., Any],
+        name: str,
+        body: dict,
+        retry_for_s: float | None,
+    ) -> dict:
         return self.call(
             "patch",
-            LEASES,
-            self.coordination.patch_namespaced_lease,
+            resource,
+            patch,
             name,
             self.namespace,
             body,

@@ -227,6 +227,16 @@ class PythonModelDefinition(ModelDefinition):
         value = getattr(self._compiled, name) if self._compiled is not None else None
         return value, COMPILE_ORIGINS[name]
 
+    def _required(self, name: str, kinds: str) -> tuple[Any, str]:
+        """What :meth:`_given_or_compiled` finds; a ModelDefinitionError naming the ``kinds``
+        of value ``name`` may be when it finds none."""
+        value, origin = self._given_or_compiled(name)
+        if value is None:
+            raise ModelDefinitionError(
+                self.path, f"no {name}: define {name} ({kinds}) or return a model compiled with one"
+            )
+        return value, origin
+
     def _part(self, make: Callable, *args: Any) -> Any:
         try:
             return make(*args)
@@ -237,13 +247,7 @@ class PythonModelDefinition(ModelDefinition):
         """The optimizer: the file's, or else the one the model was compiled with."""
         from elastic_step.model.keras_parts import optimizer_from
 
-        value, origin = self._given_or_compiled("optimizer")
-        if value is None:
-            raise ModelDefinitionError(
-                self.path,
-                "no optimizer: define optimizer (a function or a keras.optimizers.Optimizer) "
-                "or return a model compiled with one",
-            )
+        value, origin = self._required("optimizer", "a function or a keras.optimizers.Optimizer")
         return self._part(optimizer_from, value, origin)
 
     def build_metrics(self) -> dict[str, keras.metrics.Metric]:
@@ -261,13 +265,7 @@ class PythonModelDefinition(ModelDefinition):
         the model was compiled with."""
         from elastic_step.model.keras_parts import loss_from
 
-        value, origin = self._given_or_compiled("loss")
-        if value is None:
-            raise ModelDefinitionError(
-                self.path,
-                "no loss: define loss (a function, a keras.losses.Loss or a loss name) "
-                "or return a model compiled with one",
-            )
+        value, origin = self._required("loss", "a function, a keras.losses.Loss or a loss name")
         return self._part(loss_from, value, origin, self._shapes)
 
     @property

@@ -8,7 +8,9 @@ Tests: tests/unit/test_report.py; in a browser, tests/e2e/test_report_browser.py
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from html import escape
+from typing import Any
 
 from elastic_step.data import storage
 from elastic_step.report.inputs import (
@@ -167,6 +169,19 @@ def _training_header(summary: TrainingSummary) -> str:
     return f"<h2>Training</h2>\n{_cards('training-facts', items)}\n{error}"
 
 
+def _points(entries: list, name: str, where: Callable[[Any], tuple[int, str]]) -> list[Point]:
+    """A point for each of ``entries`` (training windows or evaluation rounds) that reports
+    ``name`` (the loss or a metric); ``where(entry)`` gives its x and what its tooltip says
+    before the value."""
+    points = []
+    for entry in entries:
+        y = entry.loss if name == "loss" else entry.metrics.get(name)
+        if y is not None:
+            x, what = where(entry)
+            points.append(Point(x=x, y=y, tooltip=f"{what}: {name} {_number(y)}"))
+    return points
+
+
 def _evaluations_section(
     rounds: list[EvaluationRound], windows: list[TrainWindow], epoch_ends: list[tuple[int, int]]
 ) -> str:
@@ -190,26 +205,23 @@ def _evaluations_section(
     ]
     charts = []
     for name in ["loss", *names]:
-        training = [
-            Point(
-                x=w.max_model_version,
-                y=y,
-                tooltip=f"training, model v{w.min_model_version}-v{w.max_model_version} "
-                f"({w.examples:,} examples): {name} {_number(y)}",
-            )
-            for w in windows
-            if (y := w.loss if name == "loss" else w.metrics.get(name)) is not None
-        ]
-        validation = [
-            Point(
-                x=r.model_version,
-                y=y,
-                tooltip=f"validation, model v{r.model_version}, epoch {r.epoch} ({r.trigger}): "
-                f"{name} {_number(y)}",
-            )
-            for r in rounds
-            if (y := r.loss if name == "loss" else r.metrics.get(name)) is not None
-        ]
+        training = _points(
+            windows,
+            name,
+            lambda w: (
+                w.max_model_version,
+                f"training, model v{w.min_model_version}-v{w.max_model_version} "
+                f"({w.examples:,} examples)",
+            ),
+        )
+        validation = _points(
+            rounds,
+            name,
+            lambda r: (
+                r.model_version,
+                f"validation, model v{r.model_version}, epoch {r.epoch} ({r.trigger})",
+            ),
+        )
         series = [
             Series(name=label, points=points, color=color)
             for label, points, color in (

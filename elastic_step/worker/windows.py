@@ -24,7 +24,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -224,27 +224,25 @@ class WindowTrainer:
     def _pull(self, ids: dict[str, np.ndarray], dense: bool) -> None:
         """Takes the dense values (if ``dense``) and the rows ``ids``, reconnecting while the
         PS is away."""
-        while True:
-            try:
-                values, rows = self._connection.ps.pull(ids, dense)
-                break
-            except PSUnavailableError as e:
-                log.warning("%s; reconnecting", e)
-                self._connection.connect_ps()
+        values, rows = self._on_ps(lambda ps: ps.pull(ids, dense))
         self._take(values, ids, rows)
 
     def _push(self, dense: dict, rows: Rows, ids: dict) -> None:
         """Pushes a window's update and takes the dense values and the next window's rows,
         pushing again after a reconnect."""
         state = self.parameters.state_values()
+        values, pulled = self._on_ps(lambda ps: ps.push(dense, rows, state, ids))
+        self._take(values, ids, pulled)
+
+    def _on_ps(self, call: Callable[[PSClient], Any]) -> Any:
+        """``call(ps)``'s answer; while the PS is away, reconnects (which gives up after the
+        master timeout) and calls again."""
         while True:
             try:
-                values, pulled = self._connection.ps.push(dense, rows, state, ids)
-                break
+                return call(self._connection.ps)
             except PSUnavailableError as e:
                 log.warning("%s; reconnecting", e)
                 self._connection.connect_ps()
-        self._take(values, ids, pulled)
 
     def _take(self, values: dict, ids: dict, rows: dict) -> None:
         self.parameters.assign(values, {n: (ids[n], rows[n]) for n in ids})

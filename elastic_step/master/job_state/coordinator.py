@@ -13,10 +13,11 @@ loop has saved that round's model (:meth:`best_model_due`, :meth:`note_best_mode
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from elastic_step.backends.api import Backend, InstanceEvent, Role
 from elastic_step.master.instances.api import Instance, SpecFactory
@@ -59,11 +60,71 @@ def open_coordinator(
     clock: Callable[[], float] | None = None,
 ) -> Coordinator:
     """A new job's coordinator (``record`` None) or a saved one's, replayed from ``saved``
-    (whose job record the caller has restored and checked); see :func:`_open`. A saved
-    state whose records do not read (a field missing or mistyped) raises ValueError saying
-    so, not the KeyError deep in a replay."""
+    (whose job record the caller has restored and checked).
+
+    ``token`` is the store's fencing token: lease ids start above every earlier master's,
+    and the job settings carry it to the PS's checkpoints.
+    A snapshot is taken at once: a restart always finds one, and the replayed journal is
+    compacted. ``clock`` replaces both the monotonic and the wall clock, for tests.
+    A saved state whose records do not read (a field missing or mistyped) raises ValueError
+    saying so, not the KeyError deep in a replay.
+    """
+    with _damage_named(saved):
+        recorder = Recorder(store)
+        lease_base = token << 32
+        settings = master_pb2.JobSettings()
+        settings.CopyFrom(params.job_settings)
+        settings.fencing_token = token
+        task_clock = {"clock": clock} if clock else {}
+        if record is None:
+            record = JobRecord(
+                params.fixed_settings, params.membership.num_ps, local_steps=settings.local_steps
+            )
+            tasks = TaskManager(
+                params.tasks, journal=recorder.writer("tasks"), lease_base=lease_base, **task_clock
+            )
+        else:
+            _keep_local_steps(record, settings)
+            tasks = TaskManager.restore(
+                params.tasks,
+                saved.part("tasks"),
+                saved.records["tasks"],
+                lease_base=lease_base,
+                journal=recorder.writer("tasks"),
+                **task_clock,
+            )
+        instances = InstanceManager(
+            backend, params.membership, spec_for, journal=recorder.writer("instances"), **task_clock
+        )
+        if saved.snapshot is not None:  # then ``record`` was restored from it too
+            instances.restore(saved.part("instances"))
+            for entry in saved.records["instances"]:
+                instances.apply(entry)
+        record.attach(recorder.writer("job"))
+        coordinator = Coordinator(
+            record=record,
+            tasks=tasks,
+            instances=instances,
+            recorder=recorder,
+            settings=settings,
+            evaluate_round=params.evaluate_round,
+            early_stopping=params.early_stopping,
+            keep_best=params.keep_best,
+            train_loss_window=params.train_loss_window,
+            **task_clock,
+        )
+        # A decision journaled, or due, before a restart holds again.
+        coordinator._judge_evaluations()
+        coordinator.snapshot()
+        return coordinator
+
+
+@contextlib.contextmanager
+def _damage_named(saved: SavedJob) -> Iterator[None]:
+    """A KeyError, TypeError or AttributeError raised while ``saved`` is replayed becomes a
+    ValueError that says the state is damaged; one raised with nothing to replay stays."""
     try:
-        return _open(params, store, saved, record, token, backend, spec_for, clock)
+        yield
     except (KeyError, TypeError, AttributeError) as e:
         if saved.snapshot is None and not any(saved.records.values()):
             raise  # nothing was replayed: not the state's fault
@@ -71,72 +132,6 @@ def open_coordinator(
             f"its saved state is damaged: a record lacks or mistypes a field "
             f"({type(e).__name__}: {e}); move the state aside to start the job anew"
         ) from None
-
-
-def _open(
-    params: CoordinatorParams,
-    store: StateStore,
-    saved: SavedJob,
-    record: JobRecord | None,
-    token: int,
-    backend: Backend,
-    spec_for: SpecFactory,
-    clock: Callable[[], float] | None,
-) -> Coordinator:
-    """What :func:`open_coordinator` does, any error raised as it comes.
-
-    ``token`` is the store's fencing token: lease ids start above every earlier master's,
-    and the job settings carry it to the PS's checkpoints.
-    A snapshot is taken at once: a restart always finds one, and the replayed journal is
-    compacted. ``clock`` replaces both the monotonic and the wall clock, for tests.
-    """
-    recorder = Recorder(store)
-    lease_base = token << 32
-    settings = master_pb2.JobSettings()
-    settings.CopyFrom(params.job_settings)
-    settings.fencing_token = token
-    task_clock = {"clock": clock} if clock else {}
-    if record is None:
-        record = JobRecord(
-            params.fixed_settings, params.membership.num_ps, local_steps=settings.local_steps
-        )
-        tasks = TaskManager(
-            params.tasks, journal=recorder.writer("tasks"), lease_base=lease_base, **task_clock
-        )
-    else:
-        _keep_local_steps(record, settings)
-        tasks = TaskManager.restore(
-            params.tasks,
-            saved.part("tasks"),
-            saved.records["tasks"],
-            lease_base=lease_base,
-            journal=recorder.writer("tasks"),
-            **task_clock,
-        )
-    instances = InstanceManager(
-        backend, params.membership, spec_for, journal=recorder.writer("instances"), **task_clock
-    )
-    if saved.snapshot is not None:  # then ``record`` was restored from it too
-        instances.restore(saved.part("instances"))
-        for entry in saved.records["instances"]:
-            instances.apply(entry)
-    record.attach(recorder.writer("job"))
-    coordinator = Coordinator(
-        record=record,
-        tasks=tasks,
-        instances=instances,
-        recorder=recorder,
-        settings=settings,
-        evaluate_round=params.evaluate_round,
-        early_stopping=params.early_stopping,
-        keep_best=params.keep_best,
-        train_loss_window=params.train_loss_window,
-        **task_clock,
-    )
-    # A decision journaled, or due, before a restart holds again.
-    coordinator._judge_evaluations()
-    coordinator.snapshot()
-    return coordinator
 
 
 def _keep_local_steps(record: JobRecord, settings: master_pb2.JobSettings) -> None:

@@ -45,6 +45,21 @@ class SavedState:
 
 
 @dataclass(frozen=True)
+class Replayed:
+    """What a store reads back before it writes (each store's Replay adds where its
+    journal was cut): the snapshot, its seq, and the records after it in order."""
+
+    snapshot: dict | None
+    snapshot_seq: int
+    records: list[dict]
+    #: The last record's seq, or the snapshot's when no record follows it.
+    last_seq: int
+
+    def saved(self) -> SavedState:
+        return SavedState(self.snapshot, self.records)
+
+
+@dataclass(frozen=True)
 class StateStoreSettings:
     """Tunables every store accepts; the defaults suit the master."""
 

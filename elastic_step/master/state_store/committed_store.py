@@ -18,7 +18,9 @@ class CommittedStore(StateStore):
     _settings: StateStoreSettings
     _mutex: threading.Lock
     _closed: bool
-    _lease: Any  # the store's lease: release() gives it up
+    _lease: Any  # the store's lease: check() raises when it is lost, release() gives it up
+    #: What a failed check of the lease raises that ends the writer: the lease is lost.
+    _lease_lost: type[StateStoreError] = StateStoreError
 
     def close(self) -> None:
         with self._mutex:
@@ -45,6 +47,15 @@ class CommittedStore(StateStore):
         if committer is None:
             raise StateStoreError(f"{self.describe()}: acquire the lease before writing")
         return committer
+
+    def flush(self, timeout_s: float) -> None:
+        committer = self._owner()
+        committer.flush(timeout_s)
+        try:
+            self._lease.check()  # also when there was nothing to write
+        except self._lease_lost as e:
+            committer.fail(e)
+            raise
 
     def append(self, record: dict) -> None:
         if not isinstance(record, dict):

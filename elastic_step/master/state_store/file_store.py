@@ -146,18 +146,9 @@ class FileStateStore(CommittedStore):
             replay = read_directory(self._dir)
         except OSError as e:
             raise StateStoreError(f"cannot read the state in {self._dir}: {e}") from e
-        return SavedState(replay.snapshot, replay.records)
+        return replay.saved()
 
     # -- writing --
-
-    def flush(self, timeout_s: float) -> None:
-        committer = self._owner()
-        committer.flush(timeout_s)
-        try:
-            self._lease.check()  # also when there was nothing to write
-        except StateStoreError as e:
-            committer.fail(e)
-            raise
 
     def _write(self, records: list[tuple[int, dict]], snapshot: PendingSnapshot | None) -> None:
         """The writer thread's batch: records in order, then the snapshot and compaction."""

@@ -84,6 +84,7 @@ from elastic_step.kube.calls import KubeError
 from elastic_step.kube.client import default_namespace, load_api_client
 from elastic_step.kube.objects import KubeObjects
 from elastic_step.master.state_store.api import (
+    Replayed,
     SavedState,
     StateStoreError,
     StateStoreFencedError,
@@ -185,11 +186,7 @@ class Head:
 
 
 @dataclass(frozen=True)
-class Replay:
-    snapshot: dict | None
-    snapshot_seq: int
-    records: list[dict]
-    last_seq: int
+class Replay(Replayed):
     #: The journal chunks read, in order (up to the cut).
     chunks: list[dict]
     cut: Cut | None = None
@@ -223,6 +220,9 @@ def _default_api_client() -> tuple[client.ApiClient, str | None]:
 
 class KubernetesStateStore(CommittedStore):
     """The state of job ``job_name`` in ConfigMaps of ``namespace``, fenced by a Lease."""
+
+    # Only a fenced owner stops writing: an API error reading the Lease is read again later.
+    _lease_lost = StateStoreFencedError
 
     def __init__(
         self,
@@ -487,7 +487,7 @@ class KubernetesStateStore(CommittedStore):
                 replay = self._replay(head)
             except _Changed:
                 continue
-            return SavedState(replay.snapshot, replay.records)
+            return replay.saved()
         raise StateStoreError(
             f"{self.describe()} kept changing while it was read ({_ATTEMPTS} attempts); try again"
         )
@@ -541,15 +541,6 @@ class KubernetesStateStore(CommittedStore):
         return Replay(snapshot, last, read.records, read.last_seq, read.chunks, read.cut)
 
     # -- writing --
-
-    def flush(self, timeout_s: float) -> None:
-        committer = self._owner()
-        committer.flush(timeout_s)
-        try:
-            self._lease.check()  # also when there was nothing to write
-        except StateStoreFencedError as e:
-            committer.fail(e)
-            raise
 
     def _step(self, name: str) -> None:
         hook = self._on_step

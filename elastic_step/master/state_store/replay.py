@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from elastic_step.master.state_store.api import StateStoreError
+from elastic_step.master.state_store.api import Replayed, StateStoreError
 from elastic_step.master.state_store.journal import list_segments, scan_frames
 
 SNAPSHOT_FILE = "snapshot.json"
@@ -40,12 +40,7 @@ class Cut:
 
 
 @dataclass(frozen=True)
-class Replay:
-    snapshot: dict | None
-    snapshot_seq: int
-    records: list[dict]
-    #: The last record's seq, or the snapshot's when no record follows it.
-    last_seq: int
+class Replay(Replayed):
     #: Segments whose records the snapshot all covers.
     covered: list[str] = field(default_factory=list)
     cut: Cut | None = None
