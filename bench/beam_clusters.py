@@ -33,20 +33,13 @@ STARTUP_S = 60
 SAMPLE_S = 0.2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _children() -> dict[int, list[int]]:
     """Each process's children, from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                parent = int(common.proc_stat_fields(f"/proc/{entry}/stat")[1])
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(parent, []).append(int(entry))
@@ -158,7 +151,7 @@ class Cluster:
         return ["--runner=DaskRunner", f"--dask_client_address={address}"]
 
     def _prism(self) -> list[str]:
-        port = _free_port()
+        port = common.free_port()
         env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
         self._start([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
                      f"--service_port={port}"], "pool", "SDK worker pool", env=env)  # fmt: skip

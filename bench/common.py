@@ -15,6 +15,7 @@ import os
 import platform
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -71,6 +72,13 @@ def machine_busy_s() -> float:
     return (sum(values[:8]) - idle) / CLK_TCK
 
 
+def proc_stat_fields(path: str) -> list[str]:
+    """The fields of a /proc stat file after the command name (which may hold spaces): [1] the
+    parent, [3] the session, [11] and [12] user and system CPU in clock ticks."""
+    with open(path) as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def children_cpu_s() -> float:
     """CPU seconds of every finished descendant that was waited for (the master waits for its
     workers and PS, and this process for the master)."""
@@ -88,6 +96,13 @@ def peak_rss_mb(pid: int) -> int | None:
     except OSError:
         pass
     return None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (for now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def elastic_step_command() -> list[str]:
@@ -144,6 +159,11 @@ def distinct_ints(text: str, *, minimum: int, what: str) -> list[int]:
     return values
 
 
+def accounting_exact(epochs: list[dict]) -> bool:
+    """Whether every epoch of a job's accounting trained exactly the records it expected."""
+    return all(e["records_trained"] == e["records_expected"] for e in epochs)
+
+
 def run_header(**machine: object) -> dict:
     """What a result file starts with: when, on what machine (``machine`` adds to it), which
     code, and the command."""
@@ -177,9 +197,11 @@ def wait_until(
     timeout: float,
     interval: float = 0.05,
     failure: Callable[[], str | None] = lambda: None,
+    pause: Callable[[float], object] = time.sleep,
 ):
-    """check()'s first truthy value, polled; BenchError naming ``what`` after ``timeout``, or
-    with ``failure()``'s reason as soon as it gives one."""
+    """check()'s first truthy value, polled every ``interval`` (``pause`` waits between polls:
+    a condition's ``wait`` polls again as soon as it is notified); BenchError naming ``what``
+    after ``timeout``, or with ``failure()``'s reason as soon as it gives one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
@@ -188,5 +210,5 @@ def wait_until(
         reason = failure()
         if reason is not None:
             raise BenchError(reason)
-        time.sleep(interval)
+        pause(interval)
     raise BenchError(f"no {what} within {timeout:.0f} s")

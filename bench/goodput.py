@@ -49,6 +49,7 @@ import time
 from common import (
     HERE,
     REPO,
+    accounting_exact,
     children_cpu_s,
     distinct_ints,
     elastic_step_command,
@@ -360,9 +361,7 @@ def run_job(
     except (OSError, ValueError):
         summary = {}
     per_epoch = summary.get("epochs") or []
-    exact = bool(per_epoch) and all(
-        e["records_trained"] == e["records_expected"] for e in per_epoch
-    )
+    exact = bool(per_epoch) and accounting_exact(per_epoch)
     accuracy = (summary.get("metrics") or {}).get("accuracy")
     try:
         marks = log_times(log_path, started_at, standby)

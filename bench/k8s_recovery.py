@@ -143,29 +143,35 @@ def own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def wait_on(
-    changed: threading.Condition,
-    what: str,
-    found: Callable[[], Any],
-    timeout: float,
-    failure: Callable[[], str | None] = lambda: None,
-) -> Any:
-    """``found()``'s first truthy value, re-checked whenever ``changed`` is notified and at
-    least every 0.5 s (not every change notifies); a BenchError once ``timeout`` runs out, or
-    with ``failure()``'s reason as soon as it gives one."""
-    deadline = time.monotonic() + timeout
-    with changed:
-        while True:
-            value = found()
-            if value:
-                return value
-            reason = failure()
-            if reason is not None:
-                raise BenchError(reason)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BenchError(f"no {what} within {timeout:.0f} s")
-            changed.wait(min(left, 0.5))
+class Observer:
+    """Moments that one thread notes, under ``_changed``, and the bench's thread waits for."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+
+    def _broken(self) -> str | None:
+        """Why no moment will be noted any more, if none will."""
+        return None
+
+    def wait(
+        self,
+        what: str,
+        found: Callable[[], Any],
+        timeout: float,
+        failure: Callable[[], str | None] = lambda: None,
+    ) -> Any:
+        """``found()``'s first truthy value, re-checked at every moment noted and at least every
+        0.5 s (not every change notifies); a BenchError once ``timeout`` runs out, or with
+        ``_broken()``'s or ``failure()``'s reason as soon as one gives one."""
+        with self._changed:
+            return wait_until(
+                what,
+                found,
+                timeout,
+                interval=0.5,
+                failure=lambda: self._broken() or failure(),
+                pause=self._changed.wait,
+            )
 
 
 # -- what Kubernetes shows: one watch of the namespace --
@@ -193,15 +199,15 @@ def _terminal(pod: dict[str, Any]) -> bool:
     return any((c.get("state") or {}).get("terminated") for c in containers)
 
 
-class PodTimeline:
+class PodTimeline(Observer):
     """Lists the namespace's pods, then watches them in a thread, noting when each pod was
     added, Running, Terminating and gone. Independent of the master's own watch."""
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        super().__init__()
         self._core = client.CoreV1Api(api)
         self._namespace = namespace
         self._pods: dict[str, PodMoments] = {}
-        self._changed = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pod-timeline", daemon=True)
         self.error: BaseException | None = None
@@ -217,22 +223,23 @@ class PodTimeline:
         with self._changed:
             return self._pods.get(name)
 
-    def wait(
-        self,
-        what: str,
-        found: Callable[[], Any],
-        timeout: float,
-        failure: Callable[[], str | None] = lambda: None,
-    ) -> Any:
-        """``found()``'s first truthy value, re-checked at every watch event; a BenchError
-        when the watch failed, or with ``failure()``'s reason."""
+    def _broken(self) -> str | None:
+        """The watch failed: no event will come."""
+        if self.error is not None:
+            return f"the bench's pod watch failed: {self.error}"
+        return None
 
-        def failed() -> str | None:
-            if self.error is not None:
-                return f"the bench's pod watch failed: {self.error}"
-            return failure()
-
-        return wait_on(self._changed, what, found, timeout, failed)
+    def wait_seen(
+        self, pod_name: str, moment: str, timeout: float, failure: Callable[[], str | None]
+    ) -> PodMoments:
+        """The moments of pod ``pod_name`` once the watch has seen its ``moment`` ("running",
+        "gone": a field of :class:`PodMoments`)."""
+        return self.wait(
+            f"pod {pod_name} {moment}",
+            lambda: (m := self.moments(pod_name)) and getattr(m, moment) and m,
+            timeout,
+            failure,
+        )
 
     def first_added_after(self, since: float, labels: dict[str, str]) -> str | None:
         """The name of the first pod added after ``since`` that carries ``labels``."""
@@ -295,7 +302,7 @@ class PodTimeline:
 # -- what the master does: some of its methods, timed --
 
 
-class MasterProbe:
+class MasterProbe(Observer):
     """Wraps methods of the master in this process and notes when they happened, per instance:
     ``Coordinator.register`` (each instance's first Register answered, and a standby's first
     Register after that one: it comes from its wait for a slot, once TensorFlow and the model
@@ -307,7 +314,7 @@ class MasterProbe:
     :meth:`reset` before each job (instance names repeat)."""
 
     def __init__(self) -> None:
-        self._changed = threading.Condition()
+        super().__init__()
         self.coordinator: Coordinator | None = None
         self.registered: dict[str, float] = {}
         #: A standby's second Register answered: it is ready (in its wait for a slot).
@@ -393,15 +400,13 @@ class MasterProbe:
         InstanceManager._promote_standby = timed_promote
         InstanceTracker.end = timed_end
 
-    def wait(
-        self,
-        what: str,
-        found: Callable[[], Any],
-        timeout: float,
-        failure: Callable[[], str | None] = lambda: None,
+    def wait_noted(
+        self, moment: str, name: str, timeout: float, failure: Callable[[], str | None]
     ) -> Any:
-        """``found()``'s first truthy value, re-checked at every moment noted."""
-        return wait_on(self._changed, what, found, timeout, failure)
+        """What the probe noted of instance ``name`` at ``moment`` ("registered", "ended",
+        "first_task": one of its dicts), once it has."""
+        noted = getattr(self, moment)
+        return self.wait(f"{name} {moment}", lambda: noted.get(name), timeout, failure)
 
     def running_workers(self) -> list[str]:
         """Workers the master has running and that have registered."""
@@ -498,32 +503,27 @@ class Measurements:
     error: str | None = None
 
 
+@dataclass
 class Disrupter:
     """The bench's thread for one job: waits for the job to train, then per round runs a bare
     pod and deletes a worker pod (with standbys, once one is ready), timing both; at the end
     stops the job with SIGTERM to this process (the master, in the main thread, handles it)."""
 
-    def __init__(
-        self,
-        args: argparse.Namespace,
-        standby: int,
-        job: str,
-        cluster: Cluster,
-        options: KubernetesOptions,
-        probe: MasterProbe,
-        timeline: PodTimeline,
-    ) -> None:
-        self.args = args
-        self.standby = standby
-        self.job = job
-        self.cluster = cluster
-        self.options = options
-        self.probe = probe
-        self.timeline = timeline
-        self.result = Measurements()
-        self.job_over = threading.Event()
-        self._rng = random.Random(args.seed)  # the same choices in every job
-        self._thread = threading.Thread(target=self._run, name=f"disrupter-s{standby}", daemon=True)
+    args: argparse.Namespace
+    standby: int
+    job: str
+    cluster: Cluster
+    options: KubernetesOptions
+    probe: MasterProbe
+    timeline: PodTimeline
+    result: Measurements = field(default_factory=Measurements, init=False)
+    job_over: threading.Event = field(default_factory=threading.Event, init=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.args.seed)  # the same choices in every job
+        self._thread = threading.Thread(
+            target=self._run, name=f"disrupter-s{self.standby}", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()
@@ -637,12 +637,7 @@ class Disrupter:
         self, core: client.CoreV1Api, pod_name: str, result: BarePod, wall: float, started: float
     ) -> None:
         timeout = self.args.wait_timeout
-        moments = self.timeline.wait(
-            f"{pod_name} Running",
-            lambda: (m := self.timeline.moments(pod_name)) and m.running and m,
-            timeout,
-            self._job_ended,
-        )
+        moments = self.timeline.wait_seen(pod_name, "running", timeout, self._job_ended)
         result.running_s = moments.running - started
 
         def finished() -> client.V1Pod | None:
@@ -678,17 +673,10 @@ class Disrupter:
         def since(at: float | None) -> float | None:
             return None if at is None else round(at - started, 4)
 
-        at, held, reason = probe.wait(
-            f"re-queue of {victim}'s tasks", lambda: probe.ended.get(victim), timeout, failure
-        )
+        at, held, reason = probe.wait_noted("ended", victim, timeout, failure)
         result.requeue_s, result.tasks_requeued, result.end_reason = since(at), held, reason
         result.master_watch_s = since(probe.backend_ended.get(victim))
-        gone = timeline.wait(
-            f"DELETED event of {pod_name}",
-            lambda: (m := timeline.moments(pod_name)) and m.gone and m,
-            timeout,
-            failure,
-        )
+        gone = timeline.wait_seen(pod_name, "gone", timeout, failure)
         result.watch_terminating_s = since(gone.terminating)
         result.watch_terminal_s, result.watch_gone_s = since(gone.terminal), since(gone.gone)
         # Polled: the instance manager has no moment to wrap for a launch (its pod's creation
@@ -712,32 +700,17 @@ class Disrupter:
             )
         else:
             new_pod = pods.pod_name(self.job, replacement)
-            running = timeline.wait(
-                f"{new_pod} Running",
-                lambda: (m := timeline.moments(new_pod)) and m.running and m,
-                timeout,
-                failure,
-            )
+            running = timeline.wait_seen(new_pod, "running", timeout, failure)
             result.replacement_created_s = since(running.added)
             result.replacement_running_s = since(running.running)
-            registered = probe.wait(
-                f"Register of {replacement}",
-                lambda: probe.registered.get(replacement),
-                timeout,
-                failure,
-            )
+            registered = probe.wait_noted("registered", replacement, timeout, failure)
             result.replacement_registered_s = since(registered)
             how = (
                 f"{replacement} created {result.replacement_created_s:.2f} s, Running "
                 f"{result.replacement_running_s:.2f} s, registered "
                 f"{result.replacement_registered_s:.2f} s"
             )
-        training = probe.wait(
-            f"training task for {replacement}",
-            lambda: probe.first_task.get(replacement),
-            timeout,
-            failure,
-        )
+        training = probe.wait_noted("first_task", replacement, timeout, failure)
         result.replacement_training_s = since(training)
         log(
             f"deletion {number}/{args.deletions} (--standby {self.standby}): {victim}, slot "

@@ -51,6 +51,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "cluster"))
 from common import (
     BenchError,
+    accounting_exact,
     elastic_step_command,
     load_1min,
     log,
@@ -308,9 +309,7 @@ def run_policy(
         summary_path = Path(job.output) / "summary.json"
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())
-            job.records_exact = all(
-                e["records_trained"] == e["records_expected"] for e in summary["epochs"]
-            )
+            job.records_exact = accounting_exact(summary["epochs"])
             job.accuracy = summary.get("metrics", {}).get("accuracy")
             job.restarts = summary.get("restarts", {})
             job.sizing = summary.get("worker_sizing", {}).get("decisions", [])

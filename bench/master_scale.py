@@ -51,9 +51,11 @@ from common import (
     CLK_TCK,
     HERE,
     REPO,
+    accounting_exact,
     load_1min,
     log,
     machine_busy_s,
+    proc_stat_fields,
     run_header,
     write_result,
 )
@@ -76,8 +78,7 @@ MASTER_FLAG = "--run-master"
 def proc_cpu_s(pid: int | str = "self", task: int | None = None) -> float:
     """User + system CPU seconds of a process (or of one of its threads)."""
     path = f"/proc/{pid}/stat" if task is None else f"/proc/{pid}/task/{task}/stat"
-    with open(path) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    fields = proc_stat_fields(path)
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
@@ -1361,7 +1362,7 @@ def print_result(args, result: dict) -> dict:
             f"{final['restarts_by_reason']}, {final['instances']} instances on record, "
             f"model v{final['model_version']}"
         )
-        exact = all(e["records_trained"] == e["records_expected"] for e in final["accounting"])
+        exact = accounting_exact(final["accounting"])
         complete = final["phase"] == "succeeded"
         for e in final["accounting"]:
             print(f"  epoch {e['epoch']}: {e['records_trained']}/{e['records_expected']} records")

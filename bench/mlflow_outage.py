@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,10 +33,13 @@ from common import (
     HERE,
     REPO,
     BenchError,
+    accounting_exact,
     elastic_step_command,
+    free_port,
     load_average,
     log,
     preprocess_once,
+    proc_stat_fields,
     run_header,
     start,
     wait_until,
@@ -60,12 +62,6 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--workdir", default=os.path.join(HERE, "results", "mlflow"))
     return p.parse_args()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -106,8 +102,7 @@ class Server:
             if not entry.isdigit():
                 continue
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                fields = proc_stat_fields(f"/proc/{entry}/stat")
             except OSError:
                 continue
             if int(fields[3]) == self.proc.pid:  # its process group
@@ -180,7 +175,7 @@ def one_run(args, data: str, way: str, index: int, expected_versions: int) -> di
         summary = json.load(f)
     with open(log_path) as f:
         warnings = [line.strip() for line in f if "WARNING" in line and "MLflow" in line]
-    exact = all(e["records_trained"] == e["records_expected"] for e in summary["epochs"])
+    exact = accounting_exact(summary["epochs"])
     return {
         "way": way,
         "wall_s": round(wall, 2),

@@ -218,9 +218,7 @@ def one_size(args: argparse.Namespace, rows: int) -> dict:
             "killed": killer.killed,
             "restarts": summary["restarts"],
             "ps_restores": summary["ps_restores"],
-            "accounting_exact": all(
-                e["records_trained"] == e["records_expected"] for e in summary["epochs"]
-            ),
+            "accounting_exact": common.accounting_exact(summary["epochs"]),
             "auc": summary["metrics"].get("auc"),
         }
     )

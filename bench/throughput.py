@@ -59,6 +59,7 @@ from common import (
     HERE,
     REPO,
     elastic_step_command,
+    free_port,
     load_average,
     log,
     preprocess_once,
@@ -396,14 +397,6 @@ def run_pss(args, data_dir: str) -> dict:
     return result
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def pss_child(args, data_dir: str, out: str) -> None:
     import keras
     import tensorflow as tf
@@ -413,7 +406,7 @@ def pss_child(args, data_dir: str, out: str) -> None:
     from elastic_step.model.definition import load_model_definition
 
     spec = tf.train.ClusterSpec(
-        {"worker": [f"localhost:{_free_port()}"], "ps": [f"localhost:{_free_port()}"]}
+        {"worker": [f"localhost:{free_port()}"], "ps": [f"localhost:{free_port()}"]}
     )
     servers = [
         tf.distribute.Server(spec, job_name=job, task_index=0, protocol="grpc", start=True)

@@ -54,41 +54,35 @@ def elastic_step_pipeline(
         artifact_uri=model_def_uri, artifact_class=dsl.Artifact, reimport=False
     )
     data = preprocess(csv=csv.output, label=label, fill_missing=fill_missing, one_hot=one_hot)
+    # What the training and the prediction jobs are both given: their workers and tasks, and
+    # where and as what they run.
+    job_settings = dict(
+        workers=workers,
+        max_workers=max_workers,
+        records_per_task=records_per_task,
+        backend=backend,
+        worker_cpu=worker_cpu,
+        worker_memory=worker_memory,
+        storage_secret=storage_secret,
+        # Resolved by KFP only as a task's whole input: with the run's id, it names the job,
+        # so that a retry of the step (a new pod) resumes the same job.
+        task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+    )
     train = elastic_train(
         dataset=data.outputs["data"],
         model_def=model_def.output,
         epochs=epochs,
         batch_size=batch_size,
-        workers=workers,
-        max_workers=max_workers,
         ps=ps,
-        records_per_task=records_per_task,
-        backend=backend,
-        worker_cpu=worker_cpu,
-        worker_memory=worker_memory,
         ps_cpu=ps_cpu,
         ps_memory=ps_memory,
-        storage_secret=storage_secret,
         early_stopping=early_stopping,
         keep_best=keep_best,
-        # Resolved by KFP only as a task's whole input: with the run's id, it names the job,
-        # so that a retry of this step (a new pod) resumes the same job.
-        task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+        **job_settings,
     )
     evaluation = evaluate(model=train.outputs["model"], dataset=data.outputs["data"])
     # Every row of the CSV, its label column ignored: the predictions beside the labels.
-    predict = batch_predict(
-        model=train.outputs["model"],
-        data=csv.output,
-        workers=workers,
-        max_workers=max_workers,
-        records_per_task=records_per_task,
-        backend=backend,
-        worker_cpu=worker_cpu,
-        worker_memory=worker_memory,
-        storage_secret=storage_secret,
-        task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-    )
+    predict = batch_predict(model=train.outputs["model"], data=csv.output, **job_settings)
     # KFP's cache knows an input artifact by its ML Metadata id, not its content: a model
     # definition or CSV file changed at the same URI is the same artifact to it, so a cached
     # training would be a stale model. Training runs every time; the other steps are

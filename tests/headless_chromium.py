@@ -51,16 +51,20 @@ class HeadlessChromium:
             )
             for domain in ("Page", "Runtime", "Log", "Network"):
                 self.call(f"{domain}.enable")
-            self.call(
-                "Emulation.setDeviceMetricsOverride",
-                width=width,
-                height=height,
-                deviceScaleFactor=1,
-                mobile=False,
-            )
+            self._set_viewport(width, height)
         except BaseException:
             self.close()
             raise
+
+    def _set_viewport(self, width: int, height: int) -> None:
+        """The page lays out at ``width`` x ``height`` CSS pixels, one device pixel each."""
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
 
     def _page_websocket(self) -> str:
         """The page's DevTools address; the port is the one Chromium reports choosing."""
@@ -124,13 +128,7 @@ class HeadlessChromium:
 
     def screenshot(self, *, width: int, height: int) -> bytes:
         """A PNG of the page's top ``width`` x ``height`` CSS pixels, at one pixel each."""
-        self.call(
-            "Emulation.setDeviceMetricsOverride",
-            width=width,
-            height=height,
-            deviceScaleFactor=1,
-            mobile=False,
-        )
+        self._set_viewport(width, height)
         data = self.call("Page.captureScreenshot", format="png")["data"]
         return base64.b64decode(data)
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
 
 import pytest
 from argo_helpers import (
@@ -59,6 +62,24 @@ def _start(argo, api, s3_server, data: str, epochs: int, **kw) -> tuple[str, str
     job = job_name(read_workflow(api, argo.namespace, name), "train")
     wait_for_training(s3_server, argo.bucket, key, version=3, timeout=300)
     return name, job, key
+
+
+class _StartedRun(NamedTuple):
+    """A training-only Workflow that trains, and the API clients of the test that started it."""
+
+    api: client.ApiClient
+    core: client.CoreV1Api
+    name: str
+    job: str
+    key: str
+
+
+@contextmanager
+def _started(argo, s3_server, data: str, epochs: int, **kw) -> Iterator[_StartedRun]:
+    """:func:`_start` under an admin API client, held open while the test runs."""
+    with argo.cluster.admin() as api:
+        name, job, key = _start(argo, api, s3_server, data, epochs, **kw)
+        yield _StartedRun(api, client.CoreV1Api(api), name, job, key)
 
 
 def _master_log(argo, api, name: str, attempt: int = 0) -> str:
@@ -102,10 +123,9 @@ def test_a_stopped_workflow_leaves_no_pod_of_the_job_within_20_s(
     argo, s3_server, training_data, how
 ):
     ns = argo.namespace
-    with argo.cluster.admin() as api:
-        core = client.CoreV1Api(api)
-        launcher = how.endswith("launcher")
-        name, job, _ = _start(argo, api, s3_server, training_data, ENDLESS, launcher=launcher)
+    launcher = how.endswith("launcher")
+    with _started(argo, s3_server, training_data, ENDLESS, launcher=launcher) as started:
+        api, core, name, job, _ = started
         assert len(job_pods(core, ns, job)) == 3, explain(argo, api, name)
         if how.startswith("argo"):
             argo.cli(how.split()[1].rstrip(","), name)
@@ -131,9 +151,7 @@ def test_a_stopped_workflow_leaves_no_pod_of_the_job_within_20_s(
 
 def test_argo_retry_after_argo_stop_resumes_the_job(argo, s3_server, training_data):
     ns = argo.namespace
-    with argo.cluster.admin() as api:
-        core = client.CoreV1Api(api)
-        name, job, key = _start(argo, api, s3_server, training_data, SHORT)
+    with _started(argo, s3_server, training_data, SHORT) as (api, core, name, job, key):
         argo.cli("stop", name)
         seconds_until(lambda: not job_pods(core, ns, job), timeout=20)
         workflow = wait_until_ended(api, ns, name, timeout=60)
@@ -169,9 +187,7 @@ def test_argo_retry_after_argo_stop_resumes_the_job(argo, s3_server, training_da
 
 def test_a_deleted_master_pod_is_retried_and_adopts_the_workers(argo, s3_server, training_data):
     ns = argo.namespace
-    with argo.cluster.admin() as api:
-        core = client.CoreV1Api(api)
-        name, job, key = _start(argo, api, s3_server, training_data, SHORT)
+    with _started(argo, s3_server, training_data, SHORT) as (api, core, name, job, key):
         members = core.list_namespaced_pod(ns, label_selector=pods.job_selector(job)).items
         (master,) = [
             p
@@ -234,8 +250,7 @@ def test_deleting_the_workflow_removes_every_object_of_the_job_within_60_s(
     argo, s3_server, training_data
 ):
     ns = argo.namespace
-    with argo.cluster.admin() as api:
-        name, job, _ = _start(argo, api, s3_server, training_data, ENDLESS)
+    with _started(argo, s3_server, training_data, ENDLESS) as (api, _, name, job, _):
         before = _job_objects(api, ns, job)
         assert len(before["pods"]) == 3 and before["leases"], before
         argo.cli("delete", name)

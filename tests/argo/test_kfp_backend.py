@@ -14,6 +14,7 @@ import json
 
 import pytest
 from argo_helpers import PodRecorder, job_pods, seconds_until
+from kfp import Client
 from kfp_helpers import (
     KFP_BUCKET,
     PIPELINE_NAME,
@@ -80,13 +81,20 @@ def test_the_example_pipeline_succeeds_on_kfps_backend(argo, kfp, s3_server):
     assert [s["displayName"] for s in matrix["annotationSpecs"]] == ["0", "1"], matrix
 
 
+def _training_run(kfp, s3_server, epochs: int) -> tuple[Client, str, str]:
+    """A run of the example pipeline, once its training job is under way: (the user's
+    client, the run's id, the job's name)."""
+    user = client_for(kfp.api.http)
+    run_id = run_example(user, epochs=epochs, **SMALL)
+    wait_for_training(s3_server, run_id, version=1, timeout=600)
+    return user, run_id, train_job_name(run_id)
+
+
 def test_terminate_during_training_leaves_no_pod_of_the_job_within_20_s(argo, kfp, s3_server):
-    ns, user = argo.namespace, client_for(kfp.api.http)
-    run_id = run_example(user, epochs=200, **SMALL)
-    job = train_job_name(run_id)
+    ns = argo.namespace
+    user, run_id, job = _training_run(kfp, s3_server, epochs=200)
     with argo.cluster.admin() as api:
         core = client.CoreV1Api(api)
-        wait_for_training(s3_server, run_id, version=1, timeout=600)
         assert job_pods(core, ns, job), "the job has no pods while it trains"
         user.terminate_run(run_id)  # KFP sets the Workflow's activeDeadlineSeconds to 0
         elapsed = seconds_until(lambda: not job_pods(core, ns, job), timeout=120)
@@ -108,12 +116,10 @@ def test_a_run_whose_master_pod_was_deleted_succeeds_on_retry_and_adopts_the_wor
     master, seeing its pod deleted under a Workflow, leaves its workers and PS running for
     the next master. KFP's Retry (the UI's button) starts the training step again in the
     same run: its master finds the job by the run's id and the task's name and adopts them."""
-    ns, user = argo.namespace, client_for(kfp.api.http)
-    run_id = run_example(user, epochs=40, **SMALL)
-    job = train_job_name(run_id)
+    ns = argo.namespace
+    user, run_id, job = _training_run(kfp, s3_server, epochs=40)
     with argo.cluster.admin() as api:
         core = client.CoreV1Api(api)
-        wait_for_training(s3_server, run_id, version=1, timeout=600)
         workers = set(job_pods(core, ns, job))
         master = master_pod(core, ns, run_id)
         core.delete_namespaced_pod(master.metadata.name, ns)  # its grace period: a SIGTERM

@@ -38,6 +38,7 @@ from local_cluster import (
     ClusterStartError,
     bind_role,
     create_role,
+    create_secret,
     die_with_parent,
     log_tail,
     run_build,
@@ -141,18 +142,12 @@ def start_argo(
     ns = cluster.namespace
     with cluster.admin() as api:
         _install_crds(api, bin_dir / "crds")
-        core = client.CoreV1Api(api)
-        core.create_namespaced_secret(
-            ns,
-            {
-                "metadata": {"name": ARTIFACT_SECRET},
-                "stringData": {
-                    "accessKey": s3_env["AWS_ACCESS_KEY_ID"],
-                    "secretKey": s3_env["AWS_SECRET_ACCESS_KEY"],
-                },
-            },
-        )
-        core.create_namespaced_config_map(
+        credentials = {
+            "accessKey": s3_env["AWS_ACCESS_KEY_ID"],
+            "secretKey": s3_env["AWS_SECRET_ACCESS_KEY"],
+        }
+        create_secret(api, ns, ARTIFACT_SECRET, credentials)
+        client.CoreV1Api(api).create_namespaced_config_map(
             ns,
             _controller_config(bucket, s3_env["AWS_ENDPOINT_URL"], s3_env["AWS_DEFAULT_REGION"]),
         )

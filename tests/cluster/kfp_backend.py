@@ -44,6 +44,7 @@ from local_cluster import (
     ClusterStartError,
     bind_role,
     create_role,
+    create_secret,
     die_with_parent,
     log_tail,
     run_build,
@@ -147,17 +148,12 @@ def install_pipeline_runtime(
         raise ValueError(f"object store {object_store}: KFP dials port {OBJECT_STORE_PORT}")
     with cluster.admin() as api:
         publish(api, OBJECT_STORE_NAMESPACE, OBJECT_STORE_SERVICE, host, {"s3": OBJECT_STORE_PORT})
+        credentials = {
+            "accesskey": s3_env["AWS_ACCESS_KEY_ID"],
+            "secretkey": s3_env["AWS_SECRET_ACCESS_KEY"],
+        }
+        create_secret(api, ns, ARTIFACT_SECRET, credentials)
         core = client.CoreV1Api(api)
-        core.create_namespaced_secret(
-            ns,
-            {
-                "metadata": {"name": ARTIFACT_SECRET},
-                "stringData": {
-                    "accesskey": s3_env["AWS_ACCESS_KEY_ID"],
-                    "secretkey": s3_env["AWS_SECRET_ACCESS_KEY"],
-                },
-            },
-        )
         core.create_namespaced_config_map(
             ns,
             {"metadata": {"name": "kfp-launcher"}, "data": {"defaultPipelineRoot": PIPELINE_ROOT}},

@@ -182,6 +182,13 @@ def create_role(api: client.ApiClient, namespace: str, manifest: Path) -> str:
     return role["metadata"]["name"]
 
 
+def create_secret(api: client.ApiClient, namespace: str, name: str, data: dict[str, str]) -> None:
+    """Creates Secret ``name`` in ``namespace`` holding ``data`` (given as stringData)."""
+    client.CoreV1Api(api).create_namespaced_secret(
+        namespace, {"metadata": {"name": name}, "stringData": data}
+    )
+
+
 def bind_role(api: client.ApiClient, namespace: str, role: str, account: str) -> None:
     """Binds Role ``role`` to ServiceAccount ``account``, both in ``namespace``."""
     client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(

@@ -20,23 +20,15 @@ Pod = Mapping[str, Any]
 # (kind, namespace, name, key) -> value or None; kind is "configMap" or "secret".
 RefLookup = Callable[[str, str, str, str | None], dict[str, str] | str | None]
 
+#: A quantity's suffixes: decimal ones (k is 1000) and binary ones (Ki is 1024), as Kubernetes'
+#: resource.Quantity reads them.
 _SUFFIXES = {
     "n": Decimal("1e-9"),
     "u": Decimal("1e-6"),
     "m": Decimal("1e-3"),
     "": Decimal(1),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
+    **{suffix: Decimal(1000**power) for power, suffix in enumerate("kMGTPE", 1)},
+    **{f"{suffix}i": Decimal(1024**power) for power, suffix in enumerate("KMGTPE", 1)},
 }
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
 _FIELD_KEY = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")

@@ -42,7 +42,10 @@ class BackendHarness(ABC):
         """The argv that runs Python ``code`` in an instance."""
 
 
-def wait_for(backend: Backend, name: str, kind: EventKind, timeout_s: float) -> InstanceEvent:
+def wait_for(
+    backend: Backend, name: str, kind: EventKind, timeout_s: float = 10.0
+) -> InstanceEvent:
+    """The first ``kind`` event of instance ``name``; the events seen meanwhile are dropped."""
     deadline = time.monotonic() + timeout_s
     seen: list[InstanceEvent] = []
     while time.monotonic() < deadline:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import records_exact
+
 #: ``model()`` over two numeric columns ``a`` and ``b``, for 2 classes.
 TWO_COLUMN_MODEL = """
 def model():
@@ -77,6 +79,18 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         text=True,
         timeout=timeout,
     )
+
+
+def train_summary(model_def: Path, data: Path, run: Path, *flags: str) -> dict:
+    """``elastic-step train`` of ``model_def`` on ``data`` into ``run`` with ``flags``: the
+    summary of a run that exited 0 having trained every epoch's records exactly."""
+    train = run_cli(
+        "train", "--model-def", str(model_def), "--data", str(data), "--output", str(run), *flags
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert records_exact(summary), summary["epochs"]
+    return summary
 
 
 def evaluate(run: Path, data: Path, metrics: Path) -> dict:

@@ -110,6 +110,14 @@ class TrainRun:
     def summary(self) -> dict:
         return json.loads((self.output / "summary.json").read_text())
 
+    def exact_summary(self, timeout: float = 240) -> dict:
+        """The summary of a run that exited 0 within ``timeout`` seconds having trained every
+        epoch's records exactly."""
+        assert self.wait(timeout) == 0, self.log()[-3000:]
+        summary = self.summary()
+        assert records_exact(summary), summary["epochs"]
+        return summary
+
     def wait_for(
         self,
         what: str,
@@ -223,6 +231,13 @@ def _signal_groups(pids, sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, sig)
+
+
+def kill_a_running_worker(status: dict) -> dict:
+    """SIGKILLs the first running worker in ``status``; its entry there."""
+    victim = next(m for m in status["workers"] if m["state"] == "running")
+    os.kill(victim["pid"], signal.SIGKILL)
+    return victim
 
 
 def mid_epoch(status: dict) -> bool:

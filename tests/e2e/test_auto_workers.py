@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import TrainRun, records_exact
+from conftest import TrainRun
 
 pytestmark = pytest.mark.e2e
 
@@ -66,19 +66,25 @@ def two_reader_model(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_a_job_whose_source_serves_two_readers_settles_at_two_or_three(tmp_path, digits_data):
-    run = TrainRun(
-        digits_data, tmp_path / "run",
-        "--epochs", "14", "--records-per-task", "128", "--workers", "1", "--max-workers", "4",
-        "--auto-workers", "--grow-after", str(GROW_AFTER_S),
-        model_def=two_reader_model(tmp_path),
-    ).start()  # fmt: skip
+def _run_two_reader_job(
+    tmp_path: Path, data: Path, *flags: str, timeout: float
+) -> tuple[TrainRun, dict]:
+    """A job on the two-reader source, run to its end within ``timeout`` seconds: the run, and
+    its summary (every epoch's records trained exactly)."""
+    run = TrainRun(data, tmp_path / "run", *flags, model_def=two_reader_model(tmp_path)).start()
     try:
-        assert run.wait(timeout=400) == 0, run.log()[-3000:]
+        return run, run.exact_summary(timeout)
     finally:
         run.kill_all()
-    summary = run.summary()
-    assert records_exact(summary)
+
+
+def test_a_job_whose_source_serves_two_readers_settles_at_two_or_three(tmp_path, digits_data):
+    run, summary = _run_two_reader_job(
+        tmp_path, digits_data,
+        "--epochs", "14", "--records-per-task", "128", "--workers", "1", "--max-workers", "4",
+        "--auto-workers", "--grow-after", str(GROW_AFTER_S),
+        timeout=400,
+    )  # fmt: skip
     sizing = summary["worker_sizing"]
     assert sizing["policy"] == "throughput"
     decisions = sizing["decisions"]
@@ -106,18 +112,12 @@ def test_a_job_whose_source_serves_two_readers_settles_at_two_or_three(tmp_path,
 
 def test_a_worker_left_pending_is_given_back_and_not_asked_for_at_once(tmp_path, digits_data):
     # Two local slots: the PS and one worker fill them, so a second worker waits.
-    run = TrainRun(
-        digits_data, tmp_path / "run",
+    run, summary = _run_two_reader_job(
+        tmp_path, digits_data,
         "--epochs", "5", "--records-per-task", "128", "--workers", "1", "--max-workers", "3",
         "--auto-workers", "--grow-after", "2", "--local-slots", "2",
-        model_def=two_reader_model(tmp_path),
-    ).start()  # fmt: skip
-    try:
-        assert run.wait(timeout=300) == 0, run.log()[-3000:]
-    finally:
-        run.kill_all()
-    summary = run.summary()
-    assert records_exact(summary)
+        timeout=300,
+    )  # fmt: skip
     decisions = summary["worker_sizing"]["decisions"]
     grow, back, *later = decisions
     assert (grow["action"], grow["workers_to"]) == ("grow", 2), decisions

@@ -4,16 +4,26 @@ test_fault_tolerance.py so that `make test` can run the two files side by side.)
 
 from __future__ import annotations
 
-import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
-from conftest import mid_epoch, pid_alive, records_exact
+from conftest import TrainRun, kill_a_running_worker, mid_epoch, pid_alive
 
 pytestmark = pytest.mark.e2e
 
 EPOCHS = ["--epochs", "4"]  # as digits_run, the reference
+
+
+@contextmanager
+def _held_members(run: TrainRun) -> Iterator[dict[str, int]]:
+    """The run held mid-epoch (TrainRun.held): yields the pids of its 2 workers and 1 PS."""
+    with run.held(mid_epoch) as status:
+        members = run.member_pids(status)
+        assert len(members) == 3
+        yield members
 
 
 def test_a_standby_takes_a_killed_workers_slot_and_is_cleaned_up(train_run):
@@ -27,11 +37,8 @@ def test_a_standby_takes_a_killed_workers_slot_and_is_cleaned_up(train_run):
 
     with run.held(standby_ready) as status:
         assert [m["id"] for m in status["standby"]] == ["standby-0"]
-        victim = next(m for m in status["workers"] if m["state"] == "running")
-        os.kill(victim["pid"], signal.SIGKILL)
-    assert run.wait() == 0, run.log()[-3000:]
-    summary = run.summary()
-    assert records_exact(summary), summary["epochs"]
+        kill_a_running_worker(status)
+    summary = run.exact_summary()
     assert summary["standby"] == {"slots": 1, "promoted": 1}
     assert summary["restarts"]["worker"] == 1
     assert summary["metrics"]["accuracy"] > 0.85
@@ -52,18 +59,14 @@ def test_a_standby_takes_a_killed_workers_slot_and_is_cleaned_up(train_run):
 
 def test_master_killed_and_rerun_adopts_workers(train_run):
     run = train_run(*EPOCHS).start()
-    with run.held(mid_epoch) as before:
-        members = run.member_pids(before)
-        assert len(members) == 3
+    with _held_members(run) as members:
         run.proc.send_signal(signal.SIGKILL)
         run.proc.wait(timeout=10)
     time.sleep(1)
     assert all(pid_alive(pid) for pid in members.values()), "workers and PS outlive the master"
 
     rerun = train_run(*EPOCHS, output=run.output).start()
-    assert rerun.wait() == 0, rerun.log()[-3000:]
-    summary = rerun.summary()
-    assert records_exact(summary)
+    summary = rerun.exact_summary()
     assert summary["restarts"] == {"worker": 0, "ps": 0, "master": 1}
     after = {m["id"]: m["pid"] for m in rerun.status()["workers"] + rerun.status()["ps"]}
     assert after == members, "the same processes finished the job: adopted, not restarted"
@@ -72,9 +75,7 @@ def test_master_killed_and_rerun_adopts_workers(train_run):
 
 def test_sigterm_to_master_removes_every_process(train_run):
     run = train_run(*EPOCHS).start()
-    with run.held(mid_epoch) as status:
-        members = run.member_pids(status)
-        assert len(members) == 3
+    with _held_members(run) as members:
         run.proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     code = run.proc.wait(timeout=30)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 from kfp import dsl, local
+from mlflow.tracking import MlflowClient
 from mlflow_server import MlflowServer
 
 from elastic_step.components.kfp_components import elastic_train
@@ -82,12 +83,19 @@ def summary_of(root) -> dict:
     return json.loads(open(train["summary"]["artifacts"][0]["uri"]).read())
 
 
+def pipeline_run(server: MlflowServer, experiment_name: str) -> tuple[MlflowClient, str, str]:
+    """What KFP has made in MLflow before a run's tasks start: a new experiment, and in it
+    the pipeline run's own run, still running. (A client, the experiment's id, the run's.)"""
+    client = server.client()
+    experiment = client.create_experiment(experiment_name)
+    parent = client.create_run(experiment, run_name="pipeline-run").info.run_id
+    return client, experiment, parent
+
+
 def test_kfp_s_mlflow_config_nests_the_step_s_run_under_the_pipeline_run(
     server, digits_data, tmp_path
 ) -> None:
-    client = server.client()
-    experiment = client.create_experiment("kfp-config")
-    parent = client.create_run(experiment, run_name="pipeline-run").info.run_id
+    client, experiment, parent = pipeline_run(server, "kfp-config")
     run_train_step(
         tmp_path, digits_data, {"KFP_MLFLOW_CONFIG": kfp_config(server, experiment, parent)}
     )
@@ -104,9 +112,7 @@ def test_kfp_s_mlflow_config_nests_the_step_s_run_under_the_pipeline_run(
 def test_kfp_s_injected_run_gets_the_step_s_metrics_and_kfp_ends_it(
     server, digits_data, tmp_path
 ) -> None:
-    client = server.client()
-    experiment = client.create_experiment("kfp-injected")
-    parent = client.create_run(experiment, run_name="pipeline-run").info.run_id
+    client, experiment, parent = pipeline_run(server, "kfp-injected")
     # What KFP's driver made for the task before it started (plugin's OnTaskStart).
     nested = client.create_run(
         experiment, run_name="elastic-train", tags={PARENT_TAG: parent}

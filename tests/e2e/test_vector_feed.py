@@ -7,8 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from cli_runs import evaluate, mlp_classifier, run_cli, write_job_inputs
-from conftest import records_exact
+from cli_runs import evaluate, mlp_classifier, run_cli, train_summary, write_job_inputs
 
 pytestmark = pytest.mark.e2e
 
@@ -44,14 +43,11 @@ def test_sequential_vector_model_with_missing_values(tmp_path):
     assert acidity["fill"] == acidity["mean"] and 7.5 < acidity["mean"] < 8.5
     assert schema["one_hot"] is True
 
-    train = run_cli(
-        "train", "--model-def", str(tmp_path / "model.py"), "--data", str(data),
-        "--output", str(run), "--workers", "2", "--ps", "1", "--epochs", "6",
-        "--batch-size", "32", "--records-per-task", "64",
+    summary = train_summary(
+        tmp_path / "model.py", data, run,
+        "--workers", "2", "--ps", "1", "--epochs", "6", "--batch-size", "32",
+        "--records-per-task", "64",
     )  # fmt: skip
-    assert train.returncode == 0, train.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
-    assert records_exact(summary)
     # Every evaluation saw finite inputs: an unfilled (NaN) value would poison the weights.
     assert all(np.isfinite(e["metrics"]["loss"]) for e in summary["evaluations"])
     assert summary["metrics"]["accuracy"] > 0.9

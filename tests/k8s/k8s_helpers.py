@@ -12,7 +12,11 @@ from typing import Any
 from kubernetes import client, watch
 
 # Shared with the cluster's start (tests/cluster, put on sys.path by conftest.py).
-from local_cluster import container_log, wait_for  # noqa: F401 - the tests import them from here
+from local_cluster import (  # noqa: F401 - the tests import them from here
+    container_log,
+    create_secret,
+    wait_for,
+)
 
 #: The labels of the tests' own pods. The tests create them as the elastic-step-master
 #: ServiceAccount, which manifests/admission-policy.yaml holds to the pods of a job.
@@ -151,6 +155,29 @@ def wait_running(
             raise AssertionError(f"pod {name} ended: {pod.status}")
         time.sleep(0.2)
     raise TimeoutError(f"timed out after {timeout}s waiting for pod {name} Running")
+
+
+def bound_claim(
+    core: client.CoreV1Api, namespace: str, name: str, access_mode: str
+) -> client.V1PersistentVolumeClaim:
+    """Creates a 100Mi PersistentVolumeClaim and waits (60 s at most) until it is bound: the
+    bound claim."""
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": [access_mode],
+                "resources": {"requests": {"storage": "100Mi"}},
+            },
+        },
+    )
+
+    def bound() -> client.V1PersistentVolumeClaim | None:
+        pvc = core.read_namespaced_persistent_volume_claim(name, namespace)
+        return pvc if pvc.status.phase == "Bound" else None
+
+    return wait_for(f"the claim {name} to be bound", bound, timeout=60)
 
 
 def last_json_line(text: str) -> Any:

@@ -281,17 +281,24 @@ def test_a_pod_name_taken_by_another_pod_fails_the_instance(admin, restricted, n
     assert event.reason is ExitReason.CRASHED and "is not instance worker-0" in event.message
 
 
-class _FailingCreates:
+class _CoreStandIn:
+    """The core API passed through, but for the calls a subclass defines."""
+
+    def __init__(self, core: client.CoreV1Api) -> None:
+        self._core = core
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+
+class _FailingCreates(_CoreStandIn):
     """The core API, except that the next ``failures`` pod creates fail as an overloaded or
     unreachable API server would (503, or no answer)."""
 
     def __init__(self, core: client.CoreV1Api, failures: int, status: int | None) -> None:
-        self._core = core
+        super().__init__(core)
         self.failures = failures
         self._status = status
-
-    def __getattr__(self, name):
-        return getattr(self._core, name)
 
     def create_namespaced_pod(self, *args, **kwargs):
         if self.failures > 0:
@@ -339,17 +346,14 @@ class _FakeStream:
         pass
 
 
-class _GoneOnce:
+class _GoneOnce(_CoreStandIn):
     """The core API, except that the next watch answers 410 Gone (as a status or as an ERROR
     event in the stream): the apiserver's way of saying its resourceVersion is too old."""
 
     def __init__(self, core: client.CoreV1Api, in_stream: bool) -> None:
-        self._core = core
+        super().__init__(core)
         self._in_stream = in_stream
         self.armed = True
-
-    def __getattr__(self, name):
-        return getattr(self._core, name)
 
     def list_namespaced_pod(self, *args, **kwargs):
         if kwargs.get("watch") and self.armed:

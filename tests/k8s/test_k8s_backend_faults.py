@@ -21,16 +21,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from k8s_helpers import PACED, container_log
+from k8s_helpers import bound_claim, container_log
 from k8s_helpers import wait_for as poll
 from kubernetes import client
 from kubernetes.utils import parse_quantity
 from test_k8s_backend_support import (
-    REPO,
     clean_namespace,
     digits_fixture,  # noqa: F401 - the fixture digits
     master_pod_manifest,
     new_job_name,
+    paced_train_argv,
     pod_log,
     read_status,
     restricted_fixture,  # noqa: F401 - the fixture restricted
@@ -66,24 +66,6 @@ def _sleeper(name: str, millicpu: int, seconds: int) -> dict:
     )
     pod["spec"]["priorityClassName"] = HIGH
     return pod
-
-
-def _claim(core: client.CoreV1Api, ns: str, name: str) -> None:
-    core.create_namespaced_persistent_volume_claim(
-        ns,
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "resources": {"requests": {"storage": "100Mi"}},
-            },
-        },
-    )
-    poll(
-        f"the claim {name} bound",
-        lambda: core.read_namespaced_persistent_volume_claim(name, ns).status.phase == "Bound",
-        timeout=60,
-    )
 
 
 class _StateWatch:
@@ -127,7 +109,7 @@ def claim(cluster, restricted) -> Iterator[str]:
     name, ns = f"shared-{new_job_name()}", restricted.name
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
-        _claim(core, ns, name)
+        bound_claim(core, ns, name, "ReadWriteMany")
         try:
             yield name
         finally:
@@ -143,16 +125,14 @@ def test_a_job_rides_out_a_small_node_preemption_a_second_master_and_a_lost_ps(
     cluster, restricted, digits, claim
 ):
     ns, job = restricted.name, new_job_name()
-    argv = [
-        sys.executable, "-m", "elastic_step", "train",
-        "--model-def", str(PACED), "--data", str(digits), "--output", f"{SHARED}/run",
-        "--batch-size", "4", "--records-per-task", "32", "--seed", "7", "--epochs", "24",
+    argv = paced_train_argv(
+        digits, f"{SHARED}/run", job,
+        "--batch-size", "4", "--records-per-task", "32", "--epochs", "24",
         "--workers", "2", "--min-workers", "1", "--ps", "1", "--checkpoint-steps", "20",
-        "--job-name", job, "--backend", "kubernetes", "--env", f"PYTHONPATH={REPO}",
         "--worker-cpu", "1", "--ps-cpu", "1",
         "--worker-priority-class", LOW, "--high-priority-class", HIGH,
         "--volume", f"claim={claim},mount={SHARED}",
-    ]  # fmt: skip
+    )  # fmt: skip
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
         coordination = client.CoordinationV1Api(api)

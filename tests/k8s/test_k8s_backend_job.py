@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from k8s_helpers import PACED, container_log, pid_of
+from k8s_helpers import container_log, pid_of
 from k8s_helpers import wait_for as poll
 from kubernetes import client
 from test_k8s_backend_support import (
@@ -28,6 +28,7 @@ from test_k8s_backend_support import (
     digits_fixture,  # noqa: F401 - the fixture digits
     master_pod_manifest,
     new_job_name,
+    paced_train_argv,
     pod_log,
     read_status,
     restricted_fixture,  # noqa: F401 - the fixture restricted
@@ -40,19 +41,16 @@ from elastic_step.backends import kubernetes_pods as pods
 def test_a_job_runs_through_the_kubernetes_backend(cluster, restricted, digits, tmp_path):
     ns, job = restricted.name, new_job_name()
     output = tmp_path / "run"
-    argv = [
-        sys.executable, "-m", "elastic_step", "train",
-        "--model-def", str(PACED), "--data", str(digits), "--output", str(output),
+    argv = paced_train_argv(
+        digits, output, job,
         # Epochs enough to outlast a standby's loading (its windows compile before it is
         # ready), however fast training has become: 15 epochs of 180 paced batches last at
         # least 34 s with 2 workers.
-        "--batch-size", "8", "--records-per-task", "64", "--seed", "7", "--epochs", "15",
-        "--workers", "2", "--ps", "1", "--standby", "1", "--job-name", job,
-        "--backend", "kubernetes", "--kubeconfig", str(restricted.master_kubeconfig),
+        "--batch-size", "8", "--records-per-task", "64", "--epochs", "15",
+        "--workers", "2", "--ps", "1", "--standby", "1",
+        "--kubeconfig", str(restricted.master_kubeconfig),
         "--namespace", ns, "--image", "local/process", "--ps-cpu", "1",
-        # The process kubelet runs pods on this machine: they import this checkout.
-        "--env", f"PYTHONPATH={REPO}",
-    ]  # fmt: skip
+    )  # fmt: skip
     log_path = tmp_path / "master.log"
     with cluster.admin() as api, open(log_path, "w") as log:
         core = client.CoreV1Api(api)
@@ -138,13 +136,11 @@ def test_a_master_pod_replaced_mid_job_is_found_again_by_its_service(
     # The job must still run when the second master starts, however fast training has
     # become: its model paces each training batch, so 8 epochs of batches of 8 last at least
     # 18 s of training after the test has seen it under way.
-    argv = [
-        sys.executable, "-m", "elastic_step", "train",
-        "--model-def", str(PACED), "--data", str(digits), "--output", str(output),
-        "--batch-size", "8", "--records-per-task", "64", "--seed", "7", "--epochs", "8",
-        "--workers", "2", "--ps", "1", "--job-name", job, "--backend", "kubernetes",
-        "--env", f"PYTHONPATH={REPO}",
-    ]  # fmt: skip
+    argv = paced_train_argv(
+        digits, output, job,
+        "--batch-size", "8", "--records-per-task", "64", "--epochs", "8", "--workers", "2",
+        "--ps", "1",
+    )  # fmt: skip
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
 
@@ -257,14 +253,12 @@ def _start_master_pod_job(
     """A master pod running a job, once its training is under way: (job, its command, master
     pod)."""
     job = new_job_name()
-    argv = [
-        sys.executable, "-m", "elastic_step", "train",
-        # Paced: the job outlasts two stops and a resume, however fast training has become.
-        "--model-def", str(PACED), "--data", str(digits), "--output", str(output),
-        "--batch-size", "8", "--records-per-task", "64", "--seed", "7", "--epochs", "12",
-        "--workers", "2", "--ps", "1", "--job-name", job, "--backend", "kubernetes",
-        "--env", f"PYTHONPATH={REPO}",
-    ]  # fmt: skip
+    # Paced: the job outlasts two stops and a resume, however fast training has become.
+    argv = paced_train_argv(
+        digits, output, job,
+        "--batch-size", "8", "--records-per-task", "64", "--epochs", "12", "--workers", "2",
+        "--ps", "1",
+    )  # fmt: skip
     name = f"{job}-step"
     core.create_namespaced_pod(ns, master_pod_manifest(name, argv))
 

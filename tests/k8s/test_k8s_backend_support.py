@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from k8s_helpers import container_log, wait_for
+from k8s_helpers import PACED, container_log, wait_for
 from kubernetes import client, utils
 from kubernetes.client.rest import ApiException
 from local_cluster import write_token_kubeconfig
@@ -200,6 +200,19 @@ def pod_log(cluster, core: client.CoreV1Api, name: str, namespace: str) -> str:
         return container_log(cluster.workdir, core.read_namespaced_pod(name, namespace))[-3000:]
     except Exception as e:
         return f"<no log: {e}>"
+
+
+def paced_train_argv(digits: Path, output: Path | str, job: str, *flags: str) -> list[str]:
+    """``elastic-step train`` of the paced model (k8s_helpers.PACED) on ``digits``, as job
+    ``job`` on the Kubernetes backend, with ``flags`` for the rest of its settings."""
+    return [
+        sys.executable, "-m", "elastic_step", "train",
+        "--model-def", str(PACED), "--data", str(digits), "--output", str(output),
+        "--seed", "7", "--job-name", job, "--backend", "kubernetes",
+        # The process kubelet runs pods on this machine: they import this checkout.
+        "--env", f"PYTHONPATH={REPO}",
+        *flags,
+    ]  # fmt: skip
 
 
 def master_pod_manifest(name: str, argv: list[str]) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from k8s_helpers import container_log, wait_terminal
+from k8s_helpers import container_log, create_secret, wait_terminal
 from kubernetes import client
 from s3_server import REGION
 from test_k8s_backend_support import (
@@ -126,18 +126,13 @@ def test_the_train_component_runs_as_a_step_pod_on_s3(cluster, restricted, s3_en
     server_env = s3_env.env()
     with cluster.admin() as api:
         core = client.CoreV1Api(api)
-        core.create_namespaced_secret(
-            ns,
-            {
-                "metadata": {"name": secret},
-                "stringData": {
-                    "AWS_ACCESS_KEY_ID": server_env["AWS_ACCESS_KEY_ID"],
-                    "AWS_SECRET_ACCESS_KEY": server_env["AWS_SECRET_ACCESS_KEY"],
-                    "AWS_ENDPOINT_URL": server_env["AWS_ENDPOINT_URL"],
-                    "AWS_REGION": REGION,
-                },
-            },
-        )
+        s3_credentials = {
+            "AWS_ACCESS_KEY_ID": server_env["AWS_ACCESS_KEY_ID"],
+            "AWS_SECRET_ACCESS_KEY": server_env["AWS_SECRET_ACCESS_KEY"],
+            "AWS_ENDPOINT_URL": server_env["AWS_ENDPOINT_URL"],
+            "AWS_REGION": REGION,
+        }
+        create_secret(api, ns, secret, s3_credentials)
         try:
             executor_input = _executor_input(bucket, secret)
             core.create_namespaced_pod(ns, _step_pod(name, run_id, executor_input, secret))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from k8s_helpers import (
     container_log,
@@ -23,9 +24,18 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-def test_container_over_its_memory_limit_is_oom_killed(cluster, sa_api) -> None:
+def _run_to_its_end(
+    cluster, sa_api, prefix: str, script: str, *, timeout: float = 90, **pod_options: Any
+) -> client.V1Pod:
+    """Runs ``script`` in a new pod (python_pod's ``pod_options``), created as the
+    ServiceAccount; the pod once it has ended."""
     core = client.CoreV1Api(sa_api)
-    ns, name = cluster.namespace, _name("oom")
+    name = _name(prefix)
+    core.create_namespaced_pod(cluster.namespace, python_pod(name, script, **pod_options))
+    return wait_terminal(core, cluster.namespace, name, timeout=timeout)
+
+
+def test_container_over_its_memory_limit_is_oom_killed(cluster, sa_api) -> None:
     hog = (
         "import sys\n"
         "print(open('/proc/self/cgroup').read(), flush=True)\n"
@@ -34,9 +44,8 @@ def test_container_over_its_memory_limit_is_oom_killed(cluster, sa_api) -> None:
         "    chunks.append(b'x' * (8 << 20))\n"  # written pages: charged to the cgroup
     )
     limits = {"memory": "96Mi"}
-    pod = python_pod(name, hog, resources={"requests": limits, "limits": limits})
-    core.create_namespaced_pod(ns, pod)
-    done = wait_terminal(core, ns, name, timeout=90)
+    resources = {"requests": limits, "limits": limits}
+    done = _run_to_its_end(cluster, sa_api, "oom", hog, timeout=90, resources=resources)
     status = done.status.container_statuses[0]
     terminated = status.state.terminated
     assert done.status.phase == "Failed"
@@ -47,12 +56,8 @@ def test_container_over_its_memory_limit_is_oom_killed(cluster, sa_api) -> None:
 
 
 def test_exit_code_and_signal_of_a_killed_container(cluster, sa_api) -> None:
-    core = client.CoreV1Api(sa_api)
-    ns, name = cluster.namespace, _name("sigterm")
-    core.create_namespaced_pod(
-        ns, python_pod(name, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
-    )
-    done = wait_terminal(core, ns, name)
+    sigterm = "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"
+    done = _run_to_its_end(cluster, sa_api, "sigterm", sigterm)
     status = done.status.container_statuses[0]
     terminated = status.state.terminated
     assert done.status.phase == "Failed"
@@ -62,8 +67,6 @@ def test_exit_code_and_signal_of_a_killed_container(cluster, sa_api) -> None:
 
 
 def test_on_failure_restarts_in_place_and_records_last_state(cluster, sa_api) -> None:
-    core = client.CoreV1Api(sa_api)
-    ns, name = cluster.namespace, _name("flaky")
     # Fails the first time, succeeds the second: the emptyDir outlives the container.
     script = (
         "import os, sys\n"
@@ -71,15 +74,16 @@ def test_on_failure_restarts_in_place_and_records_last_state(cluster, sa_api) ->
         "    open('/state/ran', 'w').close()\n"
         "    sys.exit(3)\n"
     )
-    pod = python_pod(
-        name,
+    done = _run_to_its_end(
+        cluster,
+        sa_api,
+        "flaky",
         script,
+        timeout=60,
         volume_mounts=[{"name": "state", "mountPath": "/state"}],
         volumes=[{"name": "state", "emptyDir": {}}],
+        restartPolicy="OnFailure",
     )
-    pod["spec"]["restartPolicy"] = "OnFailure"
-    core.create_namespaced_pod(ns, pod)
-    done = wait_terminal(core, ns, name, timeout=60)
     status = done.status.container_statuses[0]
     assert done.status.phase == "Succeeded"
     assert status.restart_count == 1

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from k8s_helpers import (
     TEST_POD_LABELS,
+    bound_claim,
     container_log,
     last_json_line,
     python_pod,
@@ -17,11 +18,10 @@ from k8s_helpers import (
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-READ_VOLUMES = """
-import errno, json, os, stat
-def read(path):
-    with open(path) as f:
-        return f.read()
+#: The pods' scripts' probe of a path: "ok" if a byte can be written there, else the errno's
+#: name.
+TRY_WRITE = """
+import errno
 def try_write(path):
     try:
         with open(path, "w") as f:
@@ -29,6 +29,15 @@ def try_write(path):
         return "ok"
     except OSError as err:
         return errno.errorcode[err.errno]
+"""
+
+READ_VOLUMES = (
+    TRY_WRITE
+    + """
+import json, os, stat
+def read(path):
+    with open(path) as f:
+        return f.read()
 out = {
     "password": read("/etc/creds/password"),
     "password_mode": oct(stat.S_IMODE(os.stat("/etc/creds/password").st_mode)),
@@ -48,6 +57,7 @@ out = {
 }
 print(json.dumps(out), flush=True)
 """
+)
 
 PVC_STEP = """
 import json, os, sys
@@ -155,22 +165,7 @@ def test_secret_configmap_emptydir_downward_api_and_subpath(cluster, sa_api, adm
 def test_persistent_volume_claim_is_shared_by_pods_in_sequence(cluster, sa_api, admin_api) -> None:
     admin, core = client.CoreV1Api(admin_api), client.CoreV1Api(sa_api)
     ns, claim = cluster.namespace, _name("ckpt")
-    admin.create_namespaced_persistent_volume_claim(
-        ns,
-        {
-            "metadata": {"name": claim},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "100Mi"}},
-            },
-        },
-    )
-
-    def bound() -> client.V1PersistentVolumeClaim | None:
-        pvc = admin.read_namespaced_persistent_volume_claim(claim, ns)
-        return pvc if pvc.status.phase == "Bound" else None
-
-    pvc = wait_for("the claim to be bound", bound, timeout=60)
+    pvc = bound_claim(admin, ns, claim, "ReadWriteOnce")
     assert pvc.spec.storage_class_name == "process-local"  # the default StorageClass
     volume = pvc.spec.volume_name
 
@@ -239,26 +234,22 @@ def test_pod_waits_for_a_missing_secret_then_starts(cluster, sa_api, admin_api) 
     admin.delete_namespaced_secret(secret, ns)
 
 
-READ_ONLY_ROOT = r"""
-import errno, json, os, tempfile
-def write(path):
-    try:
-        with open(path, "w") as f:
-            f.write("x")
-        return "ok"
-    except OSError as err:
-        return errno.errorcode[err.errno]
+READ_ONLY_ROOT = (
+    TRY_WRITE
+    + """
+import json, os, tempfile
 with open("/dev/null", "w") as f:
     f.write("x")
 print(json.dumps({
-    "root": write("/written-at-root"),
-    "etc": write("/etc/written"),
-    "home": write(os.path.expanduser("~") + "/written"),
-    "tmp": write("/tmp/written"),
+    "root": try_write("/written-at-root"),
+    "etc": try_write("/etc/written"),
+    "home": try_write(os.path.expanduser("~") + "/written"),
+    "tmp": try_write("/tmp/written"),
     "tempfile": bool(tempfile.mkstemp()),
-    "scratch": write("/scratch/written"),
+    "scratch": try_write("/scratch/written"),
 }), flush=True)
 """
+)
 
 
 def test_a_read_only_root_leaves_only_the_volumes_writable(cluster, sa_api) -> None:

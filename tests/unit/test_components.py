@@ -162,14 +162,22 @@ TRAIN_SETTINGS = dict(
 )
 
 
-def test_the_train_command_on_kubernetes_is_one_the_cli_takes() -> None:
+def _train_command(model_uri: str, backend: str, **settings) -> tuple:
+    """The train command on REMOTE's data for a model at ``model_uri`` (TRAIN_SETTINGS, with
+    ``settings`` over them), and the CLI's parse of its argv."""
     command = train_command(
         dataset=REMOTE,
-        model=dsl.Model(name="model", uri="minio://mlpipeline/v2/artifacts/p/run/train/y/model"),
-        backend="kubernetes",
-        **TRAIN_SETTINGS,
+        model=dsl.Model(name="model", uri=model_uri),
+        backend=backend,
+        **{**TRAIN_SETTINGS, **settings},
     )
-    args = build_parser().parse_args(command.argv)
+    return command, build_parser().parse_args(command.argv)
+
+
+def test_the_train_command_on_kubernetes_is_one_the_cli_takes() -> None:
+    command, args = _train_command(
+        "minio://mlpipeline/v2/artifacts/p/run/train/y/model", "kubernetes"
+    )
     assert (args.data, args.output) == (REMOTE.uri, command.output)
     assert command.output.startswith("minio://") and args.job_name == command.job_name
     assert (args.epochs, args.batch_size, args.workers, args.max_workers) == (3, 32, 2, 6)
@@ -184,13 +192,7 @@ def test_the_train_command_on_kubernetes_is_one_the_cli_takes() -> None:
 
 
 def test_the_train_command_with_local_workers_has_no_kubernetes_flags() -> None:
-    command = train_command(
-        dataset=REMOTE,
-        model=dsl.Model(name="model", uri="/tmp/root/p/run/train/model"),
-        backend="local",
-        **{**TRAIN_SETTINGS, "max_workers": 0},
-    )
-    args = build_parser().parse_args(command.argv)
+    _, args = _train_command("/tmp/root/p/run/train/model", "local", max_workers=0)
     assert (args.backend, args.data, args.max_workers) == ("local", REMOTE.path, None)
     assert args.image is None and args.volume == [] and args.storage_secret is None
 

@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from backend_contract import wait_for
 
 from elastic_step.backends.api import (
     BackendError,
     EventKind,
     ExitReason,
-    InstanceEvent,
     LaunchSpec,
     Role,
 )
@@ -79,19 +79,6 @@ def launch(backend: LocalBackend, procs: Processes, name: str, code: str, **kw) 
     assert started.pid is not None
     procs.track(started.pid)
     return started.pid
-
-
-def wait_for(
-    backend: LocalBackend, name: str, kind: EventKind, timeout_s: float = 10.0
-) -> InstanceEvent:
-    deadline = time.monotonic() + timeout_s
-    seen = []
-    while time.monotonic() < deadline:
-        for event in backend.next_events(0.1):
-            if event.name == name and event.kind is kind:
-                return event
-            seen.append(event)
-    raise AssertionError(f"no {kind.value} event for {name} in {timeout_s} s; saw {seen}")
 
 
 def wait_for_text(path: Path, text: str, timeout_s: float = 10.0) -> None:

@@ -93,6 +93,14 @@ def first_batch(definition: ModelDefinition, data: Path):
     return model, labels, model(features, training=False)
 
 
+def loss_and_crossentropies(definition: ModelDefinition, data: Path) -> tuple[float, np.ndarray]:
+    """The definition's loss on the sample batch, and the per-example sparse categorical
+    cross-entropy of the batch's logits: what a cross-entropy loss reduces."""
+    _, labels, outputs = first_batch(definition, data)
+    per_example = keras.losses.sparse_categorical_crossentropy(labels, outputs, True)
+    return float(definition.loss(labels, outputs)), np.asarray(per_example)
+
+
 def problem(tmp_path: Path, data: Path, source: str) -> str:
     with pytest.raises(ModelDefinitionError) as info:
         checked(tmp_path, data, source)
@@ -113,10 +121,9 @@ def test_a_per_example_loss_function_is_reduced_by_its_mean(tmp_path, class3_dat
         + "    return keras.losses.sparse_categorical_crossentropy(labels, outputs, True)\n"
         + "\noptimizer = keras.optimizers.SGD(0.1)\n",
     )
-    _, labels, outputs = first_batch(definition, class3_data)
-    per_example = keras.losses.sparse_categorical_crossentropy(labels, outputs, True)
+    loss, per_example = loss_and_crossentropies(definition, class3_data)
     assert per_example.shape == (8,)
-    assert float(definition.loss(labels, outputs)) == pytest.approx(float(np.mean(per_example)))
+    assert loss == pytest.approx(float(np.mean(per_example)))
 
 
 def test_a_scalar_loss_function_keeps_its_value(tmp_path, class3_data):
@@ -165,10 +172,8 @@ def test_a_loss_object_keeps_its_reduction(tmp_path, class3_data, reduction, red
         + f"    from_logits=True, reduction={reduction!r})\n"
         + "\noptimizer = keras.optimizers.SGD(0.1)\n",
     )
-    _, labels, outputs = first_batch(definition, class3_data)
-    per_example = keras.losses.sparse_categorical_crossentropy(labels, outputs, True)
-    expected = float(reduce(per_example))
-    assert float(definition.loss(labels, outputs)) == pytest.approx(expected, rel=1e-5)
+    loss, per_example = loss_and_crossentropies(definition, class3_data)
+    assert loss == pytest.approx(float(reduce(per_example)), rel=1e-5)
 
 
 def test_loss_names_resolve_as_compile_resolves_them(tmp_path, binary_data):
@@ -205,9 +210,8 @@ def test_a_compiled_model_gives_loss_optimizer_and_metrics(tmp_path, class3_data
     metrics = definition.build_metrics()
     assert list(metrics) == ["accuracy", "top2"]
     assert isinstance(metrics["accuracy"], keras.metrics.SparseCategoricalAccuracy)
-    _, labels, outputs = first_batch(definition, class3_data)
-    per_example = keras.losses.sparse_categorical_crossentropy(labels, outputs, True)
-    assert float(definition.loss(labels, outputs)) == pytest.approx(float(np.sum(per_example)))
+    loss, per_example = loss_and_crossentropies(definition, class3_data)
+    assert loss == pytest.approx(float(np.sum(per_example)))
 
 
 def test_what_the_file_defines_takes_precedence_over_compile(tmp_path, class3_data):

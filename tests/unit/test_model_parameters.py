@@ -257,27 +257,35 @@ def sgd_reference(data: list) -> tuple[keras.Model, list[float], dict]:
     return reference, losses, reference_metrics
 
 
+def train_as_sgd(trainer, data: list) -> keras.Model:
+    """Trains ``data`` as one task, whose loss and metrics must be plain SGD's, each measured
+    on its step's own outputs, before its update; SGD's trained model."""
+    measured = trainer.train(data)
+    reference, losses, reference_metrics = sgd_reference(data)
+    assert_task_measured(measured, losses, reference_metrics)
+    return reference
+
+
+def assert_ps_holds(ps, reference: keras.Model) -> ModelParameters:
+    """A fresh worker (other initial values) pulls every row and variable from ``ps``: they
+    are ``reference``'s. The worker."""
+    pulled = ModelParameters(build_model(seed=99))
+    pulled.pull_all(ps)
+    for variable in reference.trainable_variables:
+        got = pulled.tables.get(variable.path, pulled.dense.get(variable.path)).numpy()
+        np.testing.assert_allclose(got, variable.numpy(), rtol=1e-5, atol=1e-6)
+    return pulled
+
+
 def test_one_step_windows_train_exactly_as_sgd_does(start_ps: StartPS) -> None:
     _, ps = start_ps(lambda: keras.optimizers.SGD(LR))
     model = build_model()
     _, trainer = connect(ps, model, metrics=training_metrics())
     data = batches(5)
-    measured = trainer.train(data)
-    reference, losses, reference_metrics = sgd_reference(data)
+    reference = train_as_sgd(trainer, data)
     assert ps.versions == [5, 5]
-    # The metrics are measured on each step's own outputs, before its update.
-    assert_task_measured(measured, losses, reference_metrics)
-
     # The PS holds the model SGD trains, every row included.
-    worker_b = ModelParameters(build_model(seed=99))
-    worker_b.pull_all(ps)
-    for variable in reference.trainable_variables:
-        np.testing.assert_allclose(
-            worker_b.tables.get(variable.path, worker_b.dense.get(variable.path)).numpy(),
-            variable.numpy(),
-            rtol=1e-5,
-            atol=1e-6,
-        )
+    worker_b = assert_ps_holds(ps, reference)
     # A second worker's own initial values are refused: the shards are filled.
     assert ps.initialize(worker_b.dense_values(), worker_b.table_specs(), {}, 0) == [False, False]
     # The next task's metrics are its own: its one batch, at the model the PS holds now.
@@ -327,15 +335,9 @@ def test_local_steps_with_one_worker_are_its_steps(start_ps: StartPS) -> None:
     model = build_model()
     _, trainer = connect(ps, model, 3, keras.optimizers.SGD(LR), training_metrics())
     data = batches(7)  # windows of 3, 3 and 1
-    measured = trainer.train(data)
-    reference, losses, reference_metrics = sgd_reference(data)
+    reference = train_as_sgd(trainer, data)
     assert ps.versions == [3, 3]
-    assert_task_measured(measured, losses, reference_metrics)
-    pulled = ModelParameters(build_model(seed=99))
-    pulled.pull_all(ps)
-    for variable in reference.trainable_variables:
-        got = pulled.tables.get(variable.path, pulled.dense.get(variable.path)).numpy()
-        np.testing.assert_allclose(got, variable.numpy(), rtol=1e-5, atol=1e-6)
+    assert_ps_holds(ps, reference)
 
 
 class ResultFails(keras.metrics.Mean):
@@ -402,16 +404,19 @@ def build_dense_model(seed: int = 7) -> keras.Model:
     return keras.Model(features, keras.layers.Dense(1)(features))
 
 
+def summed_batches(examples: int, seed: int) -> Callable[[], Iterator]:
+    """``examples`` random 4-vectors, each labelled with its sum, in batches of 4 (for
+    build_dense_model): a new iterator over the same batches at each call."""
+    rng = np.random.default_rng(seed)
+    features = rng.normal(size=(examples, 4)).astype("float32")
+    labels = features.sum(axis=1, keepdims=True)
+    return lambda: iter(tf.data.Dataset.from_tensor_slices((features, labels)).batch(4))
+
+
 def test_a_warm_up_trains_nothing_and_one_trace_serves_every_window() -> None:
     """A standby compiles its window on zero steps: no batch taken, no variable moved, and
     windows of 3 and then 2 steps run on that one trace, training as 5 SGD steps do."""
-    rng = np.random.default_rng(0)
-    features = rng.normal(size=(20, 4)).astype("float32")
-    labels = features.sum(axis=1, keepdims=True)
-
-    def iterator():
-        return iter(tf.data.Dataset.from_tensor_slices((features, labels)).batch(4))
-
+    iterator = summed_batches(20, seed=0)
     model = build_dense_model()
     optimizer = keras.optimizers.SGD(LR)
     steps = Steps(model, loss, ModelParameters(model), optimizer)
@@ -470,13 +475,7 @@ def test_the_evaluation_window_measures_as_batch_by_batch_evaluation_on_one_trac
     """Warmed up on zero steps, the evaluation window took no batch and moved no metric;
     then batches of 4, 4 and 2 examples run on that one trace and give the summed loss and
     the metric states of evaluating them one by one."""
-    rng = np.random.default_rng(1)
-    features = rng.normal(size=(10, 4)).astype("float32")
-    labels = features.sum(axis=1, keepdims=True)
-
-    def iterator():
-        return iter(tf.data.Dataset.from_tensor_slices((features, labels)).batch(4))
-
+    iterator = summed_batches(10, seed=1)
     model = build_dense_model()
     mae = keras.metrics.MeanAbsoluteError()
     steps = Steps(model, loss, ModelParameters(model), metrics={"mae": mae})

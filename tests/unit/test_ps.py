@@ -23,6 +23,7 @@ import grpc
 import keras
 import numpy as np
 import pytest
+from model_defs import linear_regression
 
 from elastic_step.master.instances.job_keys import JobKeys
 from elastic_step.output_layout import OutputLayout
@@ -74,6 +75,12 @@ class Cluster:
     def client(self, timeout_s: float = 10.0, credentials: Credentials = WORKER) -> PSClient:
         client = PSClient(self.addresses, credentials, timeout_s=timeout_s)
         self.clients.append(client)
+        return client
+
+    def initialized_client(self) -> PSClient:
+        """A client that has offered a fresh worker's values (``_params()``) at version 0."""
+        client = self.client()
+        client.initialize(*_params(), model_version=0)
         return client
 
     def shard(self, i: int) -> ParameterShard:
@@ -370,8 +377,7 @@ class _SlowServicer(ParameterServerServicer):
 
 
 def test_other_statuses_are_ps_errors_not_unavailable(start_cluster: StartCluster) -> None:
-    client = start_cluster(servicer_class=_RejectingServicer).client()
-    client.initialize(*_params(), model_version=0)
+    client = start_cluster(servicer_class=_RejectingServicer).initialized_client()
     with pytest.raises(PSError) as e:
         client.push({BIAS: np.ones(2, np.float32)}, {})
     assert not isinstance(e.value, PSUnavailableError)
@@ -389,7 +395,7 @@ def test_refused_credentials_are_ps_errors(cluster: Cluster) -> None:
 
 def test_deadline_exceeded_is_unavailable(start_cluster: StartCluster) -> None:
     cluster = start_cluster(servicer_class=_SlowServicer)
-    cluster.client().initialize(*_params(), model_version=0)
+    cluster.initialized_client()
     with pytest.raises(PSUnavailableError, match="DEADLINE_EXCEEDED"):
         cluster.client(timeout_s=0.2).pull()[0]
 
@@ -479,8 +485,7 @@ def test_servicer_checkpoints_every_n_versions_and_keeps_newest(
     start_cluster: StartCluster, tmp_path: Path
 ) -> None:
     cluster = start_cluster(checkpoint_steps=2, keep_checkpoints=2)
-    client = cluster.client()
-    client.initialize(*_params(), model_version=0)
+    client = cluster.initialized_client()
     client.push({}, {})
     assert not (tmp_path / "checkpoints").exists()  # version 1: no checkpoint yet
     client.push({}, {})
@@ -503,8 +508,7 @@ def test_a_checkpoint_that_cannot_be_written_fails_no_push_and_a_full_disk_ends_
     failure the PS tells the master at once (a real full disk:
     tests/e2e/test_hostile_conditions.py)."""
     cluster = start_cluster(num_ps=1, checkpoint_steps=1)
-    client = cluster.client()
-    client.initialize(*_params(), model_version=0)
+    client = cluster.initialized_client()
     servicer = cluster.servicers[0]
     errors = [OSError(errno.EIO, "Input/output error"), None, OSError(errno.ENOSPC, "x")]
     real_save = checkpoint.save
@@ -536,8 +540,7 @@ def test_checkpoint_errors_that_may_pass_end_the_job_after_three_in_a_row(
     start_cluster: StartCluster, monkeypatch
 ) -> None:
     cluster = start_cluster(num_ps=1, checkpoint_steps=1)
-    client = cluster.client()
-    client.initialize(*_params(), model_version=0)
+    client = cluster.initialized_client()
 
     def save(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
@@ -551,8 +554,7 @@ def test_checkpoint_errors_that_may_pass_end_the_job_after_three_in_a_row(
 
 def test_no_checkpoints_when_steps_is_zero(start_cluster: StartCluster, tmp_path: Path) -> None:
     cluster = start_cluster(checkpoint_steps=0)
-    client = cluster.client()
-    client.initialize(*_params(), model_version=0)
+    client = cluster.initialized_client()
     for _ in range(3):
         client.push({}, {})
     assert not (tmp_path / "checkpoints").exists()
@@ -576,8 +578,7 @@ def test_checkpoint_restores_values_version_and_per_row_optimizer_state(
     start_cluster: StartCluster,
 ) -> None:
     cluster = start_cluster(optimizer=lambda: keras.optimizers.Adam(0.01), checkpoint_steps=3)
-    client = cluster.client()
-    client.initialize(*_params(), model_version=0)
+    client = cluster.initialized_client()
     for step in range(3):
         rng = np.random.default_rng(100 + step)
         client.push(
@@ -743,8 +744,7 @@ def test_shut_down_serves_no_more_and_writes_a_final_checkpoint(
     start_cluster: StartCluster, tmp_path: Path
 ) -> None:
     cluster = start_cluster(num_ps=1, checkpoint_steps=0)
-    client = cluster.client()
-    client.initialize(*_params(), model_version=0)
+    client = cluster.initialized_client()
     for _ in range(3):
         client.push({BIAS: np.ones(2, np.float32)}, {})
     assert shut_down(cluster.servers[0], cluster.servicers[0], "ps-0", signal.SIGTERM) == 143
@@ -763,18 +763,7 @@ def test_shut_down_without_parameters_writes_nothing(
     assert not (tmp_path / "checkpoints").exists()
 
 
-MODEL_DEF = """
-import keras
-
-def model():
-    return keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-
-def loss(labels, outputs):
-    return keras.losses.mean_squared_error(labels, outputs)
-
-def optimizer():
-    return keras.optimizers.SGD(0.1)
-"""
+MODEL_DEF = linear_regression(2)
 
 
 class _JobMaster(master_pb2_grpc.MasterServicer):

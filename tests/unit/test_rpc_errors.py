@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import keras
 import pytest
+from model_defs import linear_regression
 
 from elastic_step.data.schema import Column, Schema
 from elastic_step.master.instances.job_keys import JobKeys
@@ -32,18 +33,7 @@ from elastic_step.worker.worker import main as worker_main
 SECRET = auth.new_secret()
 WORKER = "worker-0"
 
-MODEL_DEF = """
-import keras
-
-def model():
-    return keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-
-def loss(labels, outputs):
-    return keras.losses.mean_squared_error(labels, outputs)
-
-def optimizer():
-    return keras.optimizers.SGD(0.1)
-"""
+MODEL_DEF = linear_regression(1)
 
 
 class _Master(master_pb2_grpc.MasterServicer):

@@ -81,16 +81,21 @@ def test_a_client_without_the_job_certificate_cannot_connect(ps_address: str) ->
     _unavailable(lambda: _pull(ps_address, auth.Credentials("worker-0", token, other)))
 
 
+def _client_pull(address: str, credentials: auth.Credentials) -> None:
+    """One pull through the PS client of an instance with ``credentials``, closed after."""
+    client = PSClient([address], credentials, timeout_s=10)
+    try:
+        client.pull()
+    finally:
+        client.close()
+
+
 def test_a_client_connects_only_to_the_role_it_calls(ps_address: str) -> None:
     """A worker's certificate cannot serve as the PS or the master: clients check the name."""
     credentials = auth.Credentials("worker-0", KEYS.signer.token("worker-0"), KEYS.tls("worker"))
     _unavailable(lambda: _pull(ps_address, credentials, server_role="master"))
-    client = PSClient([ps_address], credentials, timeout_s=10)
-    try:
-        with pytest.raises(PSUnavailableError, match="holds no parameters"):  # the PS answers
-            client.pull()
-    finally:
-        client.close()
+    with pytest.raises(PSUnavailableError, match="holds no parameters"):  # the PS answers
+        _client_pull(ps_address, credentials)
 
 
 def test_a_token_is_bound_to_its_role_certificate(
@@ -107,22 +112,14 @@ def test_a_token_is_bound_to_its_role_certificate(
         "a worker's, with the master's certificate": ("worker-0", worker_token, "master"),
     }
     for what, (name, token, role) in replayed.items():
-        client = PSClient([ps_address], auth.Credentials(name, token, KEYS.tls(role)), 10)
-        try:
-            with pytest.raises(PSError, match="UNAUTHENTICATED"):
-                client.pull()
-        finally:
-            client.close()
+        with pytest.raises(PSError, match="UNAUTHENTICATED"):
+            _client_pull(ps_address, auth.Credentials(name, token, KEYS.tls(role)))
         assert f"with the certificate of '{role}.elastic-step'" in caplog.text, what
     # The same tokens with their own role's certificate are served.
     for name, token in ((auth.MASTER_NAME, master_token), ("worker-0", worker_token)):
         role = auth.role_of(name)
-        client = PSClient([ps_address], auth.Credentials(name, token, KEYS.tls(role)), 10)
-        try:
-            with pytest.raises(PSUnavailableError, match="holds no parameters"):
-                client.pull()
-        finally:
-            client.close()
+        with pytest.raises(PSUnavailableError, match="holds no parameters"):
+            _client_pull(ps_address, auth.Credentials(name, token, KEYS.tls(role)))
 
 
 def test_a_restarted_master_issues_certificates_its_old_instances_trust(ps_address: str) -> None:
