@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -54,6 +55,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _BUILT["kfp-ui"] = build_kfp_ui()
     except ClusterStartError as err:
         pytest.exit(str(err), 1)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test-argo` runs two workers (pytest-xdist), each with its own control plane:
+    the tests of Kubeflow Pipelines (files test_kfp_*.py) all on one, since KFP's API
+    server binds ports it hard-codes, and Argo's own tests on the other."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class KfpApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "kfp" if Path(nodeid.split("::")[0]).name.startswith("test_kfp") else "argo"
+
+    return KfpApart(config, log)
 
 
 @pytest.fixture(scope="session")
