@@ -83,9 +83,15 @@ def test_worker_killed_mid_epoch(train_run, digits_run):
 
 def test_only_ps_killed(train_run):
     run = train_run(*EPOCHS, "--checkpoint-steps", "10").start()
-    with run.held(lambda s: mid_epoch(s) and s["model_version"] >= 12) as status:
-        ps = status["ps"][0]  # it has written a checkpoint
-        os.kill(ps["pid"], signal.SIGKILL)
+    # A checkpoint is written in the background: wait for one to be complete (renamed into
+    # place), not for a model version past it, which a loaded machine reaches first.
+    written = run.output / "checkpoints" / "ps-0-of-1"
+
+    def checkpointed(status: dict) -> bool:
+        return mid_epoch(status) and any(written.glob("version-*.npz"))
+
+    with run.held(checkpointed) as status:
+        os.kill(status["ps"][0]["pid"], signal.SIGKILL)
     summary = run.exact_summary()
     assert summary["restarts"]["ps"] == 1
     assert summary["metrics"]["accuracy"] > 0.85
