@@ -68,7 +68,7 @@ from elastic_step.backends.kubernetes_options import KubernetesOptions
 from elastic_step.backends.kubernetes_run import RunWatch
 from elastic_step.backends.kubernetes_watch import PodWatch, one_line, pod_state
 from elastic_step.errors import InputError
-from elastic_step.kube.calls import backoff_s
+from elastic_step.kube.calls import backoff_s, pod_delete_options
 from elastic_step.kube.client import load_api_client
 
 log = logging.getLogger(__name__)
@@ -260,10 +260,7 @@ class KubernetesBackend(Backend):
                 core.delete_namespaced_pod,
                 metadata["name"],
                 ns,
-                body=client.V1DeleteOptions(
-                    grace_period_seconds=0 if ended else 1,
-                    preconditions=client.V1Preconditions(uid=metadata["uid"]),
-                ),
+                body=pod_delete_options(uid=metadata["uid"], grace_s=0 if ended else 1),
             )
         service, secret = pods.service_name(self._job), pods.secret_name(self._job)
         attempt("delete", "services", core.delete_namespaced_service, service, ns)

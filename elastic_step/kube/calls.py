@@ -156,6 +156,15 @@ def _retry_after(err: ApiException) -> float | None:
         return None
 
 
+def pod_delete_options(*, uid: str | None, grace_s: int) -> client.V1DeleteOptions:
+    """A pod delete with ``grace_s`` seconds to stop; with ``uid``, only of that pod (409
+    Conflict when the name is another pod's now)."""
+    return client.V1DeleteOptions(
+        grace_period_seconds=grace_s,
+        preconditions=client.V1Preconditions(uid=uid) if uid else None,
+    )
+
+
 class KubeCalls:
     """The API of one namespace, called through :meth:`call`.
 
@@ -239,8 +248,8 @@ class KubeCalls:
             log.debug("%s; retrying in %.2f s", error, pause)
             time.sleep(pause)
 
-    def read_pod(self, name: str, retry_for_s: float | None = 30) -> dict[str, Any]:
-        """The pod ``name`` of the namespace, retrying transient failures for ``retry_for_s``."""
+    def read_pod(self, name: str) -> dict[str, Any]:
+        """The pod ``name`` of the namespace, retrying transient failures for 30 s."""
         return self.call(
             "get",
             "pods",
@@ -248,7 +257,7 @@ class KubeCalls:
             name,
             self.namespace,
             object_name=name,
-            retry_for_s=retry_for_s,
+            retry_for_s=30,
         )
 
     def create_pod(self, body: dict) -> dict[str, Any]:
@@ -262,8 +271,7 @@ class KubeCalls:
         )
 
     def delete_pod(self, name: str, *, uid: str | None, grace_s: int) -> dict[str, Any]:
-        """Deletes pod ``name`` with ``grace_s`` seconds to stop; with ``uid``, only if it is
-        still that pod (409 Conflict when the name is another pod's now)."""
+        """Deletes pod ``name`` as :func:`pod_delete_options` says."""
         return self.call(
             "delete",
             "pods",
@@ -271,10 +279,7 @@ class KubeCalls:
             name,
             self.namespace,
             object_name=name,
-            body=client.V1DeleteOptions(
-                grace_period_seconds=grace_s,
-                preconditions=client.V1Preconditions(uid=uid) if uid else None,
-            ),
+            body=pod_delete_options(uid=uid, grace_s=grace_s),
         )
 
     def list_metadata(self, resource: str, path: str, label_selector: str) -> list[dict]:
