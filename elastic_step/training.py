@@ -30,11 +30,12 @@ def train(config: TrainConfig, backend_options: object = None) -> int:
     shards = schema.shard_paths(config.data, "train")
     if not shards or not any(records for _, records in shards):
         raise InputError(f"{config.data}: the train split holds no records")
-    definition = load_model_definition(config.model_def, schema)
+    kind = TrainingJob(config, schema, load_model_definition(config.model_def, schema))
     shard, records = next((s, r) for s, r in shards if r)
-    check_model_definition(definition, read_records(shard, 0, min(SAMPLE_RECORDS, records)))
+    sample = read_records(shard, 0, min(SAMPLE_RECORDS, records))
+    check_model_definition(kind.master_definition, sample)
     log.info("model definition %s checked on %d sample records", config.model_def, SAMPLE_RECORDS)
-    return Job(TrainingJob(config, schema, definition), backend_options=backend_options).run()
+    return Job(kind, backend_options=backend_options).run()
 
 
 #: The master port --dry-run shows when --port is 0 (the master then takes a free port).

@@ -24,7 +24,10 @@ Tests: tests/unit/test_preprocess.py (test_schema_and_records, test_schema_load_
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -163,6 +166,27 @@ class Schema:
                 ):
                     shutil.copyfileobj(source, f, 1 << 20)
         self.save(data_dir)
+
+    def with_ids_cut(self, limit: int, directory: str) -> Schema:
+        """A copy whose categorical columns have at most ``limit`` ids besides their
+        out-of-vocabulary ones: each vocabulary cut to its ``limit`` most frequent entries
+        (the first lines of its file, written under the local ``directory``, which the copy
+        is loaded from), each hashed column to ``limit`` buckets. A model built on it has the
+        same layers, and tables of at most ``limit`` plus the out-of-vocabulary rows."""
+        columns = []
+        for column in self.columns:
+            if column.vocabulary_file is not None:
+                target = os.path.join(directory, column.vocabulary_file)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with storage.open_file(self.vocabulary_path(column)) as source:
+                    lines = list(itertools.islice(source, limit))
+                with open(target, "wb") as out:
+                    out.writelines(lines)
+                column = dataclasses.replace(column, vocabulary_size=len(lines))
+            elif column.hash_buckets is not None and column.hash_buckets > limit:
+                column = dataclasses.replace(column, hash_buckets=limit)
+            columns.append(column)
+        return dataclasses.replace(self, columns=columns, directory=directory)
 
     def to_json(self) -> str:
         document = asdict(self)

@@ -10,8 +10,9 @@ Below it, rooms by concern, each a subpackage whose docstring says what it holds
 rooms it may import (tests/unit/test_import_graph.py holds them to it). No room imports the
 root, and the rooms import each other in this order only (each may import those before it):
 
-- ``tasks``: the data cut into tasks, handed out under leases, evaluation rounds;
-- ``saving``: how a model is pulled from the PS and written, and which round is the best;
+- ``tasks``: the data cut into tasks, handed out under leases, evaluation rounds, the model
+  save that a worker runs;
+- ``saving``: a round's model kept aside, which round is the best, who owns the output;
 - ``state_store``: where the state is journalled (files, or ConfigMaps and a Lease);
 - ``worker_sizing``: how many workers a job wants;
 - ``instances``: the workers and PS, their states, relaunches and launch specs;

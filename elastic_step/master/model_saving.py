@@ -1,11 +1,12 @@
-"""When the training master saves a model, and how long it waits for the PS to do it.
+"""When the training master saves a model.
 
-At the end of a job it saves the PS's model (or, with ``--keep-best``, the best round's);
-during the job, with ``--keep-best``, each better round's weights while training waits. A PS
-that is away (being relaunched) is waited for up to ``--master-timeout``; then the final save
-fails the job and a round's save gives that round up. How a model is pulled and written is
-in :mod:`.final_model` and :mod:`.best_model`. Tests: tests/e2e/test_watching.py (--keep-best)
-and tests/e2e/test_fault_tolerance.py (a PS killed and relaunched).
+At the end of a job it asks for the model save, a task that a worker runs
+(:mod:`.tasks.model_save`): the PS's model, or with ``--keep-best`` the best round's. During
+the job, with ``--keep-best``, the master itself pulls each better round's weights while
+training waits (:mod:`.saving.best_model`); a PS that is away (being relaunched) is waited for
+up to ``--master-timeout``, and then that round is given up. Tests:
+tests/e2e/test_watching.py (--keep-best) and tests/e2e/test_fault_tolerance.py (a PS killed
+and relaunched).
 """
 
 from __future__ import annotations
@@ -16,12 +17,7 @@ from typing import TYPE_CHECKING
 
 from elastic_step.data import storage
 from elastic_step.master.job_state.persistence import FLUSH_TIMEOUT_S
-from elastic_step.master.saving.best_model import (
-    RoundModelGoneError,
-    load_round_model,
-    save_round_model,
-)
-from elastic_step.master.saving.final_model import save_final_model, save_model
+from elastic_step.master.saving.best_model import RoundModelGoneError, save_round_model
 from elastic_step.rpc.ps_client import PSUnavailableError
 
 if TYPE_CHECKING:
@@ -39,7 +35,6 @@ class ModelSaver:
     def __init__(self, definition: ModelDefinition, config: TrainConfig) -> None:
         self.definition = definition
         self.config = config
-        self._final_deadline: float | None = None
         self._best_deadline: float | None = None
         self._next_wait_log = 0.0
 
@@ -55,48 +50,29 @@ class ModelSaver:
             self._next_wait_log = now + WAIT_LOG_EVERY_S
 
     def save_final(self, run: RunContext) -> bool:
-        """Saves the model; False while a PS is away (the loop relaunches it).
-
-        A relaunched PS restores its shard from its checkpoint; past --master-timeout without
-        one the job fails, rather than saving a model with a shard missing.
-        """
-        coordinator, timeout_s = run.coordinator, self.config.master_timeout_s
+        """Asks for the model save, the job's last task, which a worker runs
+        (:mod:`.tasks.model_save`); True once the model is saved. With --keep-best the
+        worker writes the best round's model, else the PS's."""
+        coordinator = run.coordinator
         with coordinator.lock:
+            asked = coordinator.model_save is not None
             best, last_epoch = coordinator.record.best_model, coordinator.tasks.last_epoch
-        if best is not None:
-            log.info(
-                "all %d epochs trained and evaluated; saving the model of round %d (epoch %d, "
-                "model v%d), the best by --keep-best %s",
-                last_epoch,
-                best["round"],
-                best["epoch"],
-                best["model_version"],
-                self.config.keep_best,
-            )
-            model = load_round_model(self.definition, best["weights"], self.config.seed)
-            save_model(model, self.config.output, self.definition)
-            return True
-        now = time.monotonic()
-        if self._final_deadline is None:
-            log.info("all %d epochs trained and evaluated; saving the model", last_epoch)
-            self._final_deadline = now + timeout_s
-        try:
-            addresses = self._ps_addresses(run)
-            save_final_model(
-                self.definition, addresses, run.credentials, self.config.output, self.config.seed
-            )
-            return True
-        except PSUnavailableError as e:
-            if now > self._final_deadline:
-                with coordinator.lock:
-                    coordinator.record.set_phase(
-                        coordinator.phase,
-                        f"cannot save the model: {e} for {timeout_s:.0f} s "
-                        "(a relaunched PS restores from its checkpoint; see --checkpoint-steps)",
-                    )
+        if not asked:
+            if best is not None:
+                log.info(
+                    "all %d epochs trained and evaluated; a worker saves the model of round %d "
+                    "(epoch %d, model v%d), the best by --keep-best %s",
+                    last_epoch,
+                    best["round"],
+                    best["epoch"],
+                    best["model_version"],
+                    self.config.keep_best,
+                )
             else:
-                self._log_wait("the model", e, now)
-            return False
+                log.info(
+                    "all %d epochs trained and evaluated; a worker saves the model", last_epoch
+                )
+        return coordinator.save_model(best["weights"] if best is not None else "")
 
     def save_best(self, run: RunContext, entry: dict) -> None:
         """Saves the model of ``entry``'s round (--keep-best) while training waits; gives up

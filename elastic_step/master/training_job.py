@@ -4,10 +4,12 @@ and every end-to-end training run."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import logging
 import math
+import shutil
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("elastic_step.master")
 
+#: The ids of each categorical column in the models the master builds (master_definition).
+MASTER_IDS = 1000
 #: Training-loss windows per epoch (each spans a fixed number of model versions), and at most
 #: this many in a job: the report marks each window of a chart of up to 120 points.
 TRAIN_LOSS_WINDOWS_PER_EPOCH = 10
@@ -48,12 +52,25 @@ class TrainingJob(JobKind):
         self.config: TrainConfig = config
         self._saver = ModelSaver(definition, config)
 
+    @functools.cached_property
+    def master_definition(self) -> ModelDefinition:
+        """The definition over which the master builds models itself, to check the model
+        definition and to resolve its metrics: over the schema with every categorical column
+        cut to MASTER_IDS ids besides its out-of-vocabulary ones (``Schema.with_ids_cut``).
+        Its models have the job's layers with small tables: a job's vocabularies can hold
+        millions of values, and their tables and lookup tables would be most of the master's
+        memory. Only --keep-best's rounds, which the master pulls from the PS, build the full
+        model."""
+        scratch = storage.local_temp_dir("elastic-step-master-schema-")
+        atexit.register(shutil.rmtree, scratch, True)
+        return self.definition.with_schema(self.schema.with_ids_cut(MASTER_IDS, scratch))
+
     def fixed_settings(self) -> dict:
         return {**self.config.fixed_settings(), "the model definition": self.definition_digest()}
 
     def check(self) -> None:
         """--early-stopping and --keep-best name a metric the evaluation reports."""
-        names = {"loss", *self.definition.build_metrics()}
+        names = {"loss", *self.master_definition.build_metrics()}
         if self.config.stopping is not None:
             self.config.stopping.goal.check_known("--early-stopping", names)
         if self.config.best_goal is not None:
@@ -65,7 +82,7 @@ class TrainingJob(JobKind):
 
     def coordinator_params(self) -> CoordinatorParams:
         set_random_seed(self.config.seed)
-        metrics = self.definition.build_metrics()
+        metrics = self.master_definition.build_metrics()
         return CoordinatorParams(
             tasks=self._task_settings(metrics),
             membership=self.membership(),

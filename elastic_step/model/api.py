@@ -69,6 +69,11 @@ class ModelDefinition(ABC):
     schema: Schema | None
 
     @abstractmethod
+    def with_schema(self, schema: Schema | None) -> ModelDefinition:
+        """The same definition (its file already loaded) over another schema; nothing of
+        this one's is built or shared."""
+
+    @abstractmethod
     def build_model(self) -> keras.Model:
         """A new model with its variables; the same variable paths on every call, in every
         process."""

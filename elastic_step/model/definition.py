@@ -97,6 +97,9 @@ class PythonModelDefinition(ModelDefinition):
     #: vector); None until a model is built.
     default_feed: Callable | None = field(default=None, init=False, repr=False)
 
+    def with_schema(self, schema: Schema | None) -> PythonModelDefinition:
+        return PythonModelDefinition(self.path, self.source, self.module, schema)
+
     def _run_user(self, what: str, fn: Callable, *args: Any) -> Any:
         try:
             return fn(*args)

@@ -29,6 +29,7 @@ import dataclasses
 import logging
 import os
 import shutil
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -343,6 +344,48 @@ def save_servable(model: keras.Model, definition: ModelDefinition, directory: st
         model.export(saved_model, format="tf_saved_model", verbose=False)
     else:
         export_saved_model(servable, definition.schema, saved_model)
+
+
+def save_trained_model(
+    model: keras.Model,
+    definition: ModelDefinition,
+    output: str,
+    on_written: Callable[[], None] = lambda: None,
+) -> None:
+    """Writes ``model.keras`` and ``saved_model/`` (:func:`save_servable`) into the job's
+    ``output`` through the storage layer, each by an atomic rename: a save run twice, or
+    after one that died midway, leaves the same files. ``on_written`` is called when both are
+    written locally and when both are in ``output`` (the save's progress)."""
+    from elastic_step.model.keras_parts import build_compiled_optimizer
+    from elastic_step.output_layout import MODEL_FILE, SAVED_MODEL_DIR, OutputLayout
+
+    # A compiled model is saved with its compile() settings: keras.models.load_model gives a
+    # model that evaluates at once.
+    build_compiled_optimizer(model)
+    scratch = storage.local_temp_dir()
+    try:
+        # The export logs "Assets written to <scratch dir>" twice, naming a directory about
+        # to be removed.
+        tf_log = logging.getLogger("tensorflow")
+        level = tf_log.level
+        tf_log.setLevel(logging.WARNING)
+        try:
+            save_servable(model, definition, scratch)
+        finally:
+            tf_log.setLevel(level)
+        on_written()
+        paths = OutputLayout(output)
+        # Streamed: the file holds every table of the model.
+        with (
+            open(os.path.join(scratch, MODEL_FILE), "rb") as source,
+            storage.open_atomic(paths.model_file) as target,
+        ):
+            shutil.copyfileobj(source, target, 1 << 20)
+        with storage.atomic_directory(paths.saved_model) as target:
+            storage.copy_tree(os.path.join(scratch, SAVED_MODEL_DIR), target)
+        on_written()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def trained_model_of(model_dir: str, definition: ModelDefinition) -> keras.Model:

@@ -104,7 +104,7 @@ class NextTaskRequest(_message.Message):
     def __init__(self, worker: _Optional[str] = ..., report: _Optional[_Union[TaskReport, _Mapping]] = ..., held_leases: _Optional[_Iterable[int]] = ..., report_only: _Optional[bool] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("kind", "id", "shard", "start", "end", "epoch", "lease_id", "first_index")
+    __slots__ = ("kind", "id", "shard", "start", "end", "epoch", "lease_id", "first_index", "weights")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[Task.Kind]
@@ -113,12 +113,14 @@ class Task(_message.Message):
         WAIT: _ClassVar[Task.Kind]
         FINISHED: _ClassVar[Task.Kind]
         PREDICT: _ClassVar[Task.Kind]
+        SAVE_MODEL: _ClassVar[Task.Kind]
     KIND_UNSPECIFIED: Task.Kind
     TRAIN: Task.Kind
     EVALUATE: Task.Kind
     WAIT: Task.Kind
     FINISHED: Task.Kind
     PREDICT: Task.Kind
+    SAVE_MODEL: Task.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     SHARD_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +129,7 @@ class Task(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     kind: Task.Kind
     id: int
     shard: str
@@ -135,7 +138,8 @@ class Task(_message.Message):
     epoch: int
     lease_id: int
     first_index: int
-    def __init__(self, kind: _Optional[_Union[Task.Kind, str]] = ..., id: _Optional[int] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
+    weights: str
+    def __init__(self, kind: _Optional[_Union[Task.Kind, str]] = ..., id: _Optional[int] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., first_index: _Optional[int] = ..., weights: _Optional[str] = ...) -> None: ...
 
 class TaskReport(_message.Message):
     __slots__ = ("task_id", "ok", "error", "model_version", "loss_sum", "example_count", "metric_states", "lease_id", "train_loss", "train_examples", "train_metrics")

@@ -221,6 +221,12 @@ class WindowTrainer:
         rows = {n: (i, base_rows[n] - self.parameters.gather(n, i)) for n, i in ids.items()}
         return dense, rows
 
+    def pull_all(self) -> None:
+        """Takes every value the PS holds, every row of every table included (the model
+        save), reconnecting while the PS is away."""
+        tables = self.parameters.table_specs()
+        self._pull({n: np.arange(spec.rows) for n, spec in tables.items()}, dense=True)
+
     def _pull(self, ids: dict[str, np.ndarray], dense: bool) -> None:
         """Takes the dense values (if ``dense``) and the rows ``ids``, reconnecting while the
         PS is away."""

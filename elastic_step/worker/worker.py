@@ -334,6 +334,9 @@ class Worker:
         self._lease_id, self._batches_done = task.lease_id, 0
         report = master_pb2.TaskReport(task_id=task.id, lease_id=task.lease_id, ok=True)
         try:
+            if task.kind == master_pb2.Task.SAVE_MODEL:
+                self.save_model(task)
+                return self._reported(report)
             if isinstance(fetched.records, Exception):
                 raise fetched.records
             stream = self._stream(_MODES[task.kind])
@@ -354,9 +357,40 @@ class Worker:
             report = master_pb2.TaskReport(
                 task_id=task.id, lease_id=task.lease_id, ok=False, error=str(e)
             )
+        return self._reported(report)
+
+    def _reported(self, report: master_pb2.TaskReport) -> master_pb2.TaskReport:
         report.model_version = self.ps.model_version if self.ps else 0
         self._lease_id = 0
         return report
+
+    def save_model(self, task: master_pb2.Task) -> None:
+        """The job's last task: the PS's model pulled whole (or the kept round's weights
+        read, with --keep-best) and written to the job's output as ``model.keras`` and
+        ``saved_model/``, each through an atomic rename. Each of the three steps counts as a
+        batch done, which renews the task's lease. A failure other than the PS's is reported
+        (the master hands the save to the next worker that asks, up to its retry limit)."""
+        from elastic_step.model.serving import save_trained_model
+        from elastic_step.model.weights_file import read_weights
+
+        started = time.monotonic()
+        try:
+            if task.weights:
+                self.model.set_weights(read_weights(task.weights))
+            else:
+                self.trainer.pull_all()
+            self._batches_done += 1
+            save_trained_model(
+                self.model, self.definition, self.settings.output_dir, on_written=self._saved_one
+            )
+        except (PSUnavailableError, PSError):
+            raise
+        except Exception as e:
+            raise UserCodeError.of("saving the model", e) from e
+        log.info("%s: saved the model in %.1f s", self.name, time.monotonic() - started)
+
+    def _saved_one(self) -> None:
+        self._batches_done += 1
 
     def _finish(self) -> int:
         if self.ps is None:

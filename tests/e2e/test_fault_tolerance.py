@@ -1,5 +1,6 @@
-"""The job survives kill -9 of a worker and of the PS; losing the PS with every worker before a
-checkpoint fails it at once. The standby and the master: test_master_and_standby.py."""
+"""The job survives kill -9 of a worker and of the PS, and of a worker saving the model;
+losing the PS with every worker before a checkpoint fails it at once. The standby and the
+master: test_master_and_standby.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import kill_a_running_worker, mid_epoch, records_exact
+from conftest import TrainRun, kill_a_running_worker, mid_epoch, records_exact
 
 pytestmark = pytest.mark.e2e
 
@@ -120,6 +121,75 @@ def test_ps_and_every_worker_lost_before_a_checkpoint_fail_the_job_at_once(train
         status["phase"] == "failed" and int(lines[0].split(" at model v")[1].split()[0]) >= version
     )
     print(f"failed {took:.1f} s after the kill")
+
+
+#: The digits model behind a layer whose get_config, which Keras calls as it writes
+#: model.keras, kills its worker on the first save and raises on the second.
+FLAKY_SAVE_MODEL = """
+import os
+import signal
+
+import keras
+
+from elastic_step.examples.digits import PIXELS, loss, metrics, optimizer  # noqa: F401
+
+TRIES = {tries!r}
+
+
+@keras.saving.register_keras_serializable("flaky_save")
+class Passing(keras.layers.Layer):
+    def call(self, x):
+        return x
+
+    def get_config(self):
+        tries = len(os.listdir(TRIES))
+        open(os.path.join(TRIES, f"try-{{tries}}"), "w").close()
+        if tries == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if tries == 1:
+            raise RuntimeError("the second save fails")
+        return super().get_config()
+
+
+def model():
+    inputs = {{name: keras.Input(shape=(), name=name) for name in PIXELS}}
+    x = keras.layers.Concatenate()([keras.layers.Reshape((1,))(inputs[n]) for n in PIXELS])
+    x = Passing()(keras.layers.Dense(64, activation="relu")(x))
+    return keras.Model(inputs, keras.layers.Dense(10)(x))
+"""
+
+
+def test_model_save_runs_on_a_worker_and_survives_its_death_and_an_error(digits_data, tmp_path):
+    """The job's last task, the model save, runs on a worker: a worker killed while saving
+    and one whose save raises each count as a failure of the save, which goes to the next
+    worker; the third save writes a model that evaluates as the job's last round did."""
+    tries = tmp_path / "tries"
+    tries.mkdir()
+    model_def = tmp_path / "flaky_save.py"
+    model_def.write_text(FLAKY_SAVE_MODEL.format(tries=str(tries)))
+    run = TrainRun(digits_data, tmp_path / "run", "--epochs", "1", model_def=str(model_def))
+    try:
+        summary = run.start().exact_summary()
+    finally:
+        run.kill_all()
+    log = run.log()
+    assert "a worker saves the model" in log
+    assert "failed to save the model (failure 1)" in log, log[-3000:]
+    assert "while it saved the model" in log  # the first: its worker died
+    assert "(failure 2): saving the model failed: RuntimeError: the second save fails" in log
+    assert log.count("saved the model") >= 1 and summary["phase"] == "succeeded"
+    assert summary["restarts"]["worker"] == 1
+    assert len(list(tries.iterdir())) >= 3
+
+    metrics_file = tmp_path / "metrics.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "elastic_step", "evaluate", "--model", str(run.output),
+         "--data", str(digits_data), "--metrics-output", str(metrics_file)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    evaluated = json.loads(metrics_file.read_text())["metrics"]["accuracy"]
+    assert evaluated == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
 
 
 def test_evaluate_reads_shards_in_slices_with_the_same_result(

@@ -353,6 +353,82 @@ def test_a_deleted_or_preempted_worker_does_not_fail_its_task(master) -> None:
     }
 
 
+# -- the model save --
+
+
+def run_every_task(master) -> None:
+    """Trains and evaluates the whole job through worker-0."""
+    stub = master.stub("worker-0")
+    while (task := get_task(stub, "worker-0")).kind != master_pb2.Task.WAIT:
+        fields = evaluation_fields() if task.kind == master_pb2.Task.EVALUATE else {}
+        report(stub, "worker-0", task, **fields)
+    assert master.coordinator.tasks.finished
+
+
+def save_beat(stub, worker: str, task: master_pb2.Task, steps: int) -> None:
+    beat = master_pb2.HeartbeatRequest(name=worker, lease_id=task.lease_id, batches_done=steps)
+    stub.Heartbeat(beat, timeout=TIMEOUT_S)
+
+
+def test_the_model_save_goes_to_one_worker_once_every_task_is_done(master, clock) -> None:
+    coordinator = master.coordinator
+    first, second = master.stub("worker-0"), master.stub("worker-1")
+    assert get_task(first, "worker-0").kind == master_pb2.Task.TRAIN
+    run_every_task(master)
+    assert get_task(second, "worker-1").kind == master_pb2.Task.WAIT  # not asked for yet
+
+    assert coordinator.save_model("") is False
+    save = get_task(first, "worker-0")
+    assert (save.kind, save.id, save.weights) == (master_pb2.Task.SAVE_MODEL, -1, "")
+    assert get_task(second, "worker-1").kind == master_pb2.Task.WAIT  # one worker saves
+    # Asking again while it saves (holding the save's lease) keeps it.
+    assert next_task(first, "worker-0", held=[save.lease_id]).kind == master_pb2.Task.WAIT
+    assert coordinator.model_save.holder() == "worker-0"
+
+    for steps in (1, 2):  # progress keeps the lease past the task timeout
+        clock.now += TASK_TIMEOUT_S - 1
+        save_beat(first, "worker-0", save, steps)
+        coordinator.tick()
+    assert coordinator.model_save.holder() == "worker-0"
+    clock.now += TASK_TIMEOUT_S + 1  # then none: the save goes to the next worker that asks
+    coordinator.tick()
+    again = get_task(second, "worker-1")
+    assert again.kind == master_pb2.Task.SAVE_MODEL and again.lease_id != save.lease_id
+
+    report(first, "worker-0", save)  # too late: ignored
+    assert coordinator.save_model("") is False
+    report(second, "worker-1", again)
+    assert coordinator.save_model("") is True
+    assert coordinator.model_save.failures == [] and coordinator.record.error is None
+    assert get_task(first, "worker-0").kind == master_pb2.Task.WAIT  # saved: nothing more
+
+
+def test_failed_saves_go_to_the_next_worker_then_fail_the_job(master) -> None:
+    coordinator, backend = master.coordinator, master.backend
+    run_every_task(master)
+    coordinator.save_model("/out/checkpoints/best-model/round-000002.npz")
+    # A worker that dies holding the save fails it; so does an error it reports.
+    save = get_task(master.stub("worker-1"), "worker-1")
+    assert save.weights == "/out/checkpoints/best-model/round-000002.npz"
+    backend.end("worker-1", ExitReason.CRASHED, -9, "killed by SIGKILL")
+    master.pump()
+    for _ in range(2):
+        save = get_task(master.stub("worker-0"), "worker-0")
+        assert save.kind == master_pb2.Task.SAVE_MODEL
+        failed = master_pb2.TaskReport(
+            task_id=save.id,
+            lease_id=save.lease_id,
+            error="saving the model failed: OSError: disk full",
+        )
+        next_task(master.stub("worker-0"), "worker-0", failed, report_only=True)
+        coordinator.tick()
+    error = coordinator.record.error
+    assert error is not None and "cannot save the model: 3 tries failed" in error, error
+    assert "OSError: disk full" in error
+    assert "killed by SIGKILL" in coordinator.model_save.failures[0]
+    assert coordinator.save_model("") is False
+
+
 # -- a master restart --
 
 

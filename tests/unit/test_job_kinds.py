@@ -77,3 +77,51 @@ def test_a_prediction_job_checks_its_own_settings_by_flag() -> None:
 def test_settings_are_keyword_only() -> None:
     with pytest.raises(TypeError):
         TrainConfig("m.py", "data", "run")  # type: ignore[misc]
+
+
+def test_the_master_builds_its_models_with_each_columns_ids_cut(tmp_path) -> None:
+    """The training master checks the model definition and resolves its metrics on models
+    whose categorical columns have at most MASTER_IDS ids besides the out-of-vocabulary
+    ones: the same layers, small tables. Workers build the full model."""
+    from elastic_step.data.tfrecord import read_records
+    from elastic_step.master import training_job
+    from elastic_step.model.definition import check_model_definition
+
+    rows = ["x,shop,user,label"] + [f"{i % 7},s{i % 1200},u{i % 50},{i % 2}" for i in range(1500)]
+    (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
+    assert main(["preprocess", "--input", str(tmp_path / "data.csv"), "--label", "label",
+                 "--oov-buckets", "4", "--hash-buckets", "user=5000",
+                 "--output", str(tmp_path / "data")]) == 0  # fmt: skip
+    config = TrainConfig(model_def=str(path_of("ctr")), data=str(tmp_path / "data"), output="o")
+    schema = Schema.load(config.data)
+    kind = TrainingJob(config, schema, load_model_definition(config.model_def, schema))
+
+    cut = kind.master_definition.schema
+    shop, user = cut.feature("shop"), cut.feature("user")
+    full_shop = schema.feature("shop")
+    assert full_shop.vocabulary_size > training_job.MASTER_IDS
+    assert (shop.vocabulary_size, shop.oov_buckets) == (training_job.MASTER_IDS, 4)
+    assert user.hash_buckets == training_job.MASTER_IDS
+    assert cut.vocabulary(shop) == schema.vocabulary(full_shop, training_job.MASTER_IDS)
+    assert cut.directory != schema.directory and cut.splits == schema.splits
+
+    def table_rows(definition) -> dict[str, int]:
+        model = definition.build_model()
+        return {
+            v.path: v.shape[0]
+            for v in model.variables
+            if v.path.endswith("/embeddings") and v.path.startswith("deep_")
+        }
+
+    assert table_rows(kind.master_definition) == {
+        "deep_shop/embeddings": training_job.MASTER_IDS + 4,
+        "deep_user/embeddings": training_job.MASTER_IDS,
+    }
+    assert table_rows(kind.definition) == {
+        "deep_shop/embeddings": full_shop.vocabulary_size + 4,
+        "deep_user/embeddings": 5000,
+    }
+    # A record with values past the cut (ids of the full vocabulary) is checked as unseen.
+    shard, _ = schema.shard_paths(config.data, "train")[-1]
+    check_model_definition(kind.master_definition, read_records(shard, 0, 4))
+    assert set(kind.master_definition.build_metrics()) == {"auc"}

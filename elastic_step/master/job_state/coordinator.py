@@ -35,6 +35,7 @@ from elastic_step.master.tasks.api import (
     InvalidReportError,
     TaskKind,
 )
+from elastic_step.master.tasks.model_save import SAVE_TASK_ID, ModelSave
 from elastic_step.master.tasks.task_manager import TaskManager
 from elastic_step.rpc import master_pb2
 from elastic_step.rpc.tensors import from_proto
@@ -182,6 +183,8 @@ class Coordinator:
         #: Instances that exited with status 2 (they refused their input) since the run loop
         #: last looked (:meth:`take_refusals`).
         self._refusals = 0
+        #: The model save, once the run loop asked for it (:meth:`save_model`).
+        self.model_save: ModelSave | None = None
 
     @property
     def phase(self) -> Phase:
@@ -252,7 +255,12 @@ class Coordinator:
                     "trains one while it asks for the next"
                 )
             if request.HasField("report"):
-                self.report_task(worker, request.report)
+                if request.report.task_id != SAVE_TASK_ID:
+                    self.report_task(worker, request.report)
+                elif self.model_save is not None:
+                    self.model_save.report(worker, request.report)
+                else:  # a save handed out by an earlier master
+                    self._log_stale(worker, request.report)
             retiring = self.instances.is_retiring(worker)
             if self.phase.dismisses_instances or instance.state.ended or retiring:
                 if retiring and worker not in self.instances.dismissed:
@@ -264,6 +272,13 @@ class Coordinator:
             self.tasks.recover_tasks(worker, keep=request.held_leases)
             task = None if request.report_only else self.tasks.get_task(worker)
             if task is None:
+                save = self.model_save
+                if save is not None:
+                    save.take_back(worker, keep=request.held_leases)
+                    if not request.report_only:
+                        given = save.hand_out(worker, self.tasks.new_lease_id)
+                        if given is not None:
+                            return given
                 return master_pb2.Task(kind=master_pb2.Task.WAIT)
             return master_pb2.Task(
                 kind=_TASK_KINDS[task.kind],
@@ -351,6 +366,10 @@ class Coordinator:
             if instance.role is Role.WORKER:
                 if request.lease_id:
                     self.tasks.note_progress(request.name, request.lease_id, request.batches_done)
+                    if self.model_save is not None:
+                        self.model_save.note_progress(
+                            request.name, request.lease_id, request.batches_done
+                        )
                 self.tasks.observe_model_version(request.model_version)
                 if not instance.state.ended:
                     self.copies.note_worker(request.name, request.model_version)
@@ -383,8 +402,21 @@ class Coordinator:
                     worker,
                     self.tasks.settings.task_timeout_s,
                 )
+            if self.model_save is not None and (worker := self.model_save.expire()):
+                log.warning(
+                    "%s made no progress saving the model for --task-timeout=%.0f s; the save "
+                    "goes to the next worker that asks",
+                    worker,
+                    self.tasks.settings.task_timeout_s,
+                )
             self.instances.reconcile()
-            error = self.tasks.failure or self.instances.failure or self._unrecoverable_ps()
+            save_failure = self.model_save.failure if self.model_save else None
+            error = (
+                self.tasks.failure
+                or save_failure
+                or self.instances.failure
+                or self._unrecoverable_ps()
+            )
             if error and not self.record.error and not self.phase.over:
                 self.record.set_phase(self.phase, error)
             if self.recorder.due():
@@ -421,6 +453,23 @@ class Coordinator:
                         ", ".join(t.describe() for t in requeued),
                         instance.name,
                     )
+
+    # -- the model save --
+
+    def save_model(self, weights: str) -> bool:
+        """Asks for the model save, the job's last task (:mod:`..tasks.model_save`): a worker
+        writes the model of the PS, or of the ``weights`` file when not empty. True once a
+        worker reported it saved."""
+        with self.lock:
+            if self.model_save is None:
+                settings = self.tasks.settings
+                self.model_save = ModelSave(
+                    weights=weights,
+                    timeout_s=settings.task_timeout_s,
+                    max_failures=settings.max_task_retries,
+                    clock=self._clock,
+                )
+            return self.model_save.done
 
     # -- the best model (--keep-best) --
 
@@ -513,6 +562,8 @@ class Coordinator:
             self.copies.worker_ended(instance.name)
             death = instance.describe_end() if instance.state is ProcessState.FAILED else None
             lost = self.tasks.recover_tasks(instance.name, death)
+            if self.model_save is not None:
+                self.model_save.take_back(instance.name, death=death)
             if lost:
                 log.info(
                     "re-queued %s of %s%s",

@@ -2,24 +2,22 @@
 
 With ``--keep-best`` every evaluation round runs with no training task out, so all its tasks
 measured one model version, and the PS still hold that version when the round ends (the
-coordinator holds training until the model is saved). The master pulls it as it pulls the
-final model, checks that every shard answered at the round's version, and writes the
-model's weights to ``checkpoints/best-model/round-R.npz``. At the end that file, not the PS,
-becomes ``model.keras`` and ``saved_model/``.
+coordinator holds training until the model is saved). The master builds the model, pulls
+every value from the PS, checks that every shard answered at the round's version, and writes
+the model's weights to ``checkpoints/best-model/round-R.npz``
+(:mod:`elastic_step.model.weights_file`). At the end the worker that saves the job's model
+reads that file, not the PS (:mod:`..tasks.model_save`).
 Tests: tests/e2e/test_watching.py (test_keep_best_exports_the_best_rounds_model).
 """
 
 from __future__ import annotations
 
-import io
-
-import numpy as np
-
-from elastic_step.data import storage
-from elastic_step.master.saving.final_model import pull_model
 from elastic_step.model.api import ModelDefinition
+from elastic_step.model.parameters import ModelParameters
 from elastic_step.model.tf_runtime import set_random_seed
+from elastic_step.model.weights_file import write_weights
 from elastic_step.rpc.auth import Credentials
+from elastic_step.rpc.ps_client import PSClient
 
 
 class RoundModelGoneError(Exception):
@@ -48,16 +46,19 @@ def save_round_model(
         raise RoundModelGoneError(
             f"the PS shards are at model versions {versions}, the round measured v{version}"
         )
-    buffer = io.BytesIO()
-    np.savez(buffer, *model.get_weights())
-    storage.makedirs(storage.parent(path))
-    storage.write_bytes_atomic(path, buffer.getvalue())
+    write_weights(path, model.get_weights())
 
 
-def load_round_model(definition: ModelDefinition, path: str, seed: int):
-    """The model built from the definition with the weights ``save_round_model`` wrote."""
+def pull_model(
+    definition: ModelDefinition, ps_addresses: list[str], credentials: Credentials, seed: int
+) -> tuple[object, list[int]]:
+    """The model built from the definition with the PS's parameters, and each shard's model
+    version as it answered."""
     set_random_seed(seed)
     model = definition.build_model()
-    with np.load(io.BytesIO(storage.read_bytes(path))) as data:
-        model.set_weights([data[f"arr_{i}"] for i in range(len(data.files))])
-    return model
+    ps = PSClient(ps_addresses, credentials)
+    try:
+        ModelParameters(model).pull_all(ps)
+        return model, list(ps.versions)
+    finally:
+        ps.close()

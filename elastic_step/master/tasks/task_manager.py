@@ -167,6 +167,13 @@ class TaskManager:
         self._commit({"op": "progress", "task": task_id, "batches": int(batches_done)})
         return True
 
+    def new_lease_id(self) -> int:
+        """A lease id that no hand-out of the job had, for a lease kept elsewhere (the model
+        save's, :mod:`.model_save`)."""
+        lease_id = self._leases.next_id
+        self._leases.next_id += 1
+        return lease_id
+
     def expire_leases(self) -> list[tuple[Task, str]]:
         """Takes back the tasks whose lease ran out (not a failure); returns them with their
         worker."""
