@@ -111,8 +111,7 @@ def run_stage(name: str, command: list[str], rows: int, output: str, log_path: s
         memory = JobMemory(process.pid, output)
         try:
             while True:
-                # Reaped here, for its rusage: the main process's peak even if it ended
-                # before a sample.
+                # Reaped here, for its rusage (see below).
                 pid, status, usage = os.wait4(process.pid, os.WNOHANG)
                 if pid:
                     break
@@ -126,7 +125,11 @@ def run_stage(name: str, command: list[str], rows: int, output: str, log_path: s
         finally:
             peaks = memory.stop()
     wall = time.perf_counter() - started
-    peaks["main"] = max(peaks.get("main", 0), usage.ru_maxrss // 1024)
+    # The stage's own process: its peak as sampled (VmHWM, every SAMPLE_S until it exits).
+    # wait4's ru_maxrss counts its reaped descendants too (the local backend's fork server,
+    # and every worker and PS forked from it): only for a process gone before its first
+    # sample does it stand in.
+    peaks.setdefault("main", usage.ru_maxrss // 1024)
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         raise SystemExit(f"{name} failed with exit status {code}; see {log_path}")

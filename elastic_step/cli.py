@@ -756,8 +756,10 @@ def _main(argv: list[str] | None) -> int:
         return ps_main(argv[1:])
     args = build_parser().parse_args(argv)
     # preprocess needs no TensorFlow: without it, its memory is the data's alone.
-    if args.command not in ("status", "preprocess") and not args.verbose:
-        import_tensorflow_quietly()
+    if args.command not in ("status", "preprocess"):
+        import_tensorflow_quietly(
+            quietly=not args.verbose, master=args.command in ("train", "predict")
+        )
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)-7s %(message)s",

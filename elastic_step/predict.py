@@ -9,7 +9,6 @@ a ``schema.json``; its ``--split``).
 
 from __future__ import annotations
 
-import gc
 import logging
 
 from elastic_step.data import storage
@@ -23,6 +22,7 @@ from elastic_step.master.prediction_job import PredictInput, PredictionJob
 from elastic_step.master.saving.output_owner import read_owner
 from elastic_step.master.state_store import create_state_store
 from elastic_step.model.definition import load_model_definition
+from elastic_step.model.tf_runtime import release_freed_memory
 from elastic_step.output_layout import OutputLayout
 from elastic_step.predict_input import SPLIT, check_data_dir, encode_input
 
@@ -53,9 +53,8 @@ def predict(config: PredictConfig, backend_options: object = None) -> int:
             f"{model.model_file}: cannot load it into the model of {model.model_def}: "
             f"{type(e).__name__}: {e}"
         ) from e
-    # The checked model goes, with its lookup tables (the workers predict; a layer's tables
-    # are in reference cycles, which only a collection frees).
-    gc.collect()
+    # The checked model goes (the workers predict).
+    release_freed_memory()
     if storage.exists(storage.join(input_path, "schema.json")):  # preprocessed data
         given = PredictInput(
             shards=tuple(check_data_dir(input_path, split, schema)),

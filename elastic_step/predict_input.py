@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from elastic_step.data import storage
@@ -54,13 +55,18 @@ def check_columns(path: str, header: list[str], schema: Schema) -> None:
         )
 
 
+#: The input read a batch of about this many bytes at a time: the master encodes it, with
+#: TensorFlow and the checked model's memory beside it (preprocess reads 8 MB batches).
+ENCODE_BATCH_BYTES = 1 << 20
+
+
 def encode_input(
     input_path: str, schema: Schema, output: str, progress: Callable[[str], None]
 ) -> Schema:
     """Encodes ``input_path`` (a CSV file, or Parquet) into the data directory ``output``
     (written atomically): its rows in one shard of split ``predict``, and the model's schema
     with that split."""
-    source = open_source(input_path)
+    source = open_source(input_path, batch_bytes=ENCODE_BATCH_BYTES)
     check_columns(input_path, source.header, schema)
     position = {name: j for j, name in enumerate(source.header)}
     reading = Progress(progress, what="encoding", total_bytes=source.total_bytes, every_s=5.0)
@@ -100,6 +106,7 @@ def encode_input(
             schema, splits={SPLIT: [Shard(path=SHARD, records=rows)]}, records={SPLIT: rows}
         )
         encoded.save(tmp)
+    pa.default_memory_pool().release_unused()  # the master goes on for the whole job
     progress(f"encoded {rows} rows of {input_path} with the model's schema")
     return encoded
 

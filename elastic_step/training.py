@@ -16,6 +16,7 @@ from elastic_step.master.config import TrainConfig
 from elastic_step.master.job import Job
 from elastic_step.master.training_job import TrainingJob
 from elastic_step.model.definition import check_model_definition, load_model_definition
+from elastic_step.model.tf_runtime import release_freed_memory
 
 log = logging.getLogger("elastic_step")
 
@@ -34,6 +35,7 @@ def train(config: TrainConfig, backend_options: object = None) -> int:
     shard, records = next((s, r) for s, r in shards if r)
     sample = read_records(shard, 0, min(SAMPLE_RECORDS, records))
     check_model_definition(kind.master_definition, sample)
+    release_freed_memory()  # what the check built
     log.info("model definition %s checked on %d sample records", config.model_def, SAMPLE_RECORDS)
     return Job(kind, backend_options=backend_options).run()
 

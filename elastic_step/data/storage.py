@@ -10,6 +10,7 @@ object_storage.py, which documents their configuration). Other schemes plug in w
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: Where :func:`set_aside` moves a bad file: a directory of this name beside it.
 SET_ASIDE_DIR = "set-aside"
+#: Bytes per read when a file is copied or hashed: a model's files can be hundreds of MB.
+COPY_CHUNK = 1 << 20
 
 
 class LocalStorage(Storage):
@@ -198,6 +201,15 @@ def open_file(path: str, mode: str = "rb") -> IO:
     return storage_for(path).open(path, mode)
 
 
+def sha256_of(path: str) -> str:
+    """The hex SHA-256 of a file's bytes, read a chunk at a time."""
+    digest = hashlib.sha256()
+    with open_file(path, "rb") as f:
+        while chunk := f.read(COPY_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def read_bytes(path: str) -> bytes:
     with open_file(path, "rb") as f:
         return f.read()
@@ -280,10 +292,11 @@ def copy_tree(local_dir: str, destination: str) -> None:
         target = destination if relative == "." else join(destination, relative)
         makedirs(target)
         for name in files:
-            with open(os.path.join(root, name), "rb") as f:
-                data = f.read()
-            with open_file(join(target, name), "wb") as out:
-                out.write(data)
+            with (
+                open(os.path.join(root, name), "rb") as f,
+                open_file(join(target, name), "wb") as out,
+            ):
+                shutil.copyfileobj(f, out, COPY_CHUNK)
 
 
 def fetch(source: str, local_dir: str) -> str:
@@ -293,8 +306,8 @@ def fetch(source: str, local_dir: str) -> str:
         return local_path(source)
     destination = os.path.join(local_dir, os.path.basename(source.rstrip("/")))
     if not isdir(source):
-        with open(destination, "wb") as out:
-            out.write(read_bytes(source))
+        with open_file(source) as f, open(destination, "wb") as out:
+            shutil.copyfileobj(f, out, COPY_CHUNK)
         return destination
     os.makedirs(destination, exist_ok=True)
     for name in listdir(source):

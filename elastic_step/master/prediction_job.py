@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -68,7 +67,7 @@ class PredictionJob(JobKind):
         # Read once: the settings are asked for twice a run (the resume check, the
         # coordinator), and model.keras may be large and in an object store.
         model = OutputLayout(self.config.model_dir)
-        return hashlib.sha256(storage.read_bytes(model.model_file)).hexdigest()
+        return storage.sha256_of(model.model_file)
 
     def fixed_settings(self) -> dict:
         return {

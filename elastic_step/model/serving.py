@@ -314,14 +314,26 @@ def export_saved_model(raw_model: keras.Model, schema: Schema, path: str) -> Non
 
 def load_trained_model(definition: ModelDefinition, model_file: str) -> keras.Model:
     """The trained model (taking the feed's features) of the local ``model_file`` that
-    :func:`save_servable` wrote for ``definition``."""
+    :func:`save_servable` wrote for ``definition``.
+
+    The file holds the raw-input model, so one is built around the model to read it. Its
+    serving layer has no weights, only lookup tables, which reading does not use: it is
+    built over the schema with each column cut to one id (but for one-hot columns, whose
+    width is the model's input), not with tables as large as the model's own."""
     from elastic_step.model.keras_parts import build_compiled_optimizer
 
     model = definition.build_model()
     build_compiled_optimizer(model)  # as saved
-    servable = servable_model(model, definition)
-    build_compiled_optimizer(servable)
-    servable.load_weights(model_file)
+    scratch = storage.local_temp_dir()
+    try:
+        reader = definition
+        if definition.schema is not None and not definition.schema.one_hot:
+            reader = definition.with_schema(definition.schema.with_ids_cut(1, scratch))
+        servable = servable_model(model, reader)
+        build_compiled_optimizer(servable)
+        servable.load_weights(model_file)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return model
 
 
@@ -397,8 +409,11 @@ def trained_model_of(model_dir: str, definition: ModelDefinition) -> keras.Model
     scratch = storage.local_temp_dir()
     try:
         local_model = f"{scratch}/{MODEL_FILE}"
-        with open(local_model, "wb") as f:
-            f.write(storage.read_bytes(OutputLayout(model_dir).model_file))
+        with (
+            storage.open_file(OutputLayout(model_dir).model_file) as source,
+            open(local_model, "wb") as f,
+        ):
+            shutil.copyfileobj(source, f, 1 << 20)
         return load_trained_model(definition, local_model)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

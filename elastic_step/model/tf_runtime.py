@@ -89,32 +89,68 @@ def configure_threads(environ: Mapping[str, str] | None = None) -> tuple[int, in
 
 _started = False
 
+#: TensorFlow's switch for oneDNN's CPU kernels, read once, as it is imported.
+ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
 
-def import_tensorflow_quietly() -> None:
-    """Imports TensorFlow and probes its devices with file descriptor 2 sent to /dev/null.
+
+def import_tensorflow_quietly(*, quietly: bool = True, master: bool = False) -> None:
+    """Imports TensorFlow and probes its devices, with file descriptor 2 sent to /dev/null
+    when ``quietly`` (and ``ELASTIC_STEP_TF_LOGS`` is not 1).
 
     Thread pools are sized (:func:`configure_threads`) between the import and the first op.
     Once per process: an instance forked from the local backend's fork server finds
     TensorFlow imported but not started, and starts it here.
+
+    ``master``: the process is a job's master (``train``, ``predict``), which computes
+    nothing heavy; TensorFlow is imported with oneDNN's kernels off, unless
+    ``TF_ENABLE_ONEDNN_OPTS`` is set. oneDNN keeps the memory of what it ran in a pool of its
+    own, so a master would hold the model it checked for the whole job (bench/README.md,
+    "Where the master's memory goes"). The variable is unset again after the import: the
+    workers and PS that the master starts do not inherit it.
     """
     global _started
-    if _started or os.environ.get("ELASTIC_STEP_TF_LOGS") == "1":
+    if _started:
         return
     _started = True
+    quietly = quietly and os.environ.get("ELASTIC_STEP_TF_LOGS") != "1"
     sys.stderr.flush()
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
+    onednn_off = master and ONEDNN_ENV not in os.environ
     try:
-        os.dup2(devnull, 2)
+        if quietly:
+            os.dup2(devnull, 2)
+        if onednn_off:
+            os.environ[ONEDNN_ENV] = "0"
         import tensorflow as tf
 
         configure_threads()
         tf.config.list_physical_devices()
         tf.constant(0)  # the first op runs device set-up, which logs too
     finally:
+        if onednn_off:
+            os.environ.pop(ONEDNN_ENV, None)
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+def release_freed_memory() -> None:
+    """Gives what the process freed back to the system: a collection (a Keras model and its
+    lookup tables are in reference cycles), then glibc's ``malloc_trim``, which returns the
+    free pages inside the heap that ``free`` keeps for later (hundreds of MB after a model
+    of millions of table rows was built and dropped). A no-op for ``malloc_trim`` where the
+    C library has none."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def set_random_seed(seed: int) -> None:
