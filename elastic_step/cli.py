@@ -21,6 +21,7 @@ from elastic_step.kubernetes_flags import (
     options_from_args,
 )
 from elastic_step.model.tf_runtime import import_tensorflow_quietly
+from elastic_step.process_memory import configure_master_memory
 
 log = logging.getLogger("elastic_step")
 T = TypeVar("T")
@@ -756,10 +757,11 @@ def _main(argv: list[str] | None) -> int:
         return ps_main(argv[1:])
     args = build_parser().parse_args(argv)
     # preprocess needs no TensorFlow: without it, its memory is the data's alone.
+    master = args.command in ("train", "predict")
+    if master:
+        configure_master_memory()
     if args.command not in ("status", "preprocess"):
-        import_tensorflow_quietly(
-            quietly=not args.verbose, master=args.command in ("train", "predict")
-        )
+        import_tensorflow_quietly(quietly=not args.verbose, master=master)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)-7s %(message)s",

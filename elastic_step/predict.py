@@ -22,9 +22,9 @@ from elastic_step.master.prediction_job import PredictInput, PredictionJob
 from elastic_step.master.saving.output_owner import read_owner
 from elastic_step.master.state_store import create_state_store
 from elastic_step.model.definition import load_model_definition
-from elastic_step.model.tf_runtime import release_freed_memory
 from elastic_step.output_layout import OutputLayout
 from elastic_step.predict_input import SPLIT, check_data_dir, encode_input
+from elastic_step.process_memory import release_freed_memory
 
 log = logging.getLogger("elastic_step")
 

@@ -16,7 +16,7 @@ from elastic_step.master.config import TrainConfig
 from elastic_step.master.job import Job
 from elastic_step.master.training_job import TrainingJob
 from elastic_step.model.definition import check_model_definition, load_model_definition
-from elastic_step.model.tf_runtime import release_freed_memory
+from elastic_step.process_memory import release_freed_memory
 
 log = logging.getLogger("elastic_step")
 

@@ -14,6 +14,8 @@ never sent either way.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from elastic_step.model.api import UnsupportedOptimizerError
@@ -58,6 +60,9 @@ class ModelParameters:
         #: Per table, which rows this worker has pulled: what it can offer a relaunched PS.
         self._pulled = {n: np.zeros(int(v.shape[0]), bool) for n, v in self.tables.items()}
         self._assign_functions: dict[tuple[str, ...], object] = {}
+        #: Compiled reads and writes of rows, by the tables they cover.
+        self._gather_functions: dict[tuple[str, ...], object] = {}
+        self._scatter_functions: dict[tuple[str, ...], object] = {}
         self._ids_function = None
 
     def table_specs(self) -> dict[str, TableSpec]:
@@ -73,15 +78,49 @@ class ModelParameters:
 
     def pulled_rows(self) -> Rows:
         """The table rows this worker has pulled, as it holds them now."""
-        return {
-            n: (ids, self.gather(n, ids))
-            for n, mask in self._pulled.items()
-            if len(ids := np.flatnonzero(mask))
-        }
+        ids = {n: i for n, mask in self._pulled.items() if len(i := np.flatnonzero(mask))}
+        values = self.gather_rows(ids)
+        return {n: (i, values[n]) for n, i in ids.items()}
 
-    def gather(self, name: str, ids: np.ndarray) -> np.ndarray:
-        # A sparse read: tf.gather on the Keras variable would read (copy) the whole table.
-        return self.tables[name].value.sparse_read(ids).numpy()
+    def gather_rows(self, ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rows ``ids`` of each table named (new arrays), read in one compiled call: a model
+        can have dozens of tables, and an eager call per table costs more than the read."""
+        if not ids:
+            return {}
+        names = tuple(sorted(ids))
+        gather = self._gather_functions.get(names)
+        if gather is None:
+            import tensorflow as tf
+
+            tables = [self.tables[n] for n in names]
+
+            # A sparse read: tf.gather on the Keras variable would read (copy) the whole table.
+            @tf.function(reduce_retracing=True)
+            def gather(all_ids):
+                return [t.value.sparse_read(i) for t, i in zip(tables, all_ids, strict=True)]
+
+            self._gather_functions[names] = gather
+        values = gather([ids[n] for n in names])
+        return {n: np.array(v) for n, v in zip(names, values, strict=True)}
+
+    def scatter_rows(self, rows: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Writes each table's ``(ids, values)``, in one compiled call."""
+        if not rows:
+            return
+        names = tuple(sorted(rows))
+        scatter = self._scatter_functions.get(names)
+        if scatter is None:
+            import tensorflow as tf
+
+            tables = [self.tables[n] for n in names]
+
+            @tf.function(reduce_retracing=True)
+            def scatter(all_ids, all_values):
+                for table, i, v in zip(tables, all_ids, all_values, strict=True):
+                    table.value.scatter_update(tf.IndexedSlices(v, i))
+
+            self._scatter_functions[names] = scatter
+        scatter([rows[n][0] for n in names], [rows[n][1] for n in names])
 
     # -- which rows a batch needs --
 
@@ -127,12 +166,10 @@ class ModelParameters:
 
     def assign(self, dense: dict[str, np.ndarray], rows: dict[str, tuple]) -> None:
         """Sets dense and state variables in one compiled call, and table rows by id."""
-        import tensorflow as tf
-
         if dense:
             self._assign_dense(dense)
-        for name, (ids, values) in rows.items():
-            self.tables[name].value.scatter_update(tf.IndexedSlices(values, ids))
+        self.scatter_rows(rows)
+        for name, (ids, _) in rows.items():
             self._pulled[name][ids] = True
 
     def _assign_dense(self, values: dict[str, np.ndarray]) -> None:

@@ -224,21 +224,45 @@ class RowOptimizer:
         :data:`EXACT_TAIL` terms are summed as they are, the rest in closed form; eps is taken
         out of the decay (sqrt(v) * b2**(k/2) + eps becomes b2**(k/2) * (sqrt(v) + eps)),
         which changes nothing next to sqrt(v) unless a row's gradients are as small as eps."""
+        tail = np.zeros(m.shape, np.float64)
+        # A row without momentum does not move: one never updated, and on a worker every row
+        # its last window flushed.
+        moving = np.flatnonzero(m.any(axis=1))
+        if not len(moving):
+            return tail
+        m, v, last = m[moving], v[moving], last[moving]
+        # The factor depends on a row's (last, missed) alone, which rows share (all of them
+        # in a flush): it is computed once per distinct pair.
+        if missed is None:
+            distinct, where = np.unique(last, return_inverse=True)
+            factor = self._adam_factor(distinct, None, lr)[where]
+        else:
+            missed = missed[moving]
+            span = int(missed.max()) + 1
+            keys, where = np.unique(last * span + missed, return_inverse=True)
+            factor = self._adam_factor(keys // span, keys % span, lr)[where]
+        eps = self.params["epsilon"]
+        tail[moving] = -m * (factor[:, None] / (np.sqrt(v.astype(np.float64)) + eps))
+        return tail
+
+    def _adam_factor(self, last: np.ndarray, missed: np.ndarray | None, lr: float) -> np.ndarray:
+        """Sum over k of alpha(last + k) * (b1 / sqrt(b2))**k for k = 1..missed (None: all
+        steps to come), per entry of ``last``: Adam's tail per unit of m / (sqrt(v) + eps)."""
         p = self.params
-        b1, b2, eps = p["beta_1"], p["beta_2"], p["epsilon"]
+        b1, b2 = p["beta_1"], p["beta_2"]
         limit = EXACT_TAIL if missed is None else int(min(missed.max(), EXACT_TAIL))
         k = np.arange(1, limit + 1)
         counted = k[None, :] <= (limit if missed is None else missed[:, None])
         alpha = np.where(counted, self._alpha(lr, last[:, None] + k[None, :]), 0.0)
         ratio = b1 / np.sqrt(b2)
-        factor = (alpha * ratio**k).sum(axis=1)  # per row
+        factor = (alpha * ratio**k).sum(axis=1)
         rest = None if missed is None else missed - limit
         if missed is None or rest.max() > 0:
             # Past the exact terms: the last term's alpha, a geometric series.
             remaining = 1.0 if missed is None else 1 - ratio ** np.maximum(rest, 0)
             first = self._alpha(lr, last + limit)
             factor = factor + first * ratio ** (limit + 1) * remaining / (1 - ratio)
-        return -m * (factor[:, None] / (np.sqrt(v.astype(np.float64)) + eps))
+        return factor
 
     def _alpha(self, lr: float, step):
         """Adam's step size with Keras's bias correction at ``step`` (1-based)."""

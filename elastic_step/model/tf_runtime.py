@@ -135,24 +135,6 @@ def import_tensorflow_quietly(*, quietly: bool = True, master: bool = False) -> 
         os.close(devnull)
 
 
-def release_freed_memory() -> None:
-    """Gives what the process freed back to the system: a collection (a Keras model and its
-    lookup tables are in reference cycles), then glibc's ``malloc_trim``, which returns the
-    free pages inside the heap that ``free`` keeps for later (hundreds of MB after a model
-    of millions of table rows was built and dropped). A no-op for ``malloc_trim`` where the
-    C library has none."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def set_random_seed(seed: int) -> None:
     """Seeds Python's, NumPy's and the backend's generators: every process that builds the
     model (the workers, and the master for the final and best models and the round metrics)

@@ -220,31 +220,29 @@ class Steps:
 
     def local(self, features, labels) -> float:
         """One step of the worker's own optimizer on its copy of the model; its loss."""
-        import tensorflow as tf
-
         # Read before the step: the dense update advances a schedule's iteration count.
         lr = float(self._optimizer.learning_rate)
         loss, rows = self._local(features, labels)
         step = int(self._optimizer.iterations)  # this step's, counted by the dense update
-        for name, (ids, grads) in rows.items():
-            ids = ids.numpy()
-            values = np.array(self._parameters.gather(name, ids))
-            self._row_optimizers[name].apply(values, ids, grads.numpy(), lr, step)
-            self._parameters.tables[name].value.scatter_update(tf.IndexedSlices(values, ids))
+        ids = {name: table_ids.numpy() for name, (table_ids, _) in rows.items()}
+        values = self._parameters.gather_rows(ids)
+        for name, (_, grads) in rows.items():
+            self._row_optimizers[name].apply(values[name], ids[name], grads.numpy(), lr, step)
+        self._parameters.scatter_rows({name: (ids[name], values[name]) for name in ids})
         return float(loss)
 
     def flush_rows(self, ids: Mapping[str, np.ndarray]) -> None:
         """At the end of a window of local steps: the rows ``ids`` (by table) move by what
         their momentum would still move them, and it is spent (see RowOptimizer.flush): the
         window's change then carries all its gradients' effect to the PS."""
-        import tensorflow as tf
-
         lr = float(self._optimizer.learning_rate)
         step = int(self._optimizer.iterations)
-        for name, table_ids in ids.items():
-            optimizer = self._row_optimizers[name]
-            if not optimizer.has_momentum or not len(table_ids):
-                continue
-            values = np.array(self._parameters.gather(name, table_ids))
-            optimizer.flush(values, table_ids, step, lr)
-            self._parameters.tables[name].value.scatter_update(tf.IndexedSlices(values, table_ids))
+        moving = {
+            name: table_ids
+            for name, table_ids in ids.items()
+            if self._row_optimizers[name].has_momentum and len(table_ids)
+        }
+        values = self._parameters.gather_rows(moving)
+        for name, table_ids in moving.items():
+            self._row_optimizers[name].flush(values[name], table_ids, step, lr)
+        self._parameters.scatter_rows({name: (moving[name], values[name]) for name in moving})

@@ -210,7 +210,7 @@ class WindowTrainer:
                 loss.add(value, batch_size_of(labels, features))
                 self._on_step()
                 return dense, rows
-            base_rows = {n: self.parameters.gather(n, i) for n, i in ids.items()}
+            base_rows = self.parameters.gather_rows(ids)
             for features, labels in window:
                 loss.add(self.steps.local(features, labels), batch_size_of(labels, features))
                 self._on_step()
@@ -218,7 +218,8 @@ class WindowTrainer:
         except Exception as e:
             raise UserCodeError.of("the training step", e) from e
         dense = {n: self._base[n] - v.numpy() for n, v in self.parameters.dense.items()}
-        rows = {n: (i, base_rows[n] - self.parameters.gather(n, i)) for n, i in ids.items()}
+        now = self.parameters.gather_rows(ids)
+        rows = {n: (i, base_rows[n] - now[n]) for n, i in ids.items()}
         return dense, rows
 
     def pull_all(self) -> None:

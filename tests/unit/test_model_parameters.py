@@ -147,6 +147,32 @@ def _functional_parts():
 # -- which rows a batch reads --
 
 
+def test_rows_of_many_tables_are_read_and_written_in_one_call_each() -> None:
+    """gather_rows and scatter_rows touch exactly the rows named, in every table at once,
+    whatever the number of rows (one trace serves calls of other lengths)."""
+    keras.backend.clear_session()
+    ids = keras.Input(shape=(1,), dtype="int32")
+    tables = [keras.layers.Embedding(ROWS + i, 2, name=f"table_{i}") for i in range(3)]
+    outputs = keras.layers.Add()([keras.layers.Flatten()(t(ids)) for t in tables])
+    parameters = ModelParameters(keras.Model(ids, outputs))
+    names = sorted(parameters.tables)
+    before = {n: parameters.tables[n].numpy() for n in names}
+    for picked in ([1, 4], [0, 2, 5, 9], []):
+        wanted = {n: np.array(picked, np.int64) for n in names[:2]}
+        read = parameters.gather_rows(wanted)
+        assert set(read) == set(names[:2])
+        for n in names[:2]:
+            np.testing.assert_array_equal(read[n], before[n][picked])
+    written = {
+        n: (np.array([3, 7]), np.full((2, 2), 10.0 + i, np.float32)) for i, n in enumerate(names)
+    }
+    parameters.scatter_rows(written)
+    for i, n in enumerate(names):
+        expected = before[n].copy()
+        expected[[3, 7]] = 10.0 + i
+        np.testing.assert_array_equal(parameters.tables[n].numpy(), expected)
+
+
 def test_batch_ids_are_the_unique_ids_each_table_reads() -> None:
     keras.backend.clear_session()
     user = keras.Input(shape=(2,), dtype="int64", name="user")
