@@ -273,13 +273,8 @@ class Coordinator:
             task = None if request.report_only else self.tasks.get_task(worker)
             if task is None:
                 save = self.model_save
-                if save is not None:
-                    save.take_back(worker, keep=request.held_leases)
-                    if not request.report_only:
-                        given = save.hand_out(worker, self.tasks.new_lease_id)
-                        if given is not None:
-                            return given
-                return master_pb2.Task(kind=master_pb2.Task.WAIT)
+                given = save and save.next_for(worker, request, self.tasks.new_lease_id)
+                return given or master_pb2.Task(kind=master_pb2.Task.WAIT)
             return master_pb2.Task(
                 kind=_TASK_KINDS[task.kind],
                 id=task.id,
@@ -402,21 +397,12 @@ class Coordinator:
                     worker,
                     self.tasks.settings.task_timeout_s,
                 )
-            if self.model_save is not None and (worker := self.model_save.expire()):
-                log.warning(
-                    "%s made no progress saving the model for --task-timeout=%.0f s; the save "
-                    "goes to the next worker that asks",
-                    worker,
-                    self.tasks.settings.task_timeout_s,
-                )
+            if self.model_save is not None:
+                self.model_save.expire()
             self.instances.reconcile()
             save_failure = self.model_save.failure if self.model_save else None
-            error = (
-                self.tasks.failure
-                or save_failure
-                or self.instances.failure
-                or self._unrecoverable_ps()
-            )
+            error = self.tasks.failure or save_failure or self.instances.failure
+            error = error or self._unrecoverable_ps()
             if error and not self.record.error and not self.phase.over:
                 self.record.set_phase(self.phase, error)
             if self.recorder.due():
@@ -462,13 +448,7 @@ class Coordinator:
         worker reported it saved."""
         with self.lock:
             if self.model_save is None:
-                settings = self.tasks.settings
-                self.model_save = ModelSave(
-                    weights=weights,
-                    timeout_s=settings.task_timeout_s,
-                    max_failures=settings.max_task_retries,
-                    clock=self._clock,
-                )
+                self.model_save = ModelSave(weights, self.tasks.settings, self._clock)
             return self.model_save.done
 
     # -- the best model (--keep-best) --

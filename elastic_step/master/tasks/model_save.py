@@ -16,7 +16,8 @@ after the hand-out or after the worker's last progress (its steps: pulled, ``mod
 or that dies holding it, fails it; past ``max_failures`` failures the job fails. It is not
 durable: a master that resumes a job whose tasks are all done asks for the save again. Task
 ids of data tasks are never negative, so its id, :data:`SAVE_TASK_ID`, is no other's.
-Tests: tests/unit/test_model_save.py; every end-to-end training run.
+Tests: tests/unit/test_coordinator.py (through the master's service),
+tests/e2e/test_fault_tolerance.py (a worker killed while it saves, and a save that fails).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from elastic_step.master.tasks.api import TaskSettings
 from elastic_step.rpc import master_pb2
 
 log = logging.getLogger("elastic_step.master")
@@ -46,18 +48,12 @@ class ModelSave:
     """Who saves the model, and whether it is saved. Not thread-safe: the coordinator's lock
     serializes calls, as it does the task manager's."""
 
-    def __init__(
-        self,
-        *,
-        weights: str,
-        timeout_s: float,
-        max_failures: int,
-        clock: Callable[[], float],
-    ) -> None:
-        """``weights``: the kept round's weights file, or "" for the PS's model."""
+    def __init__(self, weights: str, settings: TaskSettings, clock: Callable[[], float]) -> None:
+        """``weights``: the kept round's weights file, or "" for the PS's model; its lease
+        and its failures follow ``settings``' (``task_timeout_s``, ``max_task_retries``)."""
         self.weights = weights
-        self._timeout_s = timeout_s
-        self._max_failures = max_failures
+        self._timeout_s = settings.task_timeout_s
+        self._max_failures = settings.max_task_retries
         self._clock = clock
         self._lease: _Lease | None = None
         #: Set when a worker reported the model saved.
@@ -66,6 +62,15 @@ class ModelSave:
         self.failures: list[str] = []
         #: Set past ``max_failures`` failures: the job fails with it.
         self.failure: str | None = None
+
+    def next_for(
+        self, worker: str, request: master_pb2.NextTaskRequest, lease_id: Callable[[], int]
+    ) -> master_pb2.Task | None:
+        """What ``worker``, asking for a task with every data task done, gets: the save, if
+        nobody holds it (a lease it does not say it holds is taken back first: that answer
+        was lost), unless it only reports."""
+        self.take_back(worker, keep=request.held_leases)
+        return None if request.report_only else self.hand_out(worker, lease_id)
 
     def hand_out(self, worker: str, lease_id: Callable[[], int]) -> master_pb2.Task | None:
         """The save for ``worker`` under a new lease (``lease_id()`` gives its id); None when
@@ -127,13 +132,18 @@ class ModelSave:
         else:
             log.info("the model save goes back to the next worker that asks (%s left it)", worker)
 
-    def expire(self) -> str | None:
-        """Takes the save back when its lease ran out; returns its worker then."""
+    def expire(self) -> None:
+        """Takes the save back when its lease ran out."""
         lease = self._lease
         if lease is None or lease.deadline >= self._clock():
-            return None
+            return
         self._lease = None
-        return lease.worker
+        log.warning(
+            "%s made no progress saving the model for --task-timeout=%.0f s; the save goes to "
+            "the next worker that asks",
+            lease.worker,
+            self._timeout_s,
+        )
 
     def _fail(self, worker: str, cause: str) -> None:
         self.failures.append(cause)
