@@ -4,7 +4,6 @@ master: test_master_and_standby.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,6 +11,7 @@ import sys
 import time
 
 import pytest
+from cli_runs import evaluate
 from conftest import TrainRun, kill_a_running_worker, mid_epoch, records_exact
 
 pytestmark = pytest.mark.e2e
@@ -34,14 +34,7 @@ def test_undisturbed_run_outputs(digits_run, digits_data, tmp_path):
     assert status["phase"] == "succeeded"
     assert {m["state"] for m in status["workers"] + status["ps"]} == {"succeeded"}
 
-    metrics_file = tmp_path / "metrics.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "elastic_step", "evaluate", "--model", str(digits_run.output),
-         "--data", str(digits_data), "--metrics-output", str(metrics_file)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    metrics = json.loads(metrics_file.read_text())
+    metrics = evaluate(digits_run.output, digits_data, tmp_path / "metrics.json")
     assert metrics["records"] == 359
     # The saved model is the trained one: evaluate agrees with the master's last evaluation.
     assert metrics["metrics"]["accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
@@ -181,15 +174,8 @@ def test_model_save_runs_on_a_worker_and_survives_its_death_and_an_error(digits_
     assert summary["restarts"]["worker"] == 1
     assert len(list(tries.iterdir())) >= 3
 
-    metrics_file = tmp_path / "metrics.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "elastic_step", "evaluate", "--model", str(run.output),
-         "--data", str(digits_data), "--metrics-output", str(metrics_file)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    evaluated = json.loads(metrics_file.read_text())["metrics"]["accuracy"]
-    assert evaluated == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
+    evaluated = evaluate(run.output, digits_data, tmp_path / "metrics.json")["metrics"]
+    assert evaluated["accuracy"] == pytest.approx(summary["metrics"]["accuracy"], abs=1e-6)
 
 
 def test_evaluate_reads_shards_in_slices_with_the_same_result(
