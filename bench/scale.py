@@ -208,9 +208,11 @@ def one_size(args: argparse.Namespace, rows: int) -> dict:
         rows, data, os.path.join(work, "preprocess.log"),
     )  # fmt: skip
     killer = Killer(run)
+    local_steps = ["--local-steps", str(args.local_steps)] if args.local_steps else []
     stages["train"] = run_stage(
         "train",
-        [*elastic, "train", "--model-def", CTR, "--data", data, "--output", run, *TRAIN],
+        [*elastic, "train", "--model-def", CTR, "--data", data, "--output", run, *TRAIN,
+         *local_steps],
         rows, run, os.path.join(work, "train.log"), on_status=killer,
     )  # fmt: skip
     with open(os.path.join(run, "summary.json")) as f:
@@ -300,7 +302,8 @@ def run_fit(args: argparse.Namespace, rows: int) -> dict:
 def print_table(document: dict) -> None:
     sizes = document["sizes"]
     shown = ", ".join(f"{size['rows']:,}" for size in sizes)
-    print(f"\n== bench-scale: {shown} rows ==")
+    local = document.get("local_steps") or "the master's choice"
+    print(f"\n== bench-scale: {shown} rows; --local-steps: {local} ==")
     print(f"{'stage':<11} {'rows':>11} {'wall s':>8} {'us/row':>8} {'main':>7} "
           f"{'worker':>7} {'PS':>7} {'written':>9}")  # fmt: skip
     for stage in ("preprocess", "train", "evaluate", "predict"):
@@ -339,6 +342,13 @@ def main(argv: list[str] | None = None) -> int:
         default=1_000_000,
         help="rows at which model.fit runs too (0: none; must be a size)",
     )
+    parser.add_argument(
+        "--local-steps",
+        type=int,
+        default=0,
+        help="the training's --local-steps (0, the default: the master chooses; 4 is the "
+        "throughput-first setting of bench/README.md)",
+    )
     parser.add_argument("--workdir", default=os.path.join(HERE, "results", "scale"))
     parser.add_argument("--fit-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -348,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     common.start(args)
     log(f"load average {common.load_average()} ({os.cpu_count()} CPUs); results in "
         f"{args.workdir}")  # fmt: skip
-    document = {**common.run_header(load=common.load_average()), "sizes": [], "growth": {}}
+    document = {**common.run_header(load=common.load_average()), "sizes": [], "growth": {},
+                "local_steps": args.local_steps}  # fmt: skip
     for rows in sorted(args.sizes):
         document["sizes"].append(one_size(args, rows))
         if rows == args.fit_size:

@@ -131,15 +131,19 @@ class TrainingJob(JobKind):
         """The training tasks' size (master/tasks/task_size.py): chosen once, and logged."""
         c = self.config
         size = task_size.training_records_per_task(
-            c.records_per_task, train_records=self._train_records(), batch_size=c.batch_size
+            c.records_per_task,
+            train_records=self._train_records(),
+            batch_size=c.batch_size,
+            local_steps=c.local_steps,
         )
         if c.records_per_task == task_size.CHOSEN_BY_MASTER:
+            window = f" or {c.local_steps} batches (--local-steps)" if c.local_steps else ""
             log.info(
                 "records per task: %d (chosen by the master: %d training records in batches "
-                "of %d, so that an epoch has at least %d tasks, at most %d records each; "
-                "--records-per-task N sets it)",
+                "of %d, so that an epoch has at least %d tasks, each at most %d records%s, "
+                "whichever is more; --records-per-task N sets it)",
                 size, self._train_records(), c.batch_size, task_size.MIN_TASKS_PER_EPOCH,
-                task_size.DEFAULT_RECORDS_PER_TASK,
+                task_size.DEFAULT_RECORDS_PER_TASK, window,
             )  # fmt: skip
         return size
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from elastic_step.model.api import UnsupportedOptimizerError
+from elastic_step.model.table_rows import TableLayout, TableRowAccess
 from elastic_step.rpc.ps_client import PSClient, Rows, TableSpec
 
 
@@ -60,9 +61,9 @@ class ModelParameters:
         #: Per table, which rows this worker has pulled: what it can offer a relaunched PS.
         self._pulled = {n: np.zeros(int(v.shape[0]), bool) for n, v in self.tables.items()}
         self._assign_functions: dict[tuple[str, ...], object] = {}
-        #: Compiled reads and writes of rows, by the tables they cover.
-        self._gather_functions: dict[tuple[str, ...], object] = {}
-        self._scatter_functions: dict[tuple[str, ...], object] = {}
+        #: The tables in groups of one width and dtype, whose rows travel joined.
+        self.layout = TableLayout(self.table_specs())
+        self._row_access: TableRowAccess | None = None
         self._ids_function = None
 
     def table_specs(self) -> dict[str, TableSpec]:
@@ -83,44 +84,30 @@ class ModelParameters:
         return {n: (i, values[n]) for n, i in ids.items()}
 
     def gather_rows(self, ids: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Rows ``ids`` of each table named (new arrays), read in one compiled call: a model
-        can have dozens of tables, and an eager call per table costs more than the read."""
+        """Rows ``ids`` of each table named (new arrays), read in one compiled call."""
         if not ids:
             return {}
-        names = tuple(sorted(ids))
-        gather = self._gather_functions.get(names)
-        if gather is None:
-            import tensorflow as tf
-
-            tables = [self.tables[n] for n in names]
-
-            # A sparse read: tf.gather on the Keras variable would read (copy) the whole table.
-            @tf.function(reduce_retracing=True)
-            def gather(all_ids):
-                return [t.value.sparse_read(i) for t, i in zip(tables, all_ids, strict=True)]
-
-            self._gather_functions[names] = gather
-        values = gather([ids[n] for n in names])
-        return {n: np.array(v) for n, v in zip(names, values, strict=True)}
+        joined = self.layout.join_ids(ids)
+        rows = self.layout.split(joined, self.row_access().gather(joined))
+        return {n: values for n, (_, values) in rows.items()} | {
+            n: np.zeros((0, self.tables[n].shape[1]), self.tables[n].dtype)
+            for n in ids
+            if n not in rows
+        }
 
     def scatter_rows(self, rows: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> None:
         """Writes each table's ``(ids, values)``, in one compiled call."""
-        if not rows:
-            return
-        names = tuple(sorted(rows))
-        scatter = self._scatter_functions.get(names)
-        if scatter is None:
-            import tensorflow as tf
+        if rows:
+            self.row_access().scatter(
+                self.layout.join_ids({n: i for n, (i, _) in rows.items()}),
+                self.layout.join_values({n: v for n, (_, v) in rows.items()}),
+            )
 
-            tables = [self.tables[n] for n in names]
-
-            @tf.function(reduce_retracing=True)
-            def scatter(all_ids, all_values):
-                for table, i, v in zip(tables, all_ids, all_values, strict=True):
-                    table.value.scatter_update(tf.IndexedSlices(v, i))
-
-            self._scatter_functions[names] = scatter
-        scatter([rows[n][0] for n in names], [rows[n][1] for n in names])
+    def row_access(self) -> TableRowAccess:
+        """The compiled reads and writes of the tables' joined rows (see table_rows.py)."""
+        if self._row_access is None:
+            self._row_access = TableRowAccess(self.layout, self.tables)
+        return self._row_access
 
     # -- which rows a batch needs --
 

@@ -114,6 +114,20 @@ class RowOptimizer:
         elif self.rule == "adagrad":
             self.slots = {"accumulator": np.full(shape, self.params["initial"], dtype)}
 
+    def take_rows(self, rows: np.ndarray) -> RowOptimizer:
+        """A RowOptimizer whose row ``i`` starts as this one's row ``rows[i]`` (its state
+        copied): a worker's window steps on few rows of large tables, and a compact state
+        keeps the per-step reads and writes of slots in cache."""
+        part = object.__new__(RowOptimizer)
+        part.rule, part.params = self.rule, self.params
+        part.slots = {name: slot[rows] for name, slot in self.slots.items()}
+        return part
+
+    def put_rows(self, rows: np.ndarray, part: RowOptimizer) -> None:
+        """Rows ``rows`` take the state of ``part`` (as made by :meth:`take_rows`)."""
+        for name, slot in self.slots.items():
+            slot[rows] = part.slots[name]
+
     @property
     def has_momentum(self) -> bool:
         """Whether rows keep moving after their gradient (what catching up is for)."""

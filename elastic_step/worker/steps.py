@@ -4,9 +4,10 @@
   optimizer.
 - :meth:`Steps.local` (``--local-steps K > 1``): one step of the worker's own optimizer on its
   copy, as ``model.fit`` does: gradients and the dense update in one compiled call; table rows
-  are updated row by row with per-row state (see ``model/row_optimizer.py``), and
-  :meth:`Steps.flush_rows` spends their momentum at the end of a window. It returns the
-  step's loss.
+  are updated row by row with per-row state (see ``model/row_optimizer.py``), in the
+  window's rows that the worker holds (``worker/window_rows.py``), a group of tables of one
+  width at a time, and :meth:`Steps.flush` spends their momentum at the end of a window. It
+  returns the step's loss.
 - :meth:`Steps.evaluate`: the batch's loss.
 - ``Steps.local_window`` (K > 1, a model without tables): K of those local steps in one
   compiled call that takes its batches straight from the input pipeline's iterator, as
@@ -42,6 +43,7 @@ import numpy as np
 from elastic_step.model.parameters import ModelParameters
 from elastic_step.model.row_optimizer import RowOptimizer
 from elastic_step.rpc.ps_client import Rows
+from elastic_step.worker.window_rows import WindowRows
 
 if TYPE_CHECKING:
     import keras
@@ -136,16 +138,30 @@ class Steps:
         self._optimizer = local_optimizer
         if local_optimizer is not None:
             local_optimizer.build(list(parameters.dense.values()))
-            self._row_optimizers = {
-                n: RowOptimizer(local_optimizer, s.rows, s.dim, s.dtype)
-                for n, s in parameters.table_specs().items()
-            }
+            layout = parameters.layout
+            #: A row optimizer per group of tables (see model/table_rows.py).
+            self._row_optimizers = [
+                RowOptimizer(local_optimizer, group.rows, group.dim, group.dtype)
+                for group in layout.groups
+            ]
+
+            def joined(rows):
+                """Each group's rows of gradient, joined (table-blocked)."""
+                out = []
+                for group in layout.groups:
+                    ids, values = [tf.zeros([0], tf.int64)], [tf.zeros([0, group.dim], group.dtype)]
+                    for i, name in enumerate(group.names):
+                        if name in rows:
+                            ids.append(rows[name][0] + int(group.offsets[i]))
+                            values.append(tf.cast(rows[name][1], group.dtype))
+                    out.append((tf.concat(ids, 0), tf.concat(values, 0)))
+                return out
 
             @tf.function(reduce_retracing=True)
             def local(features, labels):
                 loss, dense, rows = loss_and_gradients(features, labels)
                 local_optimizer.apply(list(dense.values()), [parameters.dense[n] for n in dense])
-                return loss, rows
+                return loss, joined(rows)
 
             self._local = local
 
@@ -218,31 +234,38 @@ class Steps:
             {n: (ids.numpy(), g.numpy()) for n, (ids, g) in rows.items()},
         )
 
-    def local(self, features, labels) -> float:
-        """One step of the worker's own optimizer on its copy of the model; its loss."""
+    def local(self, features, labels, window: WindowRows) -> float:
+        """One step of the worker's own optimizer on its copy of the model (the rows of the
+        batch's tables in ``window``, and the model's tables); its loss."""
         # Read before the step: the dense update advances a schedule's iteration count.
         lr = float(self._optimizer.learning_rate)
-        loss, rows = self._local(features, labels)
+        loss, grads = self._local(features, labels)
         step = int(self._optimizer.iterations)  # this step's, counted by the dense update
-        ids = {name: table_ids.numpy() for name, (table_ids, _) in rows.items()}
-        values = self._parameters.gather_rows(ids)
-        for name, (_, grads) in rows.items():
-            self._row_optimizers[name].apply(values[name], ids[name], grads.numpy(), lr, step)
-        self._parameters.scatter_rows({name: (ids[name], values[name]) for name in ids})
+        changed_ids, changed = [], []
+        for group, (ids, group_grads) in enumerate(grads):
+            ids = ids.numpy()
+            at = window.positions(group, ids)
+            values = window.values[group][at]
+            window.optimizers[group].apply(values, at, group_grads.numpy(), lr, step)
+            window.values[group][at] = values
+            changed_ids.append(ids)
+            changed.append(values)
+        self._parameters.row_access().scatter(changed_ids, changed)
         return float(loss)
 
-    def flush_rows(self, ids: Mapping[str, np.ndarray]) -> None:
-        """At the end of a window of local steps: the rows ``ids`` (by table) move by what
-        their momentum would still move them, and it is spent (see RowOptimizer.flush): the
-        window's change then carries all its gradients' effect to the PS."""
+    def flush(self, window: WindowRows) -> None:
+        """At the end of a window of local steps: its rows move by what their momentum would
+        still move them, and it is spent (see RowOptimizer.flush): the window's change then
+        carries all its gradients' effect to the PS."""
         lr = float(self._optimizer.learning_rate)
         step = int(self._optimizer.iterations)
-        moving = {
-            name: table_ids
-            for name, table_ids in ids.items()
-            if self._row_optimizers[name].has_momentum and len(table_ids)
-        }
-        values = self._parameters.gather_rows(moving)
-        for name, table_ids in moving.items():
-            self._row_optimizers[name].flush(values[name], table_ids, step, lr)
-        self._parameters.scatter_rows({name: (moving[name], values[name]) for name in moving})
+        for values, optimizer in zip(window.values, window.optimizers, strict=True):
+            if optimizer.has_momentum and len(values):
+                optimizer.flush(values, np.arange(len(values)), step, lr)
+        window.put_state(self._row_optimizers)
+        self._parameters.row_access().scatter(window.ids, window.values)
+
+    def window_rows(self, ids: dict[str, np.ndarray], values: dict[str, np.ndarray]) -> WindowRows:
+        """The rows ``ids`` of the tables, pulled as ``values``, for a window of local steps
+        (which :meth:`flush` ends)."""
+        return WindowRows(self._parameters.layout, ids, values, self._row_optimizers)

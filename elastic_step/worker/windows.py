@@ -5,7 +5,7 @@ ids (found by :meth:`ModelParameters.batch_ids`). With K = 1 it computes the bat
 gradients and pushes them; the PS applies its optimizer. With K > 1 it runs K steps of its
 own optimizer on its copy and pushes the change, negated (a pseudo-gradient), which the PS
 applies with the outer optimizer; the window's table rows first take what their momentum
-would still move them by (``Steps.flush_rows``), since the copy is replaced after the push.
+would still move them by (``Steps.flush``), since the copy is replaced after the push.
 Each push also carries the next window's ids and is answered with the dense values and the
 rows of those ids: one round trip per shard per window. A task's first window pulls only its
 rows (nothing for a model without tables): the dense values came with the last push. A window
@@ -100,6 +100,7 @@ class WindowTrainer:
         #: The trainable dense values last taken from the PS (what the copy's change is
         #: measured from with K > 1); None before the first pull.
         self._base: dict[str, np.ndarray] | None = None
+        self._held: tuple[dict, dict] = ({}, {})
 
     def train(self, batches: Iterable[tuple]) -> TaskLoss:
         """Trains on ``batches`` (a task's), a window of up to K steps per round trip;
@@ -210,17 +211,17 @@ class WindowTrainer:
                 loss.add(value, batch_size_of(labels, features))
                 self._on_step()
                 return dense, rows
-            base_rows = self.parameters.gather_rows(ids)
+            held_ids, held_rows = self._held if ids else ({}, {})
+            rows = self.steps.window_rows(held_ids, held_rows)
             for features, labels in window:
-                loss.add(self.steps.local(features, labels), batch_size_of(labels, features))
+                step_loss = self.steps.local(features, labels, rows)
+                loss.add(step_loss, batch_size_of(labels, features))
                 self._on_step()
-            self.steps.flush_rows(ids)
+            self.steps.flush(rows)
         except Exception as e:
             raise UserCodeError.of("the training step", e) from e
         dense = {n: self._base[n] - v.numpy() for n, v in self.parameters.dense.items()}
-        now = self.parameters.gather_rows(ids)
-        rows = {n: (i, base_rows[n] - now[n]) for n, i in ids.items()}
-        return dense, rows
+        return dense, rows.change()
 
     def pull_all(self) -> None:
         """Takes every value the PS holds, every row of every table included (the model
@@ -253,5 +254,7 @@ class WindowTrainer:
 
     def _take(self, values: dict, ids: dict, rows: dict) -> None:
         self.parameters.assign(values, {n: (ids[n], rows[n]) for n in ids})
+        #: The rows last taken, which the next window starts from.
+        self._held = (ids, rows)
         if values:
             self._base = {n: values[n] for n in self.parameters.dense}

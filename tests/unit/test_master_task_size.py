@@ -17,28 +17,42 @@ from elastic_step.master.tasks.task_size import (
 
 
 @pytest.mark.parametrize(
-    ("records", "batch", "size"),
+    ("records", "batch", "local_steps", "size"),
     [
         # bench/quality.py's diabetes: 354 records in batches of 16. Two shard-long tasks an
         # epoch made the last one decide the validation loss; one batch a task now.
-        (354, 16, 16),
+        (354, 16, 0, 16),
         # digits in batches of 32: a batch a task (45 tasks); two would make 23.
-        (1_437, 32, 32),
-        (4 * 32 * MIN_TASKS_PER_EPOCH, 32, 4 * 32),
-        # Large sets keep the default size.
-        (36_000, 64, DEFAULT_RECORDS_PER_TASK),
-        (98_000, 256, DEFAULT_RECORDS_PER_TASK),
+        (1_437, 32, 0, 32),
+        (4 * 32 * MIN_TASKS_PER_EPOCH, 32, 0, 4 * 32),
+        # Large sets keep the default size where the master chooses the local steps.
+        (36_000, 64, 0, DEFAULT_RECORDS_PER_TASK),
+        (98_000, 256, 0, DEFAULT_RECORDS_PER_TASK),
+        (800_000, 512, 0, 512),
+        # Local steps given: a window of them (data allowing), or the default size if that
+        # is more. bench/scale.py's CTR job: tasks of one batch made windows of one step.
+        (800_000, 512, 4, 4 * 512),
+        (98_000, 256, 16, 11 * 256),
+        (800_000, 512, 1, 512),
+        (800_000, 512, 32, 32 * 512),
+        (800_000, 64, 4, DEFAULT_RECORDS_PER_TASK),
+        # Batches larger than the default size: one a task at the least.
+        (800_000, 1024, 1, 1024),
         # Fewer records than a batch: one batch a task, whatever the epoch.
-        (10, 64, 64),
-        (0, 64, 64),
+        (10, 64, 0, 64),
+        (0, 64, 0, 64),
     ],
 )
-def test_an_epoch_has_enough_tasks_of_whole_batches(records: int, batch: int, size: int) -> None:
-    chosen = training_records_per_task(CHOSEN_BY_MASTER, train_records=records, batch_size=batch)
+def test_an_epoch_has_enough_tasks_of_whole_batches(
+    records: int, batch: int, local_steps: int, size: int
+) -> None:
+    chosen = training_records_per_task(
+        CHOSEN_BY_MASTER, train_records=records, batch_size=batch, local_steps=local_steps
+    )
     assert chosen == size
-    assert chosen % batch == 0 or chosen == DEFAULT_RECORDS_PER_TASK
-    if batch < chosen < DEFAULT_RECORDS_PER_TASK:
-        assert -(-records // chosen) >= MIN_TASKS_PER_EPOCH
+    assert chosen % batch == 0
+    if chosen > batch:
+        assert records // chosen >= MIN_TASKS_PER_EPOCH
 
 
 def test_a_given_size_is_kept_and_a_negative_one_refused() -> None:

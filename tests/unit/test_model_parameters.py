@@ -149,11 +149,14 @@ def _functional_parts():
 
 def test_rows_of_many_tables_are_read_and_written_in_one_call_each() -> None:
     """gather_rows and scatter_rows touch exactly the rows named, in every table at once,
-    whatever the number of rows (one trace serves calls of other lengths)."""
+    whatever the number of rows (one trace serves calls of other lengths), tables of other
+    widths and dtypes included (their rows travel packed: model/table_rows.py)."""
     keras.backend.clear_session()
     ids = keras.Input(shape=(1,), dtype="int32")
     tables = [keras.layers.Embedding(ROWS + i, 2, name=f"table_{i}") for i in range(3)]
-    outputs = keras.layers.Add()([keras.layers.Flatten()(t(ids)) for t in tables])
+    tables.append(keras.layers.Embedding(ROWS, 3, name="table_3", dtype="float64"))
+    parts = [keras.layers.Flatten()(t(ids)) for t in tables]
+    outputs = keras.layers.Add()([*parts[:3], keras.layers.Dense(2)(parts[3])])
     parameters = ModelParameters(keras.Model(ids, outputs))
     names = sorted(parameters.tables)
     before = {n: parameters.tables[n].numpy() for n in names}
@@ -163,14 +166,89 @@ def test_rows_of_many_tables_are_read_and_written_in_one_call_each() -> None:
         assert set(read) == set(names[:2])
         for n in names[:2]:
             np.testing.assert_array_equal(read[n], before[n][picked])
+    assert parameters.tables[names[3]].dtype == "float64"
+    read = parameters.gather_rows({n: np.array([2, 6]) for n in names})
+    for n in names:
+        np.testing.assert_array_equal(read[n], before[n][[2, 6]])
+        assert read[n].dtype == before[n].dtype and read[n].flags.writeable
     written = {
-        n: (np.array([3, 7]), np.full((2, 2), 10.0 + i, np.float32)) for i, n in enumerate(names)
+        n: (np.array([3, 7]), np.full((2, before[n].shape[1]), 10.0 + i + 1e-9))
+        for i, n in enumerate(names)
     }
     parameters.scatter_rows(written)
     for i, n in enumerate(names):
         expected = before[n].copy()
-        expected[[3, 7]] = 10.0 + i
+        expected[[3, 7]] = 10.0 + i + 1e-9  # rounded to the table's own dtype
         np.testing.assert_array_equal(parameters.tables[n].numpy(), expected)
+
+
+def _three_tables() -> keras.Model:
+    """Tables of widths 2, 2 and 3 (two groups), all read by one id column."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(3)
+    ids = keras.Input(shape=(2,), dtype="int32")
+    widths = {"a": 2, "b": 2, "c": 3}
+    parts = [
+        keras.layers.Flatten()(keras.layers.Embedding(ROWS + 2 * i, w, name=n)(ids))
+        for i, (n, w) in enumerate(widths.items())
+    ]
+    return keras.Model(ids, keras.layers.Dense(1)(keras.layers.Concatenate()(parts)))
+
+
+def test_the_table_layout_joins_tables_of_one_width_and_splits_them_back() -> None:
+    parameters = ModelParameters(_three_tables())
+    layout = parameters.layout
+    assert [(g.dim, g.names, g.offsets.tolist()) for g in layout.groups] == [
+        (2, ("a/embeddings", "b/embeddings"), [0, ROWS, 2 * ROWS + 2]),
+        (3, ("c/embeddings",), [0, ROWS + 4]),
+    ]
+    ids = {"a/embeddings": np.array([1, 9]), "b/embeddings": np.array([0, 11])}
+    joined = layout.join_ids(ids)
+    assert [j.tolist() for j in joined] == [[1, 9, ROWS, ROWS + 11], []]
+    values = layout.join_values({n: np.full((2, 2), k) for k, n in enumerate(ids)})
+    split = layout.split(joined, values)
+    assert set(split) == set(ids)
+    for k, (name, table_ids) in enumerate(ids.items()):
+        np.testing.assert_array_equal(split[name][0], table_ids)
+        np.testing.assert_array_equal(split[name][1], np.full((2, 2), k))
+
+
+def test_a_window_s_rows_stay_the_model_s_through_its_local_steps() -> None:
+    """WindowRows (worker/window_rows.py) holds a window's rows beside the model's tables:
+    after each local step and the flush, the tables' rows are the window's; its change is the
+    rows as pulled minus as left; a step on a row it did not pull is refused."""
+    model = _three_tables()
+    parameters = ModelParameters(model)
+    steps = Steps(model, loss, parameters, keras.optimizers.Adam(0.05))
+    ids = {n: np.arange(2, int(v.shape[0])) for n, v in parameters.tables.items()}
+    pulled = parameters.gather_rows(ids)
+    window = steps.window_rows(ids, pulled)
+    rng = np.random.default_rng(2)
+
+    def assert_tables_hold_the_window() -> None:
+        held = window.layout.split(window.ids, window.values)
+        now = parameters.gather_rows(ids)
+        for name in ids:
+            np.testing.assert_array_equal(held[name][0], ids[name])
+            np.testing.assert_array_equal(held[name][1], now[name])
+
+    for _ in range(3):
+        batch = tf.constant(rng.integers(2, ROWS, size=(4, 2)).astype(np.int32))
+        steps.local(batch, tf.constant(rng.normal(size=(4, 1)).astype(np.float32)), window)
+        assert_tables_hold_the_window()
+    steps.flush(window)
+    assert_tables_hold_the_window()
+    now = parameters.gather_rows(ids)
+    change = window.change()
+    for name in ids:
+        np.testing.assert_array_equal(change[name][0], ids[name])
+        np.testing.assert_allclose(change[name][1], pulled[name] - now[name])
+        assert np.abs(change[name][1][: ROWS - 2]).sum() > 0  # rows the batches read moved
+    outside = steps.window_rows(
+        {"a/embeddings": np.array([2, 3])}, {"a/embeddings": np.zeros((2, 2))}
+    )
+    with pytest.raises(ValueError, match="did not pull"):
+        outside.positions(0, np.array([4]))
 
 
 def test_batch_ids_are_the_unique_ids_each_table_reads() -> None:

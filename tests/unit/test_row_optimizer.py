@@ -192,3 +192,46 @@ def test_the_model_check_names_an_optimizer_tables_cannot_use() -> None:
     )
     assert table_optimizer_problem(with_table, keras.optimizers.Adam()) is None
     assert table_optimizer_problem(without, keras.optimizers.Nadam()) is None
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_windows_on_joined_tables_and_their_rows_state_step_as_each_table_s_own(
+    kind: str,
+) -> None:
+    """What a worker does (worker/window_rows.py): two tables joined into one group (the
+    second's row r is the group's 50 + r), and each window's steps on the state of its rows
+    taken out (take_rows), flushed and put back (put_rows). Rows and state end, to the bit,
+    as under a RowOptimizer per table over its whole state."""
+    rng = np.random.default_rng(4)
+    sizes, lr = (50, 30), 0.05
+    tables = [rng.normal(size=(n, DIM)).astype(np.float32) for n in sizes]
+    per_table = [RowOptimizer(OPTIMIZERS[kind](), n, DIM, "float32") for n in sizes]
+    joined = RowOptimizer(OPTIMIZERS[kind](), sum(sizes), DIM, "float32")
+    joined_values = np.concatenate(tables)
+    step = 0
+    for _ in range(4):
+        window = [np.sort(rng.choice(n, size=12, replace=False)) for n in sizes]
+        window_ids = np.concatenate([window[0], window[1] + sizes[0]])
+        part, rows = joined.take_rows(window_ids), joined_values[window_ids]
+        for _ in range(5):
+            step += 1
+            picked = [np.sort(rng.choice(ids, size=6, replace=False)) for ids in window]
+            grads = [rng.normal(size=(6, DIM)).astype(np.float32) for _ in sizes]
+            for table, optimizer, ids, grad in zip(tables, per_table, picked, grads, strict=True):
+                values = table[ids]
+                optimizer.apply(values, ids, grad, lr, step)
+                table[ids] = values
+            at = np.searchsorted(window_ids, np.concatenate([picked[0], picked[1] + sizes[0]]))
+            values = rows[at]
+            part.apply(values, at, np.concatenate(grads), lr, step)
+            rows[at] = values
+        for table, optimizer, ids in zip(tables, per_table, window, strict=True):
+            values = table[ids]
+            optimizer.flush(values, ids, step, lr)
+            table[ids] = values
+        part.flush(rows, np.arange(len(rows)), step, lr)
+        joined.put_rows(window_ids, part)
+        joined_values[window_ids] = rows
+    np.testing.assert_array_equal(joined_values, np.concatenate(tables))
+    for name, slot in joined.slots.items():
+        np.testing.assert_array_equal(slot, np.concatenate([o.slots[name] for o in per_table]))
