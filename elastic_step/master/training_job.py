@@ -137,7 +137,8 @@ class TrainingJob(JobKind):
             local_steps=c.local_steps,
         )
         if c.records_per_task == task_size.CHOSEN_BY_MASTER:
-            window = f" or {c.local_steps} batches (--local-steps)" if c.local_steps else ""
+            windows = max(task_size.WINDOW_BATCHES, c.local_steps)
+            window = f" or {windows} batches (--local-steps)" if c.local_steps > 1 else ""
             log.info(
                 "records per task: %d (chosen by the master: %d training records in batches "
                 "of %d, so that an epoch has at least %d tasks, each at most %d records%s, "

@@ -177,13 +177,15 @@ class RowOptimizer:
             moved[block] += tail.astype(values.dtype)
         return moved
 
-    def flush(self, values: np.ndarray, rows: np.ndarray, step: int, lr: float) -> None:
+    def flush(self, values: np.ndarray, rows: np.ndarray | slice, step: int, lr: float) -> None:
         """After step ``step``: ``values`` of rows ``rows`` (updated in place) move at once by
-        all their momentum would still move them, and the momentum is spent."""
+        all their momentum would still move them, and the momentum is spent. ``rows`` may be
+        ``slice(None)``, every row: a worker's window state (:meth:`take_rows`) is flushed
+        whole, and a slice reads and writes the slots in place."""
         if not self.has_momentum:
             return
         self._catch_up(values, rows, step, lr)
-        values += self._tail(rows, np.full(len(rows), step), None, lr).astype(values.dtype)
+        values += self._tail(rows, np.full(len(values), step), None, lr).astype(values.dtype)
         self.slots["m" if self.rule == "adam" else "momentum"][rows] = 0
 
     # -- catching up --

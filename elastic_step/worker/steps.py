@@ -261,7 +261,7 @@ class Steps:
         step = int(self._optimizer.iterations)
         for values, optimizer in zip(window.values, window.optimizers, strict=True):
             if optimizer.has_momentum and len(values):
-                optimizer.flush(values, np.arange(len(values)), step, lr)
+                optimizer.flush(values, slice(None), step, lr)
         window.put_state(self._row_optimizers)
         self._parameters.row_access().scatter(window.ids, window.values)
 

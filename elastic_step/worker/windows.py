@@ -191,14 +191,20 @@ class WindowTrainer:
 
     def _window(self, batches: Iterator[tuple]) -> tuple[list, dict[str, np.ndarray]]:
         """The next up to K batches, and the row ids they read by table (sorted, unique)."""
-        window, ids = [], {}
+        window, rows = [], []
         for features, labels in batches:
             window.append((features, labels))
-            for name, batch_ids in self._ids(features).items():
-                ids[name] = np.union1d(ids[name], batch_ids) if name in ids else batch_ids
+            try:
+                rows.append(self.parameters.batch_rows(features))
+            except Exception as e:
+                raise UserCodeError.of("the model", e) from e
             if len(window) == self.local_steps:
                 break
-        return window, ids
+        if not rows or not rows[0]:
+            return window, {}
+        # A group at a time: a model can have dozens of tables (model/table_rows.py).
+        joined = [np.unique(np.concatenate(group)) for group in zip(*rows, strict=True)]
+        return window, {n: ids for n, (ids, _) in self.parameters.layout.split(joined).items()}
 
     def _run_window(self, window: list, ids: dict, loss: TaskLoss) -> tuple[dict, Rows]:
         """Runs the window's steps, adding their losses to ``loss``; its update: the gradients

@@ -29,13 +29,15 @@ from elastic_step.master.tasks.task_size import (
         (36_000, 64, 0, DEFAULT_RECORDS_PER_TASK),
         (98_000, 256, 0, DEFAULT_RECORDS_PER_TASK),
         (800_000, 512, 0, 512),
-        # Local steps given: a window of them (data allowing), or the default size if that
-        # is more. bench/scale.py's CTR job: tasks of one batch made windows of one step.
-        (800_000, 512, 4, 4 * 512),
+        # Local steps K > 1 given: 16 batches, or K if more (data allowing), or the default
+        # size if that is more. bench/scale.py's CTR job: tasks of one batch made windows of
+        # one step, and each task's first window pulls on its own.
+        (800_000, 512, 4, 16 * 512),
         (98_000, 256, 16, 11 * 256),
         (800_000, 512, 1, 512),
         (800_000, 512, 32, 32 * 512),
-        (800_000, 64, 4, DEFAULT_RECORDS_PER_TASK),
+        (800_000, 16, 4, DEFAULT_RECORDS_PER_TASK),
+        (800_000, 64, 4, 16 * 64),
         # Batches larger than the default size: one a task at the least.
         (800_000, 1024, 1, 1024),
         # Fewer records than a batch: one batch a task, whatever the epoch.

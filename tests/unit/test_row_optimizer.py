@@ -229,7 +229,7 @@ def test_windows_on_joined_tables_and_their_rows_state_step_as_each_table_s_own(
             values = table[ids]
             optimizer.flush(values, ids, step, lr)
             table[ids] = values
-        part.flush(rows, np.arange(len(rows)), step, lr)
+        part.flush(rows, slice(None), step, lr)
         joined.put_rows(window_ids, part)
         joined_values[window_ids] = rows
     np.testing.assert_array_equal(joined_values, np.concatenate(tables))

@@ -12,18 +12,21 @@ of 16 records brought it within twice ``fit``'s.
 
 A window of local steps never spans tasks (worker/windows.py), so a task shorter than K
 batches cuts the windows short: at batch 512, tasks of 512 records made ``--local-steps 16``
-(the throughput-first setting) one step a window. So where ``--local-steps K`` is given, a
-task may hold K batches. Where the master chooses K, tasks keep the default size: on
-bench/scale.py's CTR job (batch 512, one epoch) windows of the master's K = 16 cost 0.009 of
-AUC, and of 4, 0.001 (bench/README.md, "A recommendation job at scale").
+(the throughput-first setting) one step a window. And a task's first window pulls its rows in
+a round trip of its own, where the next windows' rows come with the push before them. So where
+``--local-steps K`` (K > 1) is given, a task may hold :data:`WINDOW_BATCHES` batches, or K if
+that is more: on bench/scale.py's CTR job with K = 4, tasks of 16 batches trained 7 % faster
+than tasks of 4. Where the master chooses K, tasks keep the default size: on that job windows
+of the master's K = 16 cost 0.009 of AUC, and of 4, 0.003 (bench/README.md, "A recommendation
+job at scale").
 
-So the master makes tasks :data:`DEFAULT_RECORDS_PER_TASK` records long, or K batches if
-``--local-steps K`` is given and that is longer, but smaller where an epoch would have fewer
-than :data:`MIN_TASKS_PER_EPOCH` of them: a whole number of batches, so that only a shard's
-end leaves a short batch. Past that size a task's overhead (a call to the master, a read, a pull)
-is little beside its training; below it, a small data set trains in seconds whatever the
-tasks cost. Evaluation tasks take the training tasks' size; prediction
-tasks :data:`DEFAULT_RECORDS_PER_TASK`. A size given on the command line is used as given.
+So the master makes tasks :data:`DEFAULT_RECORDS_PER_TASK` records long, or the batches above
+if ``--local-steps K`` is given and that is longer, but smaller where an epoch would have
+fewer than :data:`MIN_TASKS_PER_EPOCH` of them: a whole number of batches, so that only a
+shard's end leaves a short batch. Past that size a task's overhead (a call to the master, a
+read, a pull) is little beside its training; below it, a small data set trains in seconds
+whatever the tasks cost. Evaluation tasks take the training tasks' size; prediction tasks
+:data:`DEFAULT_RECORDS_PER_TASK`. A size given on the command line is used as given.
 The choice depends only on the data, the batch size and ``--local-steps``, which a resumed
 job keeps, so a restarted master makes the same tasks.
 Tests: tests/unit/test_master_task_size.py.
@@ -37,6 +40,8 @@ CHOSEN_BY_MASTER = 0
 DEFAULT_RECORDS_PER_TASK = 512
 #: Training tasks an epoch has, at the least, when the master chooses (data allowing).
 MIN_TASKS_PER_EPOCH = 32
+#: Batches a task may hold with ``--local-steps K`` given (K > 1), or K if that is more.
+WINDOW_BATCHES = 16
 
 
 def training_records_per_task(
@@ -44,16 +49,17 @@ def training_records_per_task(
 ) -> int:
     """``requested`` when it is a number of records (>= 1); for :data:`CHOSEN_BY_MASTER` the
     largest whole number of batches of ``batch_size``, at least one, at most
-    :data:`DEFAULT_RECORDS_PER_TASK` records or ``local_steps`` batches (as given; 0: the
-    master chooses them), whichever is more, that cuts ``train_records`` into
-    :data:`MIN_TASKS_PER_EPOCH` tasks or more."""
+    :data:`DEFAULT_RECORDS_PER_TASK` records, or with ``local_steps`` K > 1 (as given; 0: the
+    master chooses them) :data:`WINDOW_BATCHES` or K batches, whichever is most, that cuts
+    ``train_records`` into :data:`MIN_TASKS_PER_EPOCH` tasks or more."""
     if requested < 0:
         raise ValueError(
             f"records per task must be >= 0 (0: chosen by the master), got {requested}"
         )
     if requested != CHOSEN_BY_MASTER:
         return requested
-    most = max(1, DEFAULT_RECORDS_PER_TASK // batch_size, local_steps)
+    windows = max(WINDOW_BATCHES, local_steps) if local_steps > 1 else 1
+    most = max(1, DEFAULT_RECORDS_PER_TASK // batch_size, windows)
     batches = max(1, train_records // (MIN_TASKS_PER_EPOCH * batch_size))
     return min(most, batches) * batch_size
 
