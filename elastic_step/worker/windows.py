@@ -234,6 +234,7 @@ class WindowTrainer:
         save), reconnecting while the PS is away."""
         tables = self.parameters.table_specs()
         self._pull({n: np.arange(spec.rows) for n, spec in tables.items()}, dense=True)
+        self._held = ({}, {})  # every row: no window starts from them
 
     def _pull(self, ids: dict[str, np.ndarray], dense: bool) -> None:
         """Takes the dense values (if ``dense``) and the rows ``ids``, reconnecting while the
