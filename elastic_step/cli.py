@@ -361,8 +361,9 @@ def _add_job_flags(p: argparse.ArgumentParser, *, ps: bool) -> None:
         metavar="N",
         default=0,
         help="records in a task, the unit of work handed to a worker (default 0: 512, or for "
-        "training fewer, whole batches, where an epoch would have under 32 tasks; the model "
-        "ends an epoch on its last task's records)",
+        "training with --local-steps K > 1 given 16 batches or K, whichever is more; fewer, "
+        "whole batches, where an epoch would have under 32 tasks; the model ends an epoch on "
+        "its last task's records)",
     )
     g.add_argument(
         "--max-restarts",

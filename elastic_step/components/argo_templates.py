@@ -265,7 +265,8 @@ def _elastic_train() -> Container:
                     "min-workers": "the job fails below this many",
                     "max-workers": "grow up to this many workers while all run",
                     "ps": "parameter server shards",
-                    "records-per-task": "records per task (0: chosen by the master, up to 512)",
+                    "records-per-task": "records per task (0: up to 512, or 16 batches with "
+                    "local-steps set)",
                     "seed": "seed of the task order and of the initial values",
                     "image": "the elastic-step image, of this step and of worker and PS pods",
                     "worker-cpu": "CPU of each worker pod",

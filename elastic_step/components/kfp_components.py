@@ -152,7 +152,7 @@ def elastic_train(
         min_workers: The job fails below this many.
         max_workers: Grow up to this many workers while all run (0: no growth).
         ps: Parameter server shards.
-        records_per_task: Records per task (0: chosen by the master, up to 512).
+        records_per_task: Records per task (0: up to 512, or 16 batches with local_steps set).
         seed: Seed of the task order and of the model's initial values.
         evaluation_steps: Also evaluate every N model versions (0: at epoch ends only).
         checkpoint_steps: PS checkpoints every N model versions.
