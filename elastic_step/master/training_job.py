@@ -137,8 +137,8 @@ class TrainingJob(JobKind):
             local_steps=c.local_steps,
         )
         if c.records_per_task == task_size.CHOSEN_BY_MASTER:
-            windows = max(task_size.WINDOW_BATCHES, c.local_steps)
-            window = f" or {windows} batches (--local-steps)" if c.local_steps > 1 else ""
+            windows = task_size.window_batches(c.local_steps)
+            window = f" or {windows} batches (--local-steps)" if windows > 1 else ""
             log.info(
                 "records per task: %d (chosen by the master: %d training records in batches "
                 "of %d, so that an epoch has at least %d tasks, each at most %d records%s, "

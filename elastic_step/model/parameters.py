@@ -127,7 +127,7 @@ class ModelParameters:
 
     def batch_ids(self, features) -> dict[str, np.ndarray]:
         """The unique row ids each table's lookups read for ``features``, sorted."""
-        return {n: ids for n, (ids, _) in self.layout.split(self.batch_rows(features)).items()}
+        return self.layout.split_ids(self.batch_rows(features))
 
     def _compile_ids_function(self):
         import tensorflow as tf

@@ -59,10 +59,6 @@ class TableLayout:
             )
             for (dim, dtype), names in kinds.items()
         ]
-        #: Each table's group and its index in it.
-        self.place = {
-            n: (g, i) for g, group in enumerate(self.groups) for i, n in enumerate(group.names)
-        }
 
     def join_ids(self, ids: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """Each group's row ids (table-blocked) for the tables' ``ids``; a table not named has
@@ -105,6 +101,10 @@ class TableLayout:
                     table_ids = ids[g][start:end] - group.offsets[i]
                     rows[name] = (table_ids, None if values is None else values[g][start:end])
         return rows
+
+    def split_ids(self, ids: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """Each group's table-blocked ``ids`` back by table, as table row ids (views)."""
+        return {name: table_ids for name, (table_ids, _) in self.split(ids).items()}
 
 
 class TableRowAccess:

@@ -260,7 +260,7 @@ class Steps:
         lr = float(self._optimizer.learning_rate)
         step = int(self._optimizer.iterations)
         for values, optimizer in zip(window.values, window.optimizers, strict=True):
-            if optimizer.has_momentum and len(values):
+            if len(values):  # flush does nothing for an optimizer without momentum
                 optimizer.flush(values, slice(None), step, lr)
         window.put_state(self._row_optimizers)
         self._parameters.row_access().scatter(window.ids, window.values)

@@ -1,7 +1,7 @@
 """A worker's training and evaluation against the PS, one window of up to K steps at a time.
 
 Before a window the worker holds the PS's dense values and the table rows of the window's
-ids (found by :meth:`ModelParameters.batch_ids`). With K = 1 it computes the batch's
+ids (found by :meth:`ModelParameters.batch_rows`). With K = 1 it computes the batch's
 gradients and pushes them; the PS applies its optimizer. With K > 1 it runs K steps of its
 own optimizer on its copy and pushes the change, negated (a pseudo-gradient), which the PS
 applies with the outer optimizer; the window's table rows first take what their momentum
@@ -168,7 +168,7 @@ class WindowTrainer:
         """Yields ``batches`` each once the worker holds the values it reads."""
         first = True
         for features, labels in batches:
-            ids = self._ids(features)
+            ids = self.parameters.layout.split_ids(self._rows(features))
             if first or ids:
                 self._pull(ids, dense=first)
             first = False
@@ -183,9 +183,10 @@ class WindowTrainer:
         except Exception as e:
             raise UserCodeError.of("a metric", e) from e
 
-    def _ids(self, features) -> dict[str, np.ndarray]:
+    def _rows(self, features) -> list[np.ndarray]:
+        """The rows ``features`` read, each group's (ModelParameters.batch_rows)."""
         try:
-            return self.parameters.batch_ids(features)
+            return self.parameters.batch_rows(features)
         except Exception as e:
             raise UserCodeError.of("the model", e) from e
 
@@ -194,17 +195,14 @@ class WindowTrainer:
         window, rows = [], []
         for features, labels in batches:
             window.append((features, labels))
-            try:
-                rows.append(self.parameters.batch_rows(features))
-            except Exception as e:
-                raise UserCodeError.of("the model", e) from e
+            rows.append(self._rows(features))
             if len(window) == self.local_steps:
                 break
         if not rows or not rows[0]:
             return window, {}
         # A group at a time: a model can have dozens of tables (model/table_rows.py).
         joined = [np.unique(np.concatenate(group)) for group in zip(*rows, strict=True)]
-        return window, {n: ids for n, (ids, _) in self.parameters.layout.split(joined).items()}
+        return window, self.parameters.layout.split_ids(joined)
 
     def _run_window(self, window: list, ids: dict, loss: TaskLoss) -> tuple[dict, Rows]:
         """Runs the window's steps, adding their losses to ``loss``; its update: the gradients

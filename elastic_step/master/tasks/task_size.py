@@ -58,10 +58,15 @@ def training_records_per_task(
         )
     if requested != CHOSEN_BY_MASTER:
         return requested
-    windows = max(WINDOW_BATCHES, local_steps) if local_steps > 1 else 1
-    most = max(1, DEFAULT_RECORDS_PER_TASK // batch_size, windows)
+    most = max(1, DEFAULT_RECORDS_PER_TASK // batch_size, window_batches(local_steps))
     batches = max(1, train_records // (MIN_TASKS_PER_EPOCH * batch_size))
     return min(most, batches) * batch_size
+
+
+def window_batches(local_steps: int) -> int:
+    """The batches a master-sized task may hold for its windows of ``local_steps`` (as
+    given; 0: the master chooses): :data:`WINDOW_BATCHES` or K for K > 1, else 1."""
+    return max(WINDOW_BATCHES, local_steps) if local_steps > 1 else 1
 
 
 def prediction_records_per_task(requested: int) -> int:
