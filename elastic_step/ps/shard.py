@@ -169,14 +169,10 @@ class ParameterShard:
         answers what ``pull`` asks, ``(ids by table, dense?)``, as :meth:`pull` would but
         without the non-trainable values.
         """
-        import tensorflow as tf
-
         with self._lock:
             self._check_initialized()
             rows = {n: (self._local_rows(n, ids), g) for n, (ids, g) in row_grads.items()}
-            names = tuple(dense_grads)
-            grads = [tf.convert_to_tensor(g) for g in dense_grads.values()]
-            self._apply(names, grads, rows, staleness=self.version - version)
+            after = self._apply(dense_grads, rows, staleness=self.version - version)
             self._state.update(state or {})
             self.version += 1
             if pull is None:
@@ -184,45 +180,55 @@ class ParameterShard:
             ids, dense = pull
             pulled = {name: self._gather(name, table_ids) for name, table_ids in ids.items()}
             # Not the non-trainable values: the pushing worker's own are newer.
-            trainable = {n: v.numpy() for n, v in self._dense.items()} if dense else {}
+            trainable = (after or self._trainable()) if dense else {}
             return self.version, trainable, pulled
 
-    def _apply(self, names: tuple[str, ...], grads: list, rows: dict, staleness: int) -> None:
+    def _apply(
+        self, dense_grads: dict[str, np.ndarray], rows: dict, staleness: int
+    ) -> dict[str, np.ndarray] | None:
+        """Applies the update; returns the shard's dense values after it, where the update
+        had dense gradients (they are read in the same compiled call)."""
         modulated = self._staleness_modulation and staleness > 1
         rate = self._optimizer.learning_rate
         if modulated:
             base = float(rate.numpy())
             rate.assign(base / staleness)
         try:
-            # The rate before the dense step advances a schedule's iteration count.
-            lr = float(self._optimizer.learning_rate)
-            step = int(self._optimizer.iterations) + 1  # the step the dense update makes
+            if rows:
+                # The rate before the dense step advances a schedule's iteration count.
+                lr = float(self._optimizer.learning_rate)
+                step = int(self._optimizer.iterations) + 1  # the step the dense update makes
             for name, (local, row_grads) in rows.items():
                 table = self.tables[name]
                 values = table.values[local]
                 table.optimizer.apply(values, local, row_grads, lr, step)
                 table.values[local] = values
-            if grads:
-                apply = self._apply_functions.get(names)
-                if apply is None:
-                    apply = self._apply_functions[names] = self._compile_apply(names)
-                apply(grads)
-            else:
+            if not dense_grads:
                 self._optimizer.iterations.assign_add(1)
+                return None
+            names = tuple(dense_grads)
+            apply = self._apply_functions.get(names)
+            if apply is None:
+                apply = self._apply_functions[names] = self._compile_apply(names)
+            after = apply(list(dense_grads.values()))
+            return {n: v.numpy() for n, v in zip(self._dense, after, strict=True)}
         finally:
             if modulated:
                 rate.assign(base)
 
     def _compile_apply(self, names: tuple[str, ...]):
-        """The optimizer step for these variables as one graph: 20x faster than eager Keras."""
+        """The optimizer step for these variables as one graph (20x faster than eager Keras),
+        answering every dense value of the shard after it (six reads apart took 0.2 ms)."""
         import tensorflow as tf
 
         variables = [self._dense[n] for n in names]
         optimizer = self._optimizer
+        every = list(self._dense.values())
 
         @tf.function
         def apply(grads):
             optimizer.apply_gradients(zip(grads, variables, strict=True))
+            return [tf.convert_to_tensor(v) for v in every]
 
         return apply
 
@@ -269,8 +275,11 @@ class ParameterShard:
 
     # -- internals --
 
+    def _trainable(self) -> dict[str, np.ndarray]:
+        return {n: v.numpy() for n, v in self._dense.items()}
+
     def _values(self) -> dict[str, np.ndarray]:
-        return {**{n: v.numpy() for n, v in self._dense.items()}, **self._state}
+        return {**self._trainable(), **self._state}
 
     def _check_initialized(self) -> None:
         if not self.initialized:

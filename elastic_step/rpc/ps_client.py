@@ -22,7 +22,7 @@ import numpy as np
 
 from elastic_step.rpc import placement, ps_pb2
 from elastic_step.rpc.auth import Credentials, authenticated_channel
-from elastic_step.rpc.tensors import from_proto, rows_from_proto, rows_to_proto, to_proto
+from elastic_step.rpc.tensors import fill, fill_rows, from_proto, rows_from_proto
 
 _MAX_MESSAGE = 512 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -148,7 +148,7 @@ class PSClient:
         """Adds each value to ``field`` of the request for the shard that holds its variable."""
         for name, value in values.items():
             shard = placement.shard_of_variable(name, self.num_ps)
-            getattr(requests[shard], field).append(to_proto(name, value))
+            fill(getattr(requests[shard], field).add(), name, value)
 
     def _split(self, ids: np.ndarray) -> list[np.ndarray | slice]:
         """For each shard, which of ``ids`` it owns: a mask, or everything with one shard."""
@@ -163,7 +163,7 @@ class PSClient:
             for field, owned in zip(fields, self._split(ids), strict=True):
                 part = ids[owned]
                 if len(part):
-                    field.append(rows_to_proto(name, part, values[owned]))
+                    fill_rows(field.add(), name, part, values[owned])
 
     def _pull_request(self, request: ps_pb2.PullRequest, ids: dict[str, np.ndarray], dense: bool):
         """Fills one pull per shard into ``request`` (a list, one per shard); returns the masks
@@ -174,7 +174,7 @@ class PSClient:
         for name, table_ids in ids.items():
             masks[name] = self._split(table_ids)
             for shard_request, owned in zip(request, masks[name], strict=True):
-                shard_request.tables.append(rows_to_proto(name, table_ids[owned], None))
+                fill_rows(shard_request.tables.add(), name, table_ids[owned], None)
         return masks
 
     def _join_pulled(

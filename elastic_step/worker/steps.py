@@ -12,9 +12,11 @@
 - ``Steps.local_window`` (K > 1, a model without tables): K of those local steps in one
   compiled call that takes its batches straight from the input pipeline's iterator, as
   ``model.fit`` does with ``steps_per_execution``: no Python per batch. It returns the summed
-  loss (each batch's mean times its size) and the examples. None where it does not apply.
-  :meth:`Steps.run_window` calls it with the step count as a tensor, so that one trace serves
-  windows of every length (a task's last window is often shorter).
+  loss (each batch's mean times its size), the examples, the dense values after the window
+  and the metrics' results, and resets the metrics first in a task's first window: one call
+  a window (:class:`WindowResult`). None where it does not apply. :meth:`Steps.run_window`
+  calls it with the step count as a tensor, so that one trace serves windows of every length
+  (a task's last window is often shorter).
 - ``Steps.evaluation_window`` (a model without tables, any K): the same for evaluation
   batches, through :meth:`Steps.run_evaluation`. One trace serves every batch size, where
   :meth:`Steps.evaluate` traces again for a task's shorter last batch.
@@ -27,7 +29,8 @@ training up for 350 ms in bench/throughput.py).
 Each of them also adds the batch to the model's metrics (the definition's, as evaluation
 reports them), in the same compiled call and on the outputs the step computed, as
 ``model.fit`` does: no second forward pass and no Python work per batch. The caller resets
-them before a task and reads them after it (:meth:`reset_metrics`, :meth:`metric_results`).
+them before a task and reads them after it (:meth:`reset_metrics`, :meth:`metric_results`;
+the training window does both itself).
 
 A table's gradient leaves the graph as (unique row ids, summed rows): what a push carries.
 Tests: tests/unit/test_model_parameters.py.
@@ -36,6 +39,7 @@ Tests: tests/unit/test_model_parameters.py.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,13 +66,21 @@ def _row_gradient(grad):
     return unique, tf.math.unsorted_segment_sum(values, index, tf.size(unique))
 
 
-def _window_of(step: Callable):
+def _window_of(step: Callable, variables: list | None = None, metrics: Mapping | None = None):
     """A compiled loop of ``step`` over the next ``steps`` batches of an iterator, returning
-    the summed loss (each batch's mean times its size) and the examples."""
+    the summed loss (each batch's mean times its size), the examples, the values of
+    ``variables`` after the loop and the results of ``metrics``, which it first resets where
+    ``reset`` is true. In one call: a task's reads and resets apart took 1-2 ms of a worker
+    whose other threads were reading the next task."""
     import tensorflow as tf
 
+    variables, metrics = variables or [], dict(metrics or {})
+
     @tf.function
-    def window(iterator, steps):
+    def window(iterator, steps, reset):
+        if reset:
+            for metric in metrics.values():
+                metric.reset_state()
         loss_sum = tf.constant(0.0, tf.float64)
         examples = tf.constant(0, tf.int64)
         for _ in tf.range(steps):
@@ -77,18 +89,43 @@ def _window_of(step: Callable):
             size = tf.shape(tf.nest.flatten(labels)[0], out_type=tf.int64)[0]
             loss_sum += tf.cast(loss, tf.float64) * tf.cast(size, tf.float64)
             examples += size
-        return loss_sum, examples
+        values = [tf.convert_to_tensor(v) for v in variables]
+        return loss_sum, examples, values, {n: m.result() for n, m in metrics.items()}
 
     return window
 
 
-def _run(window, iterator, steps: int) -> tuple[float, int]:
+@dataclass
+class WindowResult:
+    """A compiled window's batches: their summed loss (each batch's mean times its size),
+    their examples, the trainable dense values after them by name, and the model's metrics
+    since they were last reset (those whose result is one number)."""
+
+    loss_sum: float
+    examples: int
+    dense: dict[str, np.ndarray]
+    metrics: dict[str, float]
+
+
+def _run(window, iterator, steps: int, reset_metrics: bool = False):
     """Calls a window of :func:`_window_of` with the step count as a tensor, so that one trace
     serves every count."""
     import tensorflow as tf
 
-    loss_sum, examples = window(iterator, tf.constant(steps, tf.int32))
-    return float(loss_sum), int(examples)
+    loss_sum, examples, values, results = window(
+        iterator, tf.constant(steps, tf.int32), tf.constant(reset_metrics)
+    )
+    return float(loss_sum), int(examples), [v.numpy() for v in values], _scalars(results)
+
+
+def _scalars(results: Mapping) -> dict[str, float]:
+    """The metrics' results that are one number."""
+    scalars = {}
+    for name, value in results.items():
+        value = np.asarray(value)
+        if value.ndim == 0:
+            scalars[name] = float(value)
+    return scalars
 
 
 class Steps:
@@ -174,7 +211,9 @@ class Steps:
                 local_optimizer.apply(list(dense.values()), [parameters.dense[n] for n in dense])
                 return loss
 
-            self.local_window = _window_of(local_step)
+            self.local_window = _window_of(
+                local_step, list(parameters.dense.values()), self.metrics
+            )
 
         def evaluation_step(features, labels):
             outputs = model(features, training=False)
@@ -185,15 +224,20 @@ class Steps:
         #: See the module's docstring.
         self.evaluation_window = None if tables else _window_of(evaluation_step)
 
-    def run_window(self, iterator, steps: int) -> tuple[float, int]:
-        """``local_window`` on the next ``steps`` batches of ``iterator``: their summed loss
-        and their examples."""
-        return _run(self.local_window, iterator, steps)
+    def run_window(self, iterator, steps: int, reset_metrics: bool = False) -> WindowResult:
+        """``local_window`` on the next ``steps`` batches of ``iterator``, the model's metrics
+        first reset if ``reset_metrics`` (a task's first window)."""
+        loss_sum, examples, values, metrics = _run(
+            self.local_window, iterator, steps, reset_metrics
+        )
+        dense = dict(zip(self._parameters.dense, values, strict=True))
+        return WindowResult(loss_sum, examples, dense, metrics)
 
     def run_evaluation(self, iterator, steps: int) -> tuple[float, int]:
         """``evaluation_window`` on the next ``steps`` batches of ``iterator``: their summed
         loss and their examples; the batches are added to the metrics."""
-        return _run(self.evaluation_window, iterator, steps)
+        loss_sum, examples, _, _ = _run(self.evaluation_window, iterator, steps)
+        return loss_sum, examples
 
     def warm_up(self, training=None, evaluation=None) -> list[str]:
         """Compiles the windows that apply for the iterators given (the training and the
@@ -217,12 +261,7 @@ class Steps:
     def metric_results(self) -> dict[str, float]:
         """Each metric's value over the batches since :meth:`reset_metrics`, for the metrics
         whose result is one number."""
-        results = {}
-        for name, metric in self.metrics.items():
-            value = np.asarray(metric.result())
-            if value.ndim == 0:
-                results[name] = float(value)
-        return results
+        return _scalars({name: metric.result() for name, metric in self.metrics.items()})
 
     def gradients(self, features, labels) -> tuple[float, dict[str, np.ndarray], Rows]:
         """The batch's loss and gradients: dense ones by name, and each table's (unique ids,

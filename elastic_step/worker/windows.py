@@ -128,20 +128,19 @@ class WindowTrainer:
         loss = TaskLoss()
         if batches == 0:
             return loss
-        self._metrics(self.steps.reset_metrics)
         if self._base is None:
             self._pull({}, dense=True)
         for start in range(0, batches, self.local_steps):
             steps = min(self.local_steps, batches - start)
             try:
-                loss.add_summed(*self.steps.run_window(iterator, steps))
+                result = self.steps.run_window(iterator, steps, reset_metrics=start == 0)
             except Exception as e:
                 raise UserCodeError.of("the training step", e) from e
+            loss.add_summed(result.loss_sum, result.examples)
+            loss.metrics = result.metrics
             for _ in range(steps):
                 self._on_step()
-            dense = {n: self._base[n] - v.numpy() for n, v in self.parameters.dense.items()}
-            self._push(dense, {}, {})
-        loss.metrics = self._metrics(self.steps.metric_results)
+            self._push({n: self._base[n] - v for n, v in result.dense.items()}, {}, {})
         return loss
 
     def evaluate_queued(

@@ -46,7 +46,7 @@ from elastic_step.rpc.master_client import (
     MasterUnreachableError,
 )
 from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, Traffic
-from elastic_step.rpc.tensors import to_proto
+from elastic_step.rpc.tensors import fill
 from elastic_step.worker.windows import TaskLoss, UserCodeError, WindowTrainer
 
 if TYPE_CHECKING:
@@ -492,7 +492,7 @@ class Worker:
         report.loss_sum, report.example_count = loss_sum, count
         for name, metric in steps.metrics.items():
             for i, variable in enumerate(metric.variables):
-                report.metric_states.append(to_proto(f"{name}/{i}", np.asarray(variable.numpy())))
+                fill(report.metric_states.add(), f"{name}/{i}", np.asarray(variable.numpy()))
 
     def _evaluate_one_by_one(self, stream: BatchStream, records: int) -> tuple[float, int]:
         """A model with tables: each batch's rows pulled, then the batch evaluated."""

@@ -532,8 +532,13 @@ def test_a_warm_up_trains_nothing_and_one_trace_serves_every_window() -> None:
     for before, variable in zip(initial, model.trainable_variables, strict=True):
         np.testing.assert_array_equal(variable.numpy(), before)
 
-    assert steps.run_window(batches, 3)[1] == 12  # the warm-up took no batch
-    assert steps.run_window(batches, 2)[1] == 8
+    assert steps.run_window(batches, 3).examples == 12  # the warm-up took no batch
+    last = steps.run_window(batches, 2)
+    assert last.examples == 8
+    # The values it answers are the model's after the window.
+    assert list(last.dense) == list(ModelParameters(model).dense)
+    for value, variable in zip(last.dense.values(), model.trainable_variables, strict=True):
+        np.testing.assert_array_equal(value, variable.numpy())
     assert steps.local_window.experimental_get_tracing_count() == 1
 
     reference = build_dense_model()
@@ -545,6 +550,25 @@ def test_a_warm_up_trains_nothing_and_one_trace_serves_every_window() -> None:
         reference_optimizer.apply(grads, reference.trainable_variables)
     for got, want in zip(model.trainable_variables, reference.trainable_variables, strict=True):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_training_window_resets_its_metrics_when_asked_and_answers_them() -> None:
+    """A task's first window resets the model's metrics and the later ones add to them; each
+    answers the metrics over the task so far, as the metric objects themselves hold them."""
+    iterator = summed_batches(20, seed=1)
+    model = build_dense_model()
+    metric = keras.metrics.MeanAbsoluteError()
+    steps = Steps(
+        model, loss, ModelParameters(model), keras.optimizers.SGD(LR), metrics={"mae": metric}
+    )
+    batches = iterator()
+    steps.run_window(batches, 2)  # a task before: 8 examples in the metric
+    first = steps.run_window(batches, 2, reset_metrics=True)
+    assert float(metric.count.numpy()) == 8  # the earlier task's 8 are gone
+    second = steps.run_window(batches, 1)
+    assert float(metric.count.numpy()) == 12
+    assert second.metrics == {"mae": pytest.approx(float(metric.result()))}
+    assert first.metrics["mae"] != second.metrics["mae"]
 
 
 def test_an_error_in_a_compiled_window_fails_the_task_in_one_line(start_ps: StartPS) -> None:
