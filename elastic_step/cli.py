@@ -222,8 +222,10 @@ def _add_train(commands) -> None:
     p.add_argument("--keep-checkpoints", type=_int, metavar="N", default=3, help="(default 3)")
     p.add_argument(
         "--staleness-modulation",
-        **_SWITCH,
-        help="divide the learning rate by the staleness of asynchronous gradients",
+        **{**_SWITCH, "default": True},
+        help="divide the PS's learning rate by the staleness of each gradient (the updates "
+        "applied since its worker pulled), where workers push gradients (--local-steps 1) "
+        "and the rate is a constant (default true)",
     )
     p.add_argument(
         "--local-steps",

@@ -278,8 +278,9 @@ def _elastic_train() -> Container:
                     "ends only)",
                     "checkpoint-steps": "PS checkpoints every N model versions",
                     "keep-checkpoints": "checkpoints kept",
-                    "staleness-modulation": "true: divide the learning rate by the staleness "
-                    "of asynchronous gradients",
+                    "staleness-modulation": "true: divide the PS's learning rate by the "
+                    "staleness of each gradient, where workers push gradients (local-steps 1) "
+                    "and the rate is a constant",
                     "local-steps": "steps a worker runs on its own copy of the model before "
                     "it pushes the change (1: every gradient goes to the PS's optimizer; 0: "
                     "chosen by the master so that each worker pushes at least 8 times an "

@@ -97,7 +97,7 @@ def elastic_train(
     evaluation_steps: int = 0,
     checkpoint_steps: int = 200,
     keep_checkpoints: int = 3,
-    staleness_modulation: bool = False,
+    staleness_modulation: bool = True,
     local_steps: int = 0,
     outer_optimizer: str = "average",
     early_stopping: str = "",
@@ -157,8 +157,9 @@ def elastic_train(
         evaluation_steps: Also evaluate every N model versions (0: at epoch ends only).
         checkpoint_steps: PS checkpoints every N model versions.
         keep_checkpoints: Checkpoints kept.
-        staleness_modulation: Divide the learning rate by the staleness of asynchronous
-            gradients.
+        staleness_modulation: Divide the PS's learning rate by the staleness of each
+            gradient, where workers push gradients (local_steps 1) and the rate is a
+            constant.
         local_steps: Steps a worker runs on its own copy of the model before it pushes the
             change (1: every gradient goes to the PS's optimizer; 0: chosen by the master so
             that each worker pushes at least 8 times an epoch, at most 16).

@@ -193,7 +193,9 @@ class TrainConfig(EngineConfig):
     evaluation_steps: int = 0
     checkpoint_steps: int = 200
     keep_checkpoints: int = 3
-    staleness_modulation: bool = False
+    #: Divide the PS's learning rate by a gradient's staleness (with local_steps 1 and a
+    #: constant rate; see elastic_step/ps/server.py's modulates_staleness).
+    staleness_modulation: bool = True
     #: Steps a worker runs on its own copy between pushes; the PS applies the change with
     #: ``outer_optimizer`` (see elastic_step/model/outer_optimizer.py). 1: push every gradient;
     #: 0: chosen by the master when the job starts (elastic_step/master/tasks/local_steps.py).

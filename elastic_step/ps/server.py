@@ -277,6 +277,24 @@ def shard_optimizer(definition, settings: master_pb2.JobSettings):
     return definition.build_optimizer()
 
 
+def modulates_staleness(settings: master_pb2.JobSettings, optimizer) -> tuple[bool, str]:
+    """Whether the shard divides the learning rate by an update's staleness, and why.
+
+    Only where workers push gradients (``--local-steps 1``), and the rate is a constant. With
+    local steps a push is a window's change, which the outer optimizer adds once (see
+    model/outer_optimizer.py); a schedule's rate cannot be divided for one update.
+    """
+    import keras
+
+    if not settings.staleness_modulation:
+        return False, "--staleness-modulation false"
+    if settings.local_steps > 1:
+        return False, f"workers push windows of {settings.local_steps} steps, not gradients"
+    if not isinstance(optimizer.learning_rate, keras.Variable):
+        return False, "the optimizer's learning rate is a schedule"
+    return True, "workers push gradients"
+
+
 def initial_tables(definition, seed: int) -> TableInitializer:
     """Initial table rows from this process's own build of the model (its initializers), so
     that no worker sends a table: every row a worker uses, it pulls first."""
@@ -339,11 +357,14 @@ def serve(
         definition = load_model_definition(
             settings.model_def, schema, sha256=settings.model_def_sha256
         )
+        optimizer = shard_optimizer(definition, settings)
+        modulated, why = modulates_staleness(settings, optimizer)
+        log.info("staleness modulation %s: %s", "on" if modulated else "off", why)
         shard = ParameterShard(
             shard_index,
             settings.num_ps,
-            shard_optimizer(definition, settings),
-            settings.staleness_modulation,
+            optimizer,
+            modulated,
             initial_tables(definition, settings.seed),
         )
         servicer.policy = RestorePolicy(reply.model_version)

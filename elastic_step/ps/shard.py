@@ -2,7 +2,8 @@
 
 Updates are asynchronous: each push is applied as it arrives, against the current values.
 With staleness modulation, an update computed ``s`` versions ago (``s > 1``) is applied with
-the learning rate divided by ``s``.
+the learning rate divided by ``s`` (where it applies: ``ps/server.py``'s
+``modulates_staleness``).
 
 Dense variables are Keras variables updated by the Keras optimizer in one compiled call. The
 rows of embedding tables this shard owns are numpy arrays updated row by row

@@ -45,6 +45,8 @@ def runs(tmp_path_factory, digits_data) -> dict[int, dict]:
         finally:
             run.kill_all()
         summaries[k] = run.summary()
+        # Not the summary's: the PS's log, for the test of its staleness rule.
+        summaries[k]["ps_log"] = (output / "backend" / "logs" / "ps-0.log").read_text()
     return summaries
 
 
@@ -57,6 +59,13 @@ def test_k_steps_reach_the_accuracy_of_one_step(runs, digits_data) -> None:
     # One push per window, none lost: K times fewer model versions than pushed gradients.
     assert runs[K]["model_version"] == EPOCHS * windows_per_epoch(digits_data)
     assert runs[1]["model_version"] > 3 * runs[K]["model_version"]
+
+
+def test_the_ps_divides_the_rate_by_staleness_for_gradients_only(runs) -> None:
+    """On by default: with K = 1 a push is a gradient, which the PS scales by its staleness;
+    a window's change is not. Each PS says which, and why."""
+    assert "staleness modulation on: workers push gradients" in runs[1]["ps_log"]
+    assert f"staleness modulation off: workers push windows of {K} steps" in runs[K]["ps_log"]
 
 
 def test_worker_killed_mid_window(train_run, digits_data, runs) -> None:

@@ -28,7 +28,12 @@ from model_defs import linear_regression
 from elastic_step.master.instances.job_keys import JobKeys
 from elastic_step.output_layout import OutputLayout
 from elastic_step.ps import checkpoint
-from elastic_step.ps.server import ParameterServerServicer, RestorePolicy, shut_down
+from elastic_step.ps.server import (
+    ParameterServerServicer,
+    RestorePolicy,
+    modulates_staleness,
+    shut_down,
+)
 from elastic_step.ps.server import main as ps_main
 from elastic_step.ps.shard import ParameterShard, TableShape
 from elastic_step.rpc import auth, master_pb2, master_pb2_grpc, placement, ps_pb2_grpc
@@ -948,6 +953,30 @@ def test_schedule_with_staleness_modulation_is_refused() -> None:
     with pytest.raises(ValueError, match="constant learning rate"):
         ParameterShard(0, 1, keras.optimizers.SGD(schedule), staleness_modulation=True)
     ParameterShard(0, 1, keras.optimizers.SGD(schedule))  # fine without modulation
+
+
+@pytest.mark.parametrize(
+    ("flag", "local_steps", "schedule", "modulated", "why"),
+    [
+        (True, 1, False, True, "workers push gradients"),
+        (False, 1, False, False, "--staleness-modulation false"),
+        (True, 4, False, False, "windows of 4 steps"),
+        (True, 1, True, False, "a schedule"),
+    ],
+)
+def test_staleness_modulation_applies_to_gradients_at_a_constant_rate(
+    flag: bool, local_steps: int, schedule: bool, modulated: bool, why: str
+) -> None:
+    """On by default; a PS divides the rate only where workers push gradients and the rate
+    can be divided, and says why not elsewhere (its log)."""
+    rate = (
+        keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
+        if schedule
+        else 0.1
+    )
+    settings = master_pb2.JobSettings(staleness_modulation=flag, local_steps=local_steps)
+    got, reason = modulates_staleness(settings, keras.optimizers.SGD(rate))
+    assert got is modulated and why in reason
 
 
 def test_state_is_last_writer_wins_and_checkpointed(tmp_path: Path) -> None:
