@@ -107,7 +107,9 @@ class WindowResult:
     metrics: dict[str, float]
 
 
-def _run(window, iterator, steps: int, reset_metrics: bool = False):
+def _run(
+    window, iterator, steps: int, reset_metrics: bool = False
+) -> tuple[float, int, list[np.ndarray], dict[str, float]]:
     """Calls a window of :func:`_window_of` with the step count as a tensor, so that one trace
     serves every count."""
     import tensorflow as tf
