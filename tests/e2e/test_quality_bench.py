@@ -37,3 +37,17 @@ def test_the_quality_bench_compares_fit_and_elastic(tmp_path: Path) -> None:
     lines = result.stdout.splitlines()
     assert any(line.startswith("wine") and line.split()[1] == "2" for line in lines)
     assert any(line.startswith("wine: better by mean") for line in lines)
+
+
+def test_the_data_order_study_trains_each_order_over_seeds(tmp_path: Path) -> None:
+    command = [sys.executable, "bench/data_order.py", "--data-set", "wine", "--seeds", "2",
+               "--orders", "fit,tasks", "--workdir", str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    report = json.loads((tmp_path / "data_order.json").read_text())
+    assert report["metric"] == "accuracy" and set(report["orders"]) == {"fit", "tasks"}
+    for order, row in report["orders"].items():
+        assert len(row["values"]) == 2, row
+        assert min(row["values"]) > 0.85, (order, row)  # both orders learn wine
+    rows = [line.split()[0] for line in result.stdout.splitlines() if not line.startswith("[")]
+    assert rows == ["fit", "tasks"], result.stdout  # one line per order, the logs aside
