@@ -148,7 +148,7 @@ bench-preauth: $(STAMP)
 
 # What mutual TLS costs: each elastic run of bench-throughput again with --tls on.
 bench-tls: $(STAMP)
-	$(BIN)/python bench/throughput.py --only elastic --tls-cost
+	$(BIN)/python bench/throughput.py --only elastic --tls-cost --epochs 2
 
 # Model quality against model.fit over data sets, seeds and worker counts (about 45 minutes on
 # 2 cores; kept out of `make bench` for its length).
