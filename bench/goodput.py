@@ -470,8 +470,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="N",
         help="run each epoch count's set of runs N times, one set after the other (names "
         "suffixed -1 .. -N); the ratios divide mean wall times. Identical undisturbed runs "
-        "differ by up to 17 %% on 2 cores, so one set cannot resolve 10 %%: a 160-epoch set "
-        "ranged 0.91-1.23 in one invocation",
+        "differ by up to 17 %% on 2 cores, so one set cannot resolve 10 %%: sets ranged "
+        "0.91-1.23 over two invocations",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="bound on each run, s")
     args = parser.parse_args(argv)
