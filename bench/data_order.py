@@ -18,8 +18,8 @@ order asked for:
 
 It prints each order's mean and standard deviation of the validation metric (accuracy, or
 the MSE for a regression) over the seeds, with every seed's value, and writes
-``WORKDIR/data_order.json``. A study, not a test: see bench/README.md ("Diabetes with 2
-workers over 20 seeds"); tests/e2e/test_quality_bench.py runs it small.
+``WORKDIR/data_order.json``. A study, not a test: see bench/README.md ("Diabetes over 20
+seeds"); tests/e2e/test_quality_bench.py runs it small.
 """
 
 from __future__ import annotations
