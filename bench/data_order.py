@@ -78,39 +78,49 @@ def joined(parts: list[tuple[dict, object]]) -> tuple[dict, object]:
     return features, np.concatenate([p[1] for p in parts])
 
 
-def train_once(data_set: quality.DataSet, data_dir: str, order: str, seed: int,
-               records_per_task: int = 0) -> float:  # fmt: skip
-    """One seed's model trained in ``order``, in tasks of ``records_per_task`` records (0:
-    the master's choice); its validation metric."""
-    import keras
-    import numpy as np
+class Study:
+    """A data set's model definition and its records, fed and held in memory once, for every
+    seed and order."""
 
-    from elastic_step.data.schema import Schema
-    from elastic_step.master.tasks.task_size import training_records_per_task
-    from elastic_step.model.definition import load_model_definition
+    def __init__(self, data_set: quality.DataSet, data_dir: str) -> None:
+        from elastic_step.data.schema import Schema
+        from elastic_step.model.definition import load_model_definition
 
-    schema = Schema.load(data_dir)
-    definition = load_model_definition(os.path.join(quality.MODELS, data_set.model), schema)
-    keras.utils.set_random_seed(seed)
-    model = definition.build_model()
-    metrics = definition.build_metrics()
-    model.compile(optimizer=definition.build_optimizer(), loss=definition.loss,
-                  metrics=list(metrics.values()))  # fmt: skip
-    shards = load_split(definition, schema, data_dir, "train")
-    every = joined(shards)
-    validation = joined(load_split(definition, schema, data_dir, "validation"))
-    counts = [len(labels) for _, labels in shards]
-    per_task = training_records_per_task(records_per_task, train_records=sum(counts),
-                                         batch_size=data_set.batch_size)  # fmt: skip
-    rng = np.random.default_rng(seed)
-    for _ in range(data_set.epochs):
-        for shard, positions in batches_of_epoch(order, counts, data_set.batch_size, per_task,
-                                                 rng):  # fmt: skip
-            features, labels = every if shard == -1 else shards[shard]
-            model.train_on_batch({k: v[positions] for k, v in features.items()},
-                                 labels[positions])  # fmt: skip
-    result = model.evaluate(*validation, verbose=0, batch_size=256, return_dict=True)
-    return float(result["loss"] if data_set.regression else metrics["accuracy"].result())
+        self.data_set = data_set
+        schema = Schema.load(data_dir)
+        self.definition = load_model_definition(os.path.join(quality.MODELS, data_set.model),
+                                                schema)  # fmt: skip
+        self.definition.build_model()  # the default feed is the built model's
+        self.shards = load_split(self.definition, schema, data_dir, "train")
+        self.every = joined(self.shards)
+        self.validation = joined(load_split(self.definition, schema, data_dir, "validation"))
+        self.counts = [len(labels) for _, labels in self.shards]
+
+    def train_once(self, order: str, seed: int, records_per_task: int = 0) -> float:
+        """One seed's model trained in ``order``, in tasks of ``records_per_task`` records
+        (0: the master's choice); its validation metric."""
+        import keras
+        import numpy as np
+
+        from elastic_step.master.tasks.task_size import training_records_per_task
+
+        data_set = self.data_set
+        keras.utils.set_random_seed(seed)
+        model = self.definition.build_model()
+        metrics = self.definition.build_metrics()
+        model.compile(optimizer=self.definition.build_optimizer(), loss=self.definition.loss,
+                      metrics=list(metrics.values()))  # fmt: skip
+        per_task = training_records_per_task(records_per_task, train_records=sum(self.counts),
+                                             batch_size=data_set.batch_size)  # fmt: skip
+        rng = np.random.default_rng(seed)
+        for _ in range(data_set.epochs):
+            for shard, positions in batches_of_epoch(order, self.counts, data_set.batch_size,
+                                                     per_task, rng):  # fmt: skip
+                features, labels = self.every if shard == -1 else self.shards[shard]
+                model.train_on_batch({k: v[positions] for k, v in features.items()},
+                                     labels[positions])  # fmt: skip
+        result = model.evaluate(*self.validation, verbose=0, batch_size=256, return_dict=True)
+        return float(result["loss"] if data_set.regression else metrics["accuracy"].result())
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -152,8 +162,9 @@ def main(argv: list[str] | None = None) -> None:
                 "seeds": args.seeds, "records_per_task": args.records_per_task,
                 "orders": {}}  # fmt: skip
     started = time.perf_counter()
+    study = Study(data_set, data_dir)
     for order in args.orders:
-        values = [train_once(data_set, data_dir, order, seed, args.records_per_task)
+        values = [study.train_once(order, seed, args.records_per_task)
                   for seed in range(args.seeds)]  # fmt: skip
         mean, spread = statistics.fmean(values), statistics.stdev(values)
         document["orders"][order] = {"mean": mean, "sd": spread, "values": values}
