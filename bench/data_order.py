@@ -9,12 +9,14 @@ order asked for:
 
 - ``fit``: every training record shuffled each epoch, then cut into batches, as
   ``model.fit`` on a shuffled dataset does;
-- ``tasks``: the master's tasks (``elastic_step.master.tasks.task_size``, the size it
-  chooses with every flag at its default): ranges of a shard, their order shuffled each epoch
-  and each task's records shuffled among themselves and cut into batches, as the master and a
-  worker do;
+- ``ranges``: the master's tasks as it cuts them from a training split of more than 16,384
+  records (``elastic_step.master.tasks.task_size``, the size it chooses with every flag at its
+  default): ranges of a shard, their order shuffled each epoch and each task's records
+  shuffled among themselves and cut into batches, as the master and a worker do. Until
+  permuted tasks came, on every split;
 - ``permuted``: the same task sizes, cut from a shard's records permuted anew each epoch:
-  tasks that are sets of records spread over their shard rather than ranges of it.
+  tasks that are sets of records spread over their shard rather than ranges of it, as a job
+  trains a split of at most 16,384 records (``task_size.permuted_training_tasks``).
 
 It prints each order's mean and standard deviation of the validation metric (accuracy, or
 the MSE for a regression) over the seeds, with every seed's value, and writes
@@ -32,7 +34,7 @@ import time
 import common
 import quality
 
-ORDERS = ("fit", "tasks", "permuted")
+ORDERS = ("fit", "ranges", "permuted")
 
 
 def batches_of_epoch(order: str, shards: list[int], batch_size: int, records_per_task: int,
@@ -126,8 +128,8 @@ class Study:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="bench/quality.py's model trained in one process in model.fit's data "
-        "order and in an elastic job's (its tasks), no PS: the validation metric over seeds "
-        "for each order; writes data_order.json."
+        "order and in an elastic job's (its tasks, as ranges or permuted), no PS: the "
+        "validation metric over seeds for each order; writes data_order.json."
     )
     parser.add_argument("--workdir", default=os.path.join(common.HERE, "results", "quality"),
                         help="where bench/quality.py keeps its data (shared with it)")  # fmt: skip

@@ -110,7 +110,23 @@ class TrainingJob(JobKind):
             ),
             # --keep-best saves the model a round measured: the round must measure one.
             pause_training_while_evaluating=c.keep_best is not None,
+            permuted_training_tasks=self.permuted_training_tasks,
         )
+
+    @functools.cached_property
+    def permuted_training_tasks(self) -> bool:
+        """Whether training tasks count positions in their shard's permutation for the epoch
+        (master/tasks/task_size.py): on a small training split. Chosen once, and logged."""
+        records = self._train_records()
+        permuted = task_size.permuted_training_tasks(records)
+        if permuted:
+            log.info(
+                "training tasks are permuted: %d training records are at most %d, so each "
+                "epoch cuts its tasks from a new permutation of their shard, as fit draws new "
+                "batches each epoch (a worker reads a task's whole shard and keeps it)",
+                records, task_size.PERMUTED_SPLIT_RECORDS,
+            )  # fmt: skip
+        return permuted
 
     def _train_records(self) -> int:
         return sum(n for _, n in self.schema.shard_paths(self.config.data, "train"))

@@ -104,7 +104,7 @@ class NextTaskRequest(_message.Message):
     def __init__(self, worker: _Optional[str] = ..., report: _Optional[_Union[TaskReport, _Mapping]] = ..., held_leases: _Optional[_Iterable[int]] = ..., report_only: _Optional[bool] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("kind", "id", "shard", "start", "end", "epoch", "lease_id", "first_index", "weights")
+    __slots__ = ("kind", "id", "shard", "start", "end", "epoch", "lease_id", "first_index", "weights", "permuted")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[Task.Kind]
@@ -130,6 +130,7 @@ class Task(_message.Message):
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    PERMUTED_FIELD_NUMBER: _ClassVar[int]
     kind: Task.Kind
     id: int
     shard: str
@@ -139,7 +140,8 @@ class Task(_message.Message):
     lease_id: int
     first_index: int
     weights: str
-    def __init__(self, kind: _Optional[_Union[Task.Kind, str]] = ..., id: _Optional[int] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., first_index: _Optional[int] = ..., weights: _Optional[str] = ...) -> None: ...
+    permuted: bool
+    def __init__(self, kind: _Optional[_Union[Task.Kind, str]] = ..., id: _Optional[int] = ..., shard: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., lease_id: _Optional[int] = ..., first_index: _Optional[int] = ..., weights: _Optional[str] = ..., permuted: _Optional[bool] = ...) -> None: ...
 
 class TaskReport(_message.Message):
     __slots__ = ("task_id", "ok", "error", "model_version", "loss_sum", "example_count", "metric_states", "lease_id", "train_loss", "train_examples", "train_metrics")

@@ -2,7 +2,8 @@
 
 One call to the master per task (``NextTask``): made as a task starts, it reports the task
 before and brings the next, whose records are read and queued in the input pipeline while
-this task trains (:mod:`elastic_step.worker.stream`). A training task's batches run in
+this task trains (:mod:`elastic_step.worker.stream`; what a task's records are, and their
+order: :mod:`elastic_step.worker.task_records`). A training task's batches run in
 windows of ``--local-steps`` steps against the PS (see :mod:`elastic_step.worker.windows`);
 for a model without embedding tables and K > 1, each window is one compiled call that takes
 its batches from the pipeline itself. An evaluation task reports the loss and the metrics'
@@ -47,6 +48,7 @@ from elastic_step.rpc.master_client import (
 )
 from elastic_step.rpc.ps_client import PSClient, PSError, PSUnavailableError, Traffic
 from elastic_step.rpc.tensors import fill
+from elastic_step.worker.task_records import TaskRecords
 from elastic_step.worker.windows import TaskLoss, UserCodeError, WindowTrainer
 
 if TYPE_CHECKING:
@@ -83,16 +85,6 @@ WAIT_S = 0.3
 STANDBY_POLL_S = 0.2
 
 
-def shuffled(records: list[bytes], seed: int, task: master_pb2.Task) -> list[bytes]:
-    """A training task's records in an order of its own, drawn from the job's seed, the task
-    and its epoch: the master shuffles the tasks of each epoch, and this the records within
-    each, so that every epoch's batches differ as with ``model.fit(shuffle=True)``. (The same
-    order in every epoch cost a regression 9 % of validation MSE against fit, with one
-    worker: bench/quality.py's diabetes.) A retried task gets the same order."""
-    order = np.random.default_rng([seed, task.id, task.epoch]).permutation(len(records))
-    return [records[i] for i in order]
-
-
 class Worker:
     def __init__(self, master: MasterClient, name: str, credentials: Credentials) -> None:
         self.master = master
@@ -122,6 +114,7 @@ class Worker:
 
         reply = self._register()
         self.settings = reply.settings
+        self._task_records = TaskRecords(self.settings.seed)
         self.master.timeout_s = self.settings.master_timeout_s
         self.local_steps = max(1, self.settings.local_steps)
         self.schema = Schema.load(self.settings.data_dir)
@@ -308,8 +301,6 @@ class Worker:
         """Sends ``report`` and gets the next task, holding the lease ``held``; reads the
         task's records and queues them in the input pipeline of its mode, if it has one,
         so that they are parsed while the task in hand trains."""
-        from elastic_step.data.tfrecord import read_records
-
         request = master_pb2.NextTaskRequest(worker=self.name, report_only=report_only)
         if report is not None:
             request.report.CopyFrom(report)
@@ -319,11 +310,9 @@ class Worker:
         if task.kind not in _MODES:
             return Fetched(task, [])
         try:
-            records = read_records(task.shard, task.start, task.end)
+            records = self._task_records.read(task)
         except Exception as e:
             return Fetched(task, e)
-        if task.kind == master_pb2.Task.TRAIN:
-            records = shuffled(records, self.settings.seed, task)
         stream = self._streams.get(_MODES[task.kind])
         if stream is None or stream.broken:
             return Fetched(task, records)

@@ -15,7 +15,7 @@ from data_order import batches_of_epoch
 
 def test_each_order_trains_every_record_once_an_epoch_and_tasks_keep_to_their_range() -> None:
     shards, batch, per_task = [37, 40], 8, 16
-    for order in ("fit", "tasks", "permuted"):
+    for order in ("fit", "ranges", "permuted"):
         first = batches_of_epoch(order, shards, batch, per_task, np.random.default_rng(0))
         second = batches_of_epoch(order, shards, batch, per_task, np.random.default_rng(1))
         assert first != second, order  # a new order each epoch
@@ -28,7 +28,7 @@ def test_each_order_trains_every_record_once_an_epoch_and_tasks_keep_to_their_ra
             for shard, records in enumerate(shards):
                 seen = sorted(p for s, positions in batches if s == shard for p in positions)
                 assert seen == list(range(records)), (order, shard)
-        if order == "tasks":
+        if order == "ranges":
             # A task's records stay within its range of the shard, so a batch does too.
             for _, positions in first:
                 assert len({p // per_task for p in positions}) == 1, positions

@@ -120,6 +120,28 @@ def test_shards_are_split_into_records_per_task_pieces_with_a_partial_last_task(
     assert tm.doing_count() == 5
 
 
+def test_permuted_training_tasks_keep_their_split_and_evaluation_tasks_stay_ranges() -> None:
+    # The worker reads a permuted task's positions in its shard's permutation for the epoch
+    # (worker/task_records.py): the task's shard, positions and epoch are a range task's.
+    journal: list[dict] = []
+    overrides = {"epochs": 2, "validation_shards": VALIDATION, "permuted_training_tasks": True}
+    tm = make(journal=journal.append, **overrides)
+    tasks = run_to_end(tm)
+    first = tasks[0]
+    plain = run_to_end(make(epochs=2, validation_shards=VALIDATION))
+    assert sorted((t.id, key(t), t.epoch) for t in tasks) == sorted(
+        (t.id, key(t), t.epoch) for t in plain
+    )
+    assert {(t.kind, t.permuted) for t in tasks} == {
+        (TaskKind.TRAIN, True),
+        (TaskKind.EVALUATE, False),
+    }
+    assert "of its epoch-1 permutation" in first.describe()
+    # A restarted master makes the same tasks from the same settings.
+    replayed = TaskManager.restore(settings(**overrides), None, journal[:1], lease_base=1 << 40)
+    assert replayed.task(first.id).permuted
+
+
 def test_task_ids_follow_from_epoch_position_and_round() -> None:
     tm = make(epochs=2, validation_shards=VALIDATION)
     tasks = run_to_end(tm)
@@ -172,6 +194,10 @@ def test_a_training_split_without_records_is_refused() -> None:
         ({"task_timeout_s": 0.0}, "task_timeout_s is 0.0; it must be a positive"),
         ({"train_shards": [("a", -3)]}, "training shard a has -3 records"),
         ({"metric_shapes": ((2, -1),)}, r"metric_shapes is \(\(2, -1\),\); dimensions"),
+        (
+            {"task_kind": TaskKind.PREDICT, "permuted_training_tasks": True},
+            "permuted_training_tasks is set for a prediction job; its tasks must be ranges",
+        ),
     ],
 )
 def test_invalid_settings_name_the_value_and_the_rule(overrides, message) -> None:

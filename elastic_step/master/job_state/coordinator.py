@@ -284,6 +284,7 @@ class Coordinator:
                 epoch=task.epoch,
                 lease_id=task.lease_id,
                 first_index=task.first_index,
+                permuted=task.permuted,
             )
 
     def report_task(self, worker: str, report: master_pb2.TaskReport) -> None:

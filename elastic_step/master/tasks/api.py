@@ -43,13 +43,19 @@ class Task:
     failures: tuple[str, ...] = ()
     #: The position of record ``start`` in its split (the split's shards in order).
     first_index: int = 0
+    #: A training task whose [start, end) are positions in its shard's permutation for its
+    #: epoch (TaskSettings.permuted_training_tasks), not records.
+    permuted: bool = False
 
     @property
     def records(self) -> int:
         return self.end - self.start
 
     def describe(self) -> str:
-        return f"{self.kind.value} task {self.id} ({self.shard} records {self.start}-{self.end})"
+        where = f"{self.shard} records {self.start}-{self.end}"
+        if self.permuted:
+            where += f" of its epoch-{self.epoch} permutation"
+        return f"{self.kind.value} task {self.id} ({where})"
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,9 @@ class TaskSettings:
     #: The kind of the tasks of ``train_shards``: TRAIN, or PREDICT for a prediction job
     #: (one epoch, no validation split).
     task_kind: TaskKind = TaskKind.TRAIN
+    #: Training tasks count positions in their shard's permutation for their epoch, not
+    #: records (task_size.permuted_training_tasks). Not for a prediction job.
+    permuted_training_tasks: bool = False
 
     def __post_init__(self) -> None:
         for name, least in (
@@ -112,6 +121,11 @@ class TaskSettings:
             raise ValueError(
                 f"a prediction job has one epoch and no validation split, got epochs="
                 f"{self.epochs} and {len(self.validation_shards)} validation shards"
+            )
+        if self.task_kind is TaskKind.PREDICT and self.permuted_training_tasks:
+            raise ValueError(
+                "permuted_training_tasks is set for a prediction job; its tasks must be ranges "
+                "(a prediction's row index is its record's place in the split)"
             )
         if self.metric_shapes is not None:
             shapes = tuple(tuple(int(d) for d in shape) for shape in self.metric_shapes)

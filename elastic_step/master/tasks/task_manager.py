@@ -1,8 +1,10 @@
 """Cuts the data into tasks, hands them out under fenced leases and tracks them until done.
 
 Tasks. The training tasks of every epoch are the split of the training shards, in shard
-order, into ranges of ``records_per_task`` records; a shard with no records gives none. Call
-their count T. Task ``i`` of that split in epoch ``e`` (1-based) has id ``(e - 1) * T + i``.
+order, into ranges of ``records_per_task`` records; a shard with no records gives none. With
+``permuted_training_tasks`` a training task's range counts positions in its shard's
+permutation for its epoch, not records (task_size.py says why). Call their count T. Task
+``i`` of that split in epoch ``e`` (1-based) has id ``(e - 1) * T + i``.
 Evaluation round ``r`` has the V tasks of the validation split, ids ``epochs * T + r * V + j``.
 A ``Task`` is built from its id on demand: per task, only what changed is stored (done bits,
 failure causes, leases). A prediction job (``task_kind`` PREDICT) is the same with one epoch
@@ -581,7 +583,10 @@ class TaskManager:
             epoch = self._evaluation.open[round_id].round.epoch
         shard, start, end = split.range_of(position)
         first = split.first_index(position)
-        return Task(task_id, kind, shard, start, end, epoch, round_id, lease_id, failures, first)
+        permuted = kind is TaskKind.TRAIN and self.settings.permuted_training_tasks
+        return Task(
+            task_id, kind, shard, start, end, epoch, round_id, lease_id, failures, first, permuted
+        )
 
 
 class _Epoch(Group):
