@@ -14,9 +14,10 @@ order asked for:
   default): ranges of a shard, their order shuffled each epoch and each task's records
   shuffled among themselves and cut into batches, as the master and a worker do. Until
   permuted tasks came, on every split;
-- ``permuted``: the same task sizes, cut from a shard's records permuted anew each epoch:
-  tasks that are sets of records spread over their shard rather than ranges of it, as a job
-  trains a split of at most 16,384 records (``task_size.permuted_training_tasks``).
+- ``shards``: the same task sizes, cut from each shard's records permuted anew each epoch;
+- ``split``: the same task sizes, cut from the whole split's records permuted anew each
+  epoch, as a job trains a split of at most 16,384 records since permuted tasks came
+  (``task_size.permuted_training_tasks``).
 
 It prints each order's mean and standard deviation of the validation metric (accuracy, or
 the MSE for a regression) over the seeds, with every seed's value, and writes
@@ -34,23 +35,26 @@ import time
 import common
 import quality
 
-ORDERS = ("fit", "ranges", "permuted")
+ORDERS = ("fit", "ranges", "shards", "split")
 
 
 def batches_of_epoch(order: str, shards: list[int], batch_size: int, records_per_task: int,
                      rng) -> list[tuple[int, list[int]]]:  # fmt: skip
     """An epoch's batches as (shard, positions of its records in that shard), in training
-    order; ``shards`` holds each shard's record count. For ``fit`` the shard is -1 and the
-    positions count over the shards joined."""
+    order; ``shards`` holds each shard's record count. For ``fit`` and ``split`` the shard is
+    -1 and the positions count over the shards joined."""
     if order == "fit":
         positions = rng.permutation(sum(shards))
         return [(-1, list(positions[i : i + batch_size])) for i in range(0, len(positions),
                                                                           batch_size)]  # fmt: skip
-    tasks = []
-    for shard, records in enumerate(shards):
-        positions = rng.permutation(records) if order == "permuted" else list(range(records))
-        for start in range(0, records, records_per_task):
-            tasks.append((shard, list(positions[start : start + records_per_task])))
+    if order == "split":
+        runs = [(-1, rng.permutation(sum(shards)))]
+    else:
+        runs = [(shard, rng.permutation(records) if order == "shards" else range(records))
+                for shard, records in enumerate(shards)]  # fmt: skip
+    tasks = [(shard, list(positions[start : start + records_per_task]))
+             for shard, positions in runs
+             for start in range(0, len(positions), records_per_task)]  # fmt: skip
     batches = []
     for at in rng.permutation(len(tasks)):
         shard, positions = tasks[at]
@@ -128,7 +132,7 @@ class Study:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="bench/quality.py's model trained in one process in model.fit's data "
-        "order and in an elastic job's (its tasks, as ranges or permuted), no PS: the "
+        "order and in an elastic job's (its tasks: ranges, or permuted), no PS: the "
         "validation metric over seeds for each order; writes data_order.json."
     )
     parser.add_argument("--workdir", default=os.path.join(common.HERE, "results", "quality"),

@@ -115,16 +115,27 @@ class TrainingJob(JobKind):
 
     @functools.cached_property
     def permuted_training_tasks(self) -> bool:
-        """Whether training tasks count positions in their shard's permutation for the epoch
-        (master/tasks/task_size.py): on a small training split. Chosen once, and logged."""
-        records = self._train_records()
-        permuted = task_size.permuted_training_tasks(records)
+        """Whether training tasks are ranges of the training split's permutation for their
+        epoch (master/tasks/task_size.py): on a small split. Chosen once, and logged."""
+        shards = self.schema.shard_paths(self.config.data, "train")
+        records = sum(n for _, n in shards)
+        if records > task_size.PERMUTED_SPLIT_RECORDS:
+            return False
+        size = sum(storage.size(uri) for uri, _ in shards)
+        permuted = task_size.permuted_training_tasks(records, size)
         if permuted:
             log.info(
-                "training tasks are permuted: %d training records are at most %d, so each "
-                "epoch cuts its tasks from a new permutation of their shard, as fit draws new "
-                "batches each epoch (a worker reads a task's whole shard and keeps it)",
-                records, task_size.PERMUTED_SPLIT_RECORDS,
+                "training tasks are permuted: %d training records in %.1f MB of shards (at most "
+                "%d and %d MB), so each epoch cuts its tasks from a new permutation of the "
+                "whole split, as fit draws its batches; a worker reads the split once and keeps it",
+                records, size / 1e6, task_size.PERMUTED_SPLIT_RECORDS,
+                task_size.PERMUTED_SPLIT_BYTES >> 20,
+            )  # fmt: skip
+        else:
+            log.info(
+                "training tasks are ranges of a shard: the split's %d records take %.1f MB of "
+                "shards, more than a worker keeps whole for permuted tasks (%d MB)",
+                records, size / 1e6, task_size.PERMUTED_SPLIT_BYTES >> 20,
             )  # fmt: skip
         return permuted
 

@@ -114,7 +114,9 @@ class Worker:
 
         reply = self._register()
         self.settings = reply.settings
-        self._task_records = TaskRecords(self.settings.seed)
+        self._task_records = TaskRecords(
+            self.settings.seed, lambda: self.schema.shard_paths(self.settings.data_dir, "train")
+        )
         self.master.timeout_s = self.settings.master_timeout_s
         self.local_steps = max(1, self.settings.local_steps)
         self.schema = Schema.load(self.settings.data_dir)

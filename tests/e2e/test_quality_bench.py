@@ -47,11 +47,11 @@ def test_the_quality_bench_compares_fit_and_elastic(tmp_path: Path) -> None:
 
 def test_the_data_order_study_trains_each_order_over_seeds(tmp_path: Path) -> None:
     result = run_bench("bench/data_order.py", "--data-set", "wine", "--seeds", "2",
-                       "--orders", "fit,permuted", "--workdir", str(tmp_path))  # fmt: skip
+                       "--orders", "fit,split", "--workdir", str(tmp_path))  # fmt: skip
     report = json.loads((tmp_path / "data_order.json").read_text())
-    assert report["metric"] == "accuracy" and set(report["orders"]) == {"fit", "permuted"}
+    assert report["metric"] == "accuracy" and set(report["orders"]) == {"fit", "split"}
     for order, row in report["orders"].items():
         assert len(row["values"]) == 2, row
         assert min(row["values"]) > 0.85, (order, row)  # both orders learn wine
     rows = [line.split()[0] for line in result.stdout.splitlines() if not line.startswith("[")]
-    assert rows == ["fit", "permuted"], result.stdout  # one line per order, the logs aside
+    assert rows == ["fit", "split"], result.stdout  # one line per order, the logs aside

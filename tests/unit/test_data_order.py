@@ -15,13 +15,13 @@ from data_order import batches_of_epoch
 
 def test_each_order_trains_every_record_once_an_epoch_and_tasks_keep_to_their_range() -> None:
     shards, batch, per_task = [37, 40], 8, 16
-    for order in ("fit", "ranges", "permuted"):
+    for order in ("fit", "ranges", "shards", "split"):
         first = batches_of_epoch(order, shards, batch, per_task, np.random.default_rng(0))
         second = batches_of_epoch(order, shards, batch, per_task, np.random.default_rng(1))
         assert first != second, order  # a new order each epoch
         for batches in (first, second):
             assert all(len(positions) <= batch for _, positions in batches), order
-            if order == "fit":
+            if order in ("fit", "split"):
                 seen = sorted(p for _, positions in batches for p in positions)
                 assert seen == list(range(sum(shards))), order
                 continue

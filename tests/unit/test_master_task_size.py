@@ -12,6 +12,7 @@ from elastic_step.master.tasks.task_size import (
     CHOSEN_BY_MASTER,
     DEFAULT_RECORDS_PER_TASK,
     MIN_TASKS_PER_EPOCH,
+    PERMUTED_SPLIT_BYTES,
     PERMUTED_SPLIT_RECORDS,
     permuted_training_tasks,
     training_records_per_task,
@@ -83,14 +84,16 @@ def test_jobs_make_their_tasks_with_it(data, caplog) -> None:  # noqa: F811
 
 
 def test_small_training_splits_get_permuted_tasks(data, caplog) -> None:  # noqa: F811
-    # The splits on which the master's tasks are smaller than the default size: diabetes,
-    # digits, and up to 32 tasks of 512 records.
+    # The splits on which the master's tasks are smaller than the default size (diabetes,
+    # digits, up to 32 tasks of 512 records), if a worker can keep them whole.
     assert PERMUTED_SPLIT_RECORDS == MIN_TASKS_PER_EPOCH * DEFAULT_RECORDS_PER_TASK == 16_384
-    assert all(permuted_training_tasks(n) for n in (1, 354, 1_437, 16_384))
-    assert not any(permuted_training_tasks(n) for n in (16_385, 32_000, 800_000))
+    small, most = 10 << 20, PERMUTED_SPLIT_BYTES
+    assert all(permuted_training_tasks(n, small) for n in (1, 354, 1_437, 16_384))
+    assert permuted_training_tasks(16_384, most) and not permuted_training_tasks(354, most + 1)
+    assert not any(permuted_training_tasks(n, small) for n in (16_385, 32_000, 800_000))
     with caplog.at_level("INFO", logger="elastic_step.master"):
         assert training(data).coordinator_params().tasks.permuted_training_tasks
-    assert "training tasks are permuted: 32 training records are at most 16384" in caplog.text
+    assert "training tasks are permuted: 32 training records in 0.0 MB" in caplog.text
     job = prediction(data)
     job.__dict__["_model_digest"] = "0" * 64
     assert not job.coordinator_params().tasks.permuted_training_tasks

@@ -4,6 +4,7 @@ fake clock, so lease expiry is exact and instant."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -120,26 +121,27 @@ def test_shards_are_split_into_records_per_task_pieces_with_a_partial_last_task(
     assert tm.doing_count() == 5
 
 
-def test_permuted_training_tasks_keep_their_split_and_evaluation_tasks_stay_ranges() -> None:
-    # The worker reads a permuted task's positions in its shard's permutation for the epoch
-    # (worker/task_records.py): the task's shard, positions and epoch are a range task's.
+def test_permuted_training_tasks_cut_the_split_joined_and_evaluation_tasks_stay_ranges() -> None:
+    # The worker reads a permuted task's positions in the training split's permutation for
+    # the epoch (worker/task_records.py): the split's 17 records are one run of positions.
     journal: list[dict] = []
     overrides = {"epochs": 2, "validation_shards": VALIDATION, "permuted_training_tasks": True}
     tm = make(journal=journal.append, **overrides)
     tasks = run_to_end(tm)
-    first = tasks[0]
-    plain = run_to_end(make(epochs=2, validation_shards=VALIDATION))
-    assert sorted((t.id, key(t), t.epoch) for t in tasks) == sorted(
-        (t.id, key(t), t.epoch) for t in plain
-    )
-    assert {(t.kind, t.permuted) for t in tasks} == {
-        (TaskKind.TRAIN, True),
-        (TaskKind.EVALUATE, False),
-    }
-    assert "of its epoch-1 permutation" in first.describe()
+    training = [t for t in tasks if t.kind is TaskKind.TRAIN]
+    assert sorted(key(t) for t in training if t.epoch == 1) == [
+        ("", 0, 4), ("", 4, 8), ("", 8, 12), ("", 12, 16), ("", 16, 17)
+    ]  # fmt: skip
+    assert sorted(t.id for t in training) == list(range(10))
+    assert all(t.permuted for t in training)
+    evaluation = [t for t in tasks if t.kind is TaskKind.EVALUATE]
+    assert evaluation and {(t.shard, t.permuted) for t in evaluation} == {("v", False)}
+    first = training[0]
+    assert "the training split's epoch-1 permutation" in first.describe()
     # A restarted master makes the same tasks from the same settings.
-    replayed = TaskManager.restore(settings(**overrides), None, journal[:1], lease_base=1 << 40)
-    assert replayed.task(first.id).permuted
+    replayed = TaskManager.restore(settings(**overrides), None, journal, lease_base=1 << 40)
+    assert replayed.task(first.id) == dataclasses.replace(first, lease_id=None)  # done
+    assert replayed.finished
 
 
 def test_task_ids_follow_from_epoch_position_and_round() -> None:

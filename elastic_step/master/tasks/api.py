@@ -43,8 +43,8 @@ class Task:
     failures: tuple[str, ...] = ()
     #: The position of record ``start`` in its split (the split's shards in order).
     first_index: int = 0
-    #: A training task whose [start, end) are positions in its shard's permutation for its
-    #: epoch (TaskSettings.permuted_training_tasks), not records.
+    #: A training task whose [start, end) are positions in the training split's permutation
+    #: for its epoch (TaskSettings.permuted_training_tasks); its shard is "".
     permuted: bool = False
 
     @property
@@ -54,7 +54,7 @@ class Task:
     def describe(self) -> str:
         where = f"{self.shard} records {self.start}-{self.end}"
         if self.permuted:
-            where += f" of its epoch-{self.epoch} permutation"
+            where = f"the training split's epoch-{self.epoch} permutation, {self.start}-{self.end}"
         return f"{self.kind.value} task {self.id} ({where})"
 
 
@@ -83,8 +83,9 @@ class TaskSettings:
     #: The kind of the tasks of ``train_shards``: TRAIN, or PREDICT for a prediction job
     #: (one epoch, no validation split).
     task_kind: TaskKind = TaskKind.TRAIN
-    #: Training tasks count positions in their shard's permutation for their epoch, not
-    #: records (task_size.permuted_training_tasks). Not for a prediction job.
+    #: Training tasks are ranges of the training split's permutation for their epoch (its
+    #: shards joined in order), not of a shard (task_size.permuted_training_tasks). Not for a
+    #: prediction job.
     permuted_training_tasks: bool = False
 
     def __post_init__(self) -> None:

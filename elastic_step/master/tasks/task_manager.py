@@ -2,9 +2,10 @@
 
 Tasks. The training tasks of every epoch are the split of the training shards, in shard
 order, into ranges of ``records_per_task`` records; a shard with no records gives none. With
-``permuted_training_tasks`` a training task's range counts positions in its shard's
-permutation for its epoch, not records (task_size.py says why). Call their count T. Task
-``i`` of that split in epoch ``e`` (1-based) has id ``(e - 1) * T + i``.
+``permuted_training_tasks`` the training split is one run of positions, the shards joined,
+cut the same way: a task's range is of the split's permutation for its epoch, which a worker
+draws (task_size.py says why). Call their count T. Task ``i`` of that split in epoch ``e``
+(1-based) has id ``(e - 1) * T + i``.
 Evaluation round ``r`` has the V tasks of the validation split, ids ``epochs * T + r * V + j``.
 A ``Task`` is built from its id on demand: per task, only what changed is stored (done bits,
 failure causes, leases). A prediction job (``task_kind`` PREDICT) is the same with one epoch
@@ -104,7 +105,10 @@ class TaskManager:
             raise ValueError(f"lease_base is {lease_base}; it must be at least 0")
         self.settings = settings
         self._journal = journal
-        self._train = Split(settings.train_shards, settings.records_per_task)
+        train_shards = settings.train_shards
+        if settings.permuted_training_tasks:
+            train_shards = [("", sum(records for _, records in train_shards))]
+        self._train = Split(train_shards, settings.records_per_task)
         #: Evaluation task ids start here.
         self._eval_base = settings.epochs * self._train.count
         self._evaluation = EvaluationRounds(

@@ -1,8 +1,9 @@
 """How many records a task holds, when the master chooses (``--records-per-task 0``, the
 default).
 
-A task is a range of one shard, and its records are trained in one go: shuffled among
-themselves, but never mixed with another task's. So the model a job ends with has just trained
+A task is a range of one shard (on a small split, of the shard's permutation for the epoch:
+below), and its records are trained in one go: shuffled among themselves, but never mixed
+with another task's. So the model a job ends with has just trained
 on its epoch's last task. Under ``model.fit`` the last steps are a random share of the data,
 another one for every seed; a job whose epoch is a few large tasks ends on one of a few fixed
 blocks instead. On scikit-learn's diabetes (354 training records in 2 shards, bench/quality.py)
@@ -33,12 +34,15 @@ job keeps, so a restarted master makes the same tasks.
 Small tasks of fixed ranges still train the same few batches every epoch, only in another
 order, where ``fit`` draws new ones: on diabetes, with no PS and no asynchrony at all
 (bench/data_order.py, 20 seeds), that order alone cost 2 % of validation MSE against
-``fit``'s, and tasks cut from a permutation of their shard, drawn anew each epoch, cost
-nothing. So on a training split of at most :data:`PERMUTED_SPLIT_RECORDS` records, the
-split on which the master makes tasks smaller than :data:`DEFAULT_RECORDS_PER_TASK`, training
-tasks are *permuted* (:func:`permuted_training_tasks`): a task's range counts positions in
-its shard's permutation for the epoch (worker/task_records.py). A worker then reads the whole
-shard for a task, which on such a split is a few megabytes at most, and keeps it.
+``fit``'s. So on a small training split, at most :data:`PERMUTED_SPLIT_RECORDS` records (the
+splits on which the master makes tasks smaller than :data:`DEFAULT_RECORDS_PER_TASK`) and
+:data:`PERMUTED_SPLIT_BYTES` bytes, training tasks are *permuted*
+(:func:`permuted_training_tasks`): each epoch the split, its shards joined, is permuted anew,
+and a task is a range of that permutation (worker/task_records.py), as ``fit``'s batches are
+ranges of its epoch's shuffle. A worker then reads the whole split once and keeps it.
+Permuting each shard on its own instead, tasks of a shard's end hold one or two records,
+twice an epoch on diabetes; in a real job such a task trained last made some seeds' MSE
+0.67-0.68 where the others' were 0.56-0.60 (bench/README.md, "Permuted tasks").
 Tests: tests/unit/test_master_task_size.py.
 """
 
@@ -52,8 +56,10 @@ DEFAULT_RECORDS_PER_TASK = 512
 MIN_TASKS_PER_EPOCH = 32
 #: Batches a task may hold with ``--local-steps K`` given (K > 1), or K if that is more.
 WINDOW_BATCHES = 16
-#: Training splits of at most this many records get permuted tasks.
+#: Training splits of at most this many records, and PERMUTED_SPLIT_BYTES, get permuted tasks.
 PERMUTED_SPLIT_RECORDS = MIN_TASKS_PER_EPOCH * DEFAULT_RECORDS_PER_TASK
+#: A worker keeps a permuted split whole in memory: at most this many bytes of shards.
+PERMUTED_SPLIT_BYTES = 256 << 20
 
 
 def training_records_per_task(
@@ -81,10 +87,11 @@ def window_batches(local_steps: int) -> int:
     return max(WINDOW_BATCHES, local_steps) if local_steps > 1 else 1
 
 
-def permuted_training_tasks(train_records: int) -> bool:
-    """Whether a training split of ``train_records`` records gets permuted tasks: at most
-    :data:`PERMUTED_SPLIT_RECORDS` records."""
-    return train_records <= PERMUTED_SPLIT_RECORDS
+def permuted_training_tasks(train_records: int, train_bytes: int) -> bool:
+    """Whether a training split of ``train_records`` records in shards of ``train_bytes``
+    bytes gets permuted tasks: at most :data:`PERMUTED_SPLIT_RECORDS` and
+    :data:`PERMUTED_SPLIT_BYTES`."""
+    return train_records <= PERMUTED_SPLIT_RECORDS and train_bytes <= PERMUTED_SPLIT_BYTES
 
 
 def prediction_records_per_task(requested: int) -> int:
