@@ -137,7 +137,10 @@ def test_permuted_training_tasks_cut_the_split_joined_and_evaluation_tasks_stay_
     evaluation = [t for t in tasks if t.kind is TaskKind.EVALUATE]
     assert evaluation and {(t.shard, t.permuted) for t in evaluation} == {("v", False)}
     first = training[0]
-    assert "the training split's epoch-1 permutation" in first.describe()
+    assert first.describe() == (
+        f"train task {first.id} (positions {first.start}-{first.end} of the training split's "
+        "epoch-1 permutation)"
+    )
     # A restarted master makes the same tasks from the same settings.
     replayed = TaskManager.restore(settings(**overrides), None, journal, lease_base=1 << 40)
     assert replayed.task(first.id) == dataclasses.replace(first, lease_id=None)  # done

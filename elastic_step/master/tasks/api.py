@@ -52,9 +52,13 @@ class Task:
         return self.end - self.start
 
     def describe(self) -> str:
-        where = f"{self.shard} records {self.start}-{self.end}"
         if self.permuted:
-            where = f"the training split's epoch-{self.epoch} permutation, {self.start}-{self.end}"
+            where = (
+                f"positions {self.start}-{self.end} of the training split's epoch-{self.epoch} "
+                "permutation"
+            )
+        else:
+            where = f"{self.shard} records {self.start}-{self.end}"
         return f"{self.kind.value} task {self.id} ({where})"
 
 
