@@ -1,6 +1,8 @@
 """What a worker reads for a task (elastic_step/worker/task_records.py): a range task's
 records, and a permuted training task's positions in the training split's permutation for
-the epoch, from real TFRecord shards."""
+the epoch, from real TFRecord shards; and the order it trains a task's records in
+(``shuffled``): drawn from the job's seed, the task and its epoch, as fit shuffles each
+epoch."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 from elastic_step.data.tfrecord import index_path, write_shard
 from elastic_step.errors import InputError
 from elastic_step.rpc import master_pb2
-from elastic_step.worker.task_records import TaskRecords
+from elastic_step.worker.task_records import TaskRecords, shuffled
 
 # Two shards, as the master joins them: 30 and 20 records.
 RECORDS = [f"record-{i}".encode() for i in range(50)]
@@ -86,3 +88,16 @@ def test_the_worker_keeps_the_split_and_refuses_positions_past_its_end(split):
         reader.read(task(3, 48, 60))
     with pytest.raises(InputError, match=r"record index .* is missing"):
         TaskRecords(SEED, lambda: split).read(epoch_tasks(1)[0])  # a worker that never read it
+
+
+def test_each_epoch_trains_a_task_in_an_order_of_its_own() -> None:
+    first = shuffled(RECORDS, 0, task(3, 0, 0))
+    assert sorted(first) == sorted(RECORDS) and first != RECORDS  # every record, once
+    assert shuffled(RECORDS, 0, task(3, 0, 0, epoch=2)) != first  # the next epoch's order
+    assert shuffled(RECORDS, 0, task(4, 0, 0)) != first  # and another task's
+    assert shuffled(RECORDS, 1, task(3, 0, 0)) != first  # and another seed's
+
+
+def test_a_retried_task_trains_in_the_same_order() -> None:
+    assert shuffled(RECORDS, 7, task(3, 0, 0)) == shuffled(list(RECORDS), 7, task(3, 0, 0))
+    assert shuffled([], 7, task(3, 0, 0)) == []

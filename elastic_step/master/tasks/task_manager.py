@@ -105,10 +105,7 @@ class TaskManager:
             raise ValueError(f"lease_base is {lease_base}; it must be at least 0")
         self.settings = settings
         self._journal = journal
-        train_shards = settings.train_shards
-        if settings.permuted_training_tasks:
-            train_shards = [("", sum(records for _, records in train_shards))]
-        self._train = Split(train_shards, settings.records_per_task)
+        self._train = _training_split(settings)
         #: Evaluation task ids start here.
         self._eval_base = settings.epochs * self._train.count
         self._evaluation = EvaluationRounds(
@@ -591,6 +588,15 @@ class TaskManager:
         return Task(
             task_id, kind, shard, start, end, epoch, round_id, lease_id, failures, first, permuted
         )
+
+
+def _training_split(settings: TaskSettings) -> Split:
+    """The training shards cut into tasks; with permuted training tasks, one run of
+    positions, the shards joined (the worker draws the epoch's permutation of it)."""
+    shards = settings.train_shards
+    if settings.permuted_training_tasks:
+        shards = [("", sum(records for _, records in shards))]
+    return Split(shards, settings.records_per_task)
 
 
 class _Epoch(Group):
