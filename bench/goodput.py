@@ -67,7 +67,7 @@ TARGET = 1.10
 WORKERS = 2
 STALE_STATUS_S = 2.0
 #: What the master logs once every epoch is trained, before it saves the model.
-TRAINED_LINE = "epochs trained and evaluated; saving the model"
+TRAINED_LINE = "epochs trained and evaluated; a worker saves the model"
 #: The master's line for a dead worker it replaces: "worker-3 crashed (killed by SIGKILL);
 #: replacing it (restart 1 of --max-restarts=1000 for worker slot 1)".
 REPLACING = re.compile(r"^(?P<name>\S+) .*; replacing it.* for worker slot (?P<slot>\d+)\)$")
