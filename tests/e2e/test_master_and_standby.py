@@ -4,6 +4,7 @@ test_fault_tolerance.py so that `make test` can run the two files side by side.)
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -11,6 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 from conftest import TrainRun, kill_a_running_worker, mid_epoch, pid_alive
+
+from elastic_step.worker.worker import STANDBY_NICENESS
 
 pytestmark = pytest.mark.e2e
 
@@ -37,6 +40,10 @@ def test_a_standby_takes_a_killed_workers_slot_and_is_cleaned_up(train_run):
 
     with run.held(standby_ready) as status:
         assert [m["id"] for m in status["standby"]] == ["standby-0"]
+        # It waits at a lower CPU priority than the workers, so as not to slow them.
+        [standby] = status["standby"]
+        assert os.getpriority(os.PRIO_PROCESS, standby["pid"]) == STANDBY_NICENESS
+        assert {os.getpriority(os.PRIO_PROCESS, m["pid"]) for m in status["workers"]} == {0}
         kill_a_running_worker(status)
     summary = run.exact_summary()
     assert summary["standby"] == {"slots": 1, "promoted": 1}
@@ -51,6 +58,8 @@ def test_a_standby_takes_a_killed_workers_slot_and_is_cleaned_up(train_run):
         standby_text
     )
     assert "given a worker slot after" in standby_text
+    if os.geteuid() == 0:  # raising the priority back needs CAP_SYS_NICE
+        assert "keeps niceness" not in standby_text
     final = run.status()
     members = final["workers"] + final["ps"] + final["standby"]
     assert {m["id"] for m in final["standby"]} == {"standby-1"}
