@@ -117,10 +117,10 @@ class TrainingJob(JobKind):
     def permuted_training_tasks(self) -> bool:
         """Whether training tasks are ranges of the training split's permutation for their
         epoch (master/tasks/task_size.py): on a small split. Chosen once, and logged."""
-        shards = self.schema.shard_paths(self.config.data, "train")
-        records = sum(n for _, n in shards)
+        records = self._train_records()
         if records > task_size.PERMUTED_SPLIT_RECORDS:
-            return False
+            return False  # never permuted: no need to ask the store for every shard's size
+        shards = self.schema.shard_paths(self.config.data, "train")
         size = sum(storage.size(uri) for uri, _ in shards)
         permuted = task_size.permuted_training_tasks(records, size)
         if permuted:

@@ -223,11 +223,12 @@ class Worker:
         started = time.monotonic()
         while not self.finished.wait(STANDBY_POLL_S):
             if not self._register(waiting_for_slot=True).standby:
+                restored = set_niceness(0)  # a worker now: the others' priority
                 log.info(
                     "%s: given a worker slot after %.1f s as a standby%s",
                     self.name,
                     time.monotonic() - started,
-                    "" if set_niceness(0) else f" (it keeps niceness {STANDBY_NICENESS})",
+                    "" if restored else f" (it keeps niceness {STANDBY_NICENESS})",
                 )
                 return True
         return False
