@@ -16,8 +16,8 @@ order asked for:
   permuted tasks came, on every split;
 - ``shards``: the same task sizes, cut from each shard's records permuted anew each epoch;
 - ``split``: the same task sizes, cut from the whole split's records permuted anew each
-  epoch, as a job trains a split of at most 16,384 records since permuted tasks came
-  (``task_size.permuted_training_tasks``).
+  epoch and taken in position order, as a job trains a split of at most 16,384 records since
+  permuted tasks came (``task_size.permuted_training_tasks``).
 
 It prints each order's mean and standard deviation of the validation metric (accuracy, or
 the MSE for a regression) over the seeds, with every seed's value, and writes
@@ -56,7 +56,8 @@ def batches_of_epoch(order: str, shards: list[int], batch_size: int, records_per
              for shard, positions in runs
              for start in range(0, len(positions), records_per_task)]  # fmt: skip
     batches = []
-    for at in rng.permutation(len(tasks)):
+    # the master hands permuted tasks out in position order, ranges of shards shuffled
+    for at in range(len(tasks)) if order == "split" else rng.permutation(len(tasks)):
         shard, positions = tasks[at]
         positions = list(rng.permutation(positions))  # a worker shuffles a task's records
         batches += [(shard, positions[i : i + batch_size])

@@ -28,6 +28,10 @@ def test_each_order_trains_every_record_once_an_epoch_and_tasks_keep_to_their_ra
             for shard, records in enumerate(shards):
                 seen = sorted(p for s, positions in batches if s == shard for p in positions)
                 assert seen == list(range(records)), (order, shard)
+        if order == "split":
+            # The master's permuted tasks go out in position order: the short one last.
+            assert all(len(positions) == batch for _, positions in first[:-1])
+            assert len(first[-1][1]) == sum(shards) % batch
         if order == "ranges":
             # A task's records stay within its range of the shard, so a batch does too.
             for _, positions in first:
