@@ -1,5 +1,6 @@
-"""Goodput under faults: wall time of a small real job with a worker SIGKILLed every 20 s,
-without and with standby workers, against the same job undisturbed.
+"""Goodput under faults: wall time of a small real job with a worker SIGKILLed midway through
+its training and every as long again, without and with standby workers, against the same job
+undisturbed.
 
 Every run is ``elastic-step train`` (the real CLI in a subprocess: master, 1 PS and 2 worker
 processes over gRPC) on scikit-learn's digits, preprocessed by the real ``elastic-step
@@ -8,7 +9,9 @@ default), one after the other in one invocation (never at the same time): the un
 (``--clean-runs``), a faulty run, and a faulty run with ``--standby N`` (N extra worker
 processes that load TensorFlow and the model and train nothing; one takes a dead worker's slot
 at once). In the faulty runs, every ``--kill-every`` seconds from the start of the ``train``
-process, the bench reads ``status.json``, picks one running worker at random and sends its
+process (by default half the seconds the set's first undisturbed run took from that start to
+every epoch trained, so that the first kill falls midway through training however fast the
+job is), the bench reads ``status.json``, picks one running worker at random and sends its
 process SIGKILL, as tests/e2e/test_fault_tolerance.py does. A SIGKILLed worker crashed as far
 as the master knows: it counts toward ``--max-restarts`` (set high in every run) and as a
 failure of the task it held, and it is replaced (by a standby where one is ready).
@@ -295,9 +298,11 @@ class Killer:
 
 
 def run_job(
-    args, data_dir: str, where: str, name: str, epochs: int, *, kill: bool, standby: int
-) -> dict:
-    """One ``train`` run, its output and master log in ``where``; with ``kill``, a Killer."""
+    args, data_dir: str, where: str, name: str, epochs: int, *, kill_every: float | None,
+    standby: int,
+) -> dict:  # fmt: skip
+    """One ``train`` run, its output and master log in ``where``; with ``kill_every``
+    seconds, a Killer."""
     from elastic_step.examples import path_of
 
     label = f"{epochs} epochs, {name}"
@@ -333,7 +338,9 @@ def run_job(
     log(f"{label}: " + " ".join(command[2:]))
     load_before = load_1min()
     busy0, cpu0 = machine_busy_s(), children_cpu_s()
-    killer = Killer(output, log_path, args.kill_every, random.Random(args.seed)) if kill else None
+    killer = None
+    if kill_every is not None:
+        killer = Killer(output, log_path, kill_every, random.Random(args.seed))
     with open(log_path, "w") as master_log:
         started, started_at = time.monotonic(), time.time()
         process = subprocess.Popen(
@@ -380,6 +387,7 @@ def run_job(
         "examples_per_second": summary.get("examples_per_second"),
         "standby": summary.get("standby") if standby else None,
         "milestones": marks,
+        "kill_every_s": kill_every,
         "kills": kills,
         "recoveries": recoveries(log_path, output, kills),
         "kill_attempts_missed": killer.skipped if killer else 0,
@@ -399,6 +407,20 @@ def run_job(
     return result
 
 
+def kill_period_s(args, clean: dict) -> float:
+    """The seconds between kills in a set's faulty runs: ``--kill-every``, or half what the
+    set's first undisturbed run took from the start of ``train`` to every epoch trained."""
+    if args.kill_every:
+        return args.kill_every
+    trained = clean["milestones"].get("trained_s")
+    if trained is None:
+        raise SystemExit(
+            f"bench/goodput.py: the undisturbed run's master log ({clean['master_log']}) has "
+            f"no {TRAINED_LINE!r} line, so the kills cannot be timed from it; pass --kill-every"
+        )
+    return round(trained / 2, 1)
+
+
 def training_s(run: dict) -> float | None:
     m = run["milestones"]
     if "trained_s" in m and "master_ready_s" in m:
@@ -416,9 +438,10 @@ def epoch_counts(text: str) -> list[int]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Wall time of `elastic-step train` on the digits (2 workers, 1 PS) with a "
-        "worker SIGKILLed every 20 s, without and with --standby, against the same job "
-        "undisturbed, for each epoch count; target ratio <= 1.10 with the standby. Also the "
-        "mean seconds from a kill to its slot training again, without and with the standby.",
+        "worker SIGKILLed midway through training and every as long again, without and with "
+        "--standby, against the same job undisturbed, for each epoch count; target ratio <= "
+        "1.10 with the standby. Also the mean seconds from a kill to its slot training again, "
+        "without and with the standby.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
@@ -448,7 +471,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="for every run")
     parser.add_argument("--records-per-task", type=int, default=64, help="for every run")
     parser.add_argument("--seed", type=int, default=7, help="job seed (every run); victims")
-    parser.add_argument("--kill-every", type=float, default=20.0, help="seconds between kills")
+    parser.add_argument(
+        "--kill-every",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds between kills in the faulty runs, from the start of train; 0: half the "
+        "seconds the set's first undisturbed run took to train every epoch, so the first kill "
+        "falls midway through training (a fixed 20 s, the default until 2026-11-30, came after "
+        "the 80-epoch job had trained once it got faster, and it was killed no more)",
+    )
     parser.add_argument(
         "--max-restarts",
         type=int,
@@ -479,6 +511,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--standby must be >= 1 (the run without standby is made anyway)")
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, not {args.repeat}")
+    if args.kill_every < 0:
+        parser.error(
+            f"--kill-every must be >= 0 (0: from the undisturbed run), not {args.kill_every}"
+        )
     return args
 
 
@@ -496,8 +532,9 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
     where = os.path.join(args.workdir, f"epochs-{epochs}")
     os.makedirs(where, exist_ok=True)
 
-    def run(name: str, kill: bool, standby: int = 0) -> dict:
-        return run_job(args, data_dir, where, name, epochs, kill=kill, standby=standby)
+    def run(name: str, kill_every: float | None, standby: int = 0) -> dict:
+        return run_job(args, data_dir, where, name, epochs, kill_every=kill_every,
+                       standby=standby)  # fmt: skip
 
     kinds: dict[str, list[dict]] = {
         kind: [] for kind in ("clean", "faulty", "clean-standby", "faulty-standby", "clean-after")
@@ -510,8 +547,11 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         plan += [("clean-standby", False, args.standby), ("faulty-standby", True, args.standby)]
         if args.clean_runs == 2:
             plan.append(("clean-after", False, 0))
+        every = None
         for kind, kill, standby in plan:
-            result = run(kind + suffix, kill=kill, standby=standby)
+            result = run(kind + suffix, kill_every=every if kill else None, standby=standby)
+            if kind == "clean":
+                every = kill_period_s(args, result)
             kinds[kind].append(result)
             runs.append((kind + suffix, result))
     clean = kinds["clean"] + kinds["clean-after"]
@@ -522,12 +562,17 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
     ratio_like_for_like = walls["faulty-standby"] / walls["clean-standby"]
     idle_standby_cost = walls["clean-standby"] / clean_wall if clean_wall else None
     faulty_runs = [(name, r) for name, r in runs if name.startswith("faulty")]
+    # A faulty run the killer never reached (the job trained first) measured no fault.
+    unkilled = [name for name, r in faulty_runs if not r["kills"]]
+    periods = sorted({r["kill_every_s"] for _, r in faulty_runs})
 
     print()
     print(
         f"== goodput: digits, 2 workers, 1 PS, {epochs} epochs, batch {args.batch_size}, "
         f"{args.records_per_task} records/task, seed {args.seed}; a worker SIGKILLed every "
-        f"{args.kill_every:g} s in the faulty runs, without and with --standby {args.standby} =="
+        + "/".join(f"{p:g}" for p in periods)
+        + (" s (each set's)" if len(periods) > 1 else " s")
+        + f" in the faulty runs, without and with --standby {args.standby} =="
     )
     print(f"{'run':<16}{'wall s':>8}{'exit':>6}{'accounting':>12}{'accuracy':>10}  restarts")
     for name, r in runs:
@@ -558,8 +603,11 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
             f"    mean {seconds(mean_recovery_s([r]), 2)}"
             + (f" ({missing} of {len(kills)} not found)" if missing else "")
         )
+    if unkilled:
+        print(f"NO KILL in {', '.join(unkilled)}: the ratios below measure no fault, no verdict")
+    meets_target = None if ratio is None or unkilled else ratio <= TARGET
     if ratio is not None:
-        verdict = "PASS" if ratio <= TARGET else "MISS"
+        verdict = {None: "NO KILL", True: "PASS", False: "MISS"}[meets_target]
         each = ""
         if args.repeat > 1:
             pairs = zip(kinds["faulty-standby"], kinds["clean"], strict=True)
@@ -617,7 +665,8 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         "ratio_standby_in_both": ratio_like_for_like,
         "idle_standby_cost": idle_standby_cost,
         "target": TARGET,
-        "meets_target": None if ratio is None else ratio <= TARGET,
+        "meets_target": meets_target,
+        "unkilled_runs": unkilled,
         "mean_recovery_s": {
             "no_standby": mean_recovery_s(kinds["faulty"]),
             "standby": mean_recovery_s(kinds["faulty-standby"]),
@@ -643,7 +692,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{'ratio':>7}{'target':>8}{'recovery: no standby':>22}{'standby':>9}"
     )
     for r in results:
-        verdict = "-" if r["meets_target"] is None else ("PASS" if r["meets_target"] else "MISS")
+        verdict = {None: "-", True: "PASS", False: "MISS"}[r["meets_target"]]
+        if r["unkilled_runs"]:
+            verdict = "NO KILL"
         recovery = r["mean_recovery_s"]
         print(
             f"{r['epochs']:>6}{r['clean_wall_s']:>9.1f}{r['wall_s']['faulty']:>14.1f}"

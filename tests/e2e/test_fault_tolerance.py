@@ -9,10 +9,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from cli_runs import evaluate
 from conftest import TrainRun, kill_a_running_worker, mid_epoch, records_exact
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import goodput
 
 pytestmark = pytest.mark.e2e
 
@@ -30,6 +35,8 @@ def test_undisturbed_run_outputs(digits_run, digits_data, tmp_path):
     assert max(live for _, live in summary["workers_timeline"]) == 2
     assert (digits_run.output / "model.keras").is_file()
     assert (digits_run.output / "saved_model" / "saved_model.pb").is_file()
+    # bench/goodput.py times its kills, and stops them, by this line of the master's.
+    assert goodput.TRAINED_LINE in digits_run.log()
     status = digits_run.status()
     assert status["phase"] == "succeeded"
     assert {m["state"] for m in status["workers"] + status["ps"]} == {"succeeded"}
