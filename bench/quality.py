@@ -6,7 +6,12 @@ bench/models/wide_deep.py) is trained two ways, for the same epochs and batch si
 TFRecord shards written by the real `elastic-step preprocess`:
 
 - fit: Keras ``model.fit`` in a fresh process, the training records shuffled each epoch, the
-  model evaluated on the validation split after the last epoch;
+  model evaluated on the validation split after the last epoch. Each epoch's shuffle is the
+  permutation an elastic job of the same seed cuts its permuted tasks from
+  (``elastic_step.worker.task_records.split_permutation``; :func:`fit_batches`), so that on a
+  split small enough for them a seed means the same initial values and the same batches, in
+  the same order, on both sides, and the two differ only by what elastic-step does
+  differently;
 - elastic: ``elastic-step train --workers W --ps 1`` with every other flag at its default; the
   validation metrics of its final evaluation round (``summary.json``).
 
@@ -20,8 +25,9 @@ A data set passes for W workers when
 - the spread: elastic's standard deviation over the seeds <= max(2 points, 2 x fit's) (for a
   regression, 2 points of fit's mean loss).
 
-It prints each side's mean and standard deviation, the gap, the wall time, and one line per data
-set saying which side won; everything goes to ``WORKDIR/quality.json`` (default
+It prints each side's mean and standard deviation, the gap, the mean of the per-seed differences
+(elastic minus fit, with its standard error), the wall time, and one line per data set saying
+which side won; everything goes to ``WORKDIR/quality.json`` (default
 ``bench/results/quality/``). Nothing fails on a missed target: it is a benchmark. See
 bench/README.md; tests/e2e/test_quality_bench.py runs one small case.
 """
@@ -212,9 +218,26 @@ def metric_of(data_set: DataSet) -> str:
 # -- fit --
 
 
+def fit_batches(records: int, seed: int, epochs: int, batch_size: int):
+    """The positions of ``model.fit``'s batches in the training split, its shards joined, for
+    ``seed``: each epoch's permutation cut into batches, the short one last, as a dataset of
+    every epoch's batches one after the other. The permutation is the one an elastic job of
+    ``seed`` cuts its permuted tasks from, in position order, so with tasks of one batch fit's
+    batch i of an epoch holds the records of the job's task i."""
+    import numpy as np
+    import tensorflow as tf
+
+    from elastic_step.worker.task_records import split_permutation
+
+    orders = np.stack([split_permutation(seed, epoch, records) for epoch in range(1, epochs + 1)])
+    return tf.data.Dataset.from_tensor_slices(orders).flat_map(
+        lambda order: tf.data.Dataset.from_tensor_slices(order).batch(batch_size)
+    )
+
+
 def fit_child(data_set: DataSet, data_dir: str, seeds: list[int], out: str) -> None:
-    """``model.fit`` once per seed, shuffled each epoch, as a user's script runs it; each
-    run's validation metric and wall time, as JSON at ``out``."""
+    """``model.fit`` once per seed, shuffled each epoch (:func:`fit_batches`), as a user's
+    script runs it; each run's validation metric and wall time, as JSON at ``out``."""
     import keras
     import tensorflow as tf
 
@@ -227,6 +250,8 @@ def fit_child(data_set: DataSet, data_dir: str, seeds: list[int], out: str) -> N
     held_out = [path for path, _ in schema.shard_paths(data_dir, "validation")]
     records = schema.records["train"]
     steps = math.ceil(records / data_set.batch_size)
+    # The split in memory, its shards joined in the schema's order, as a worker keeps it.
+    split = tf.constant(list(tf.data.TFRecordDataset(train).as_numpy_iterator()))
     runs = []
     for seed in seeds:
         keras.utils.set_random_seed(seed)
@@ -235,13 +260,8 @@ def fit_child(data_set: DataSet, data_dir: str, seeds: list[int], out: str) -> N
         metrics = definition.build_metrics()
         model.compile(optimizer=definition.build_optimizer(), loss=definition.loss,
                       metrics=list(metrics.values()))  # fmt: skip
-        shuffled = tf.data.TFRecordDataset(train).shuffle(
-            records, seed=seed, reshuffle_each_iteration=True
-        )
-        # The known length lets Keras end each epoch at the end of the data.
-        batched = shuffled.batch(data_set.batch_size).apply(
-            tf.data.experimental.assert_cardinality(steps)
-        )
+        positions = fit_batches(records, seed, data_set.epochs, data_set.batch_size)
+        batched = positions.map(lambda at: tf.gather(split, at))
         dataset = feed(batched, "train", schema).prefetch(2)
         held_out_steps = math.ceil(schema.records["validation"] / data_set.batch_size)
         validation = feed(
@@ -253,8 +273,10 @@ def fit_child(data_set: DataSet, data_dir: str, seeds: list[int], out: str) -> N
         )
         started = time.perf_counter()
         # The records are shuffled above, each epoch anew; Keras would only warn that it
-        # cannot shuffle a dataset.
-        model.fit(dataset, epochs=data_set.epochs, verbose=0, shuffle=False)
+        # cannot shuffle a dataset. With steps_per_epoch Keras keeps one iterator over the
+        # epochs, so each epoch takes the next epoch's batches.
+        model.fit(dataset, epochs=data_set.epochs, steps_per_epoch=steps, verbose=0,
+                  shuffle=False)  # fmt: skip
         wall = time.perf_counter() - started
         loss = model.evaluate(validation, verbose=0, return_dict=True)["loss"]
         # The metric objects hold the evaluation's state until the next reset.
@@ -341,6 +363,9 @@ def judge(data_set: DataSet, validation_records: int, fit: list[float], elastic:
         spread_limit = max(SPREAD_POINTS, SPREAD_RATIO * fit_sd)
         gap = elastic_mean - fit_mean
         better = "elastic" if elastic_mean > fit_mean else "fit"
+    # Seed by seed both sides start from the same values and, on a split with permuted tasks,
+    # train the same batches (fit_batches): the per-seed difference is elastic's own.
+    paired = [e - f for f, e in zip(fit, elastic, strict=True)]
     return {
         "fit_mean": fit_mean,
         "fit_sd": fit_sd,
@@ -348,6 +373,8 @@ def judge(data_set: DataSet, validation_records: int, fit: list[float], elastic:
         "elastic_sd": elastic_sd,
         "gap": gap,
         "gap_kind": "ratio" if data_set.regression else "difference",
+        "paired_gap": statistics.fmean(paired),
+        "paired_gap_se": spread(paired) / math.sqrt(len(paired)),
         "spread_limit": spread_limit,
         "mean_ok": mean_ok,
         "spread_ok": elastic_sd <= spread_limit,
@@ -364,11 +391,12 @@ def validation_records(data_dir: str) -> int:
 def print_table(results: dict) -> None:
     print()
     print(f"{'data set':<14} {'W':>2}  {'fit mean ± sd':>17}  {'elastic mean ± sd':>17}  "
-          f"{'gap':>8}  {'fit s':>6} {'elastic s':>9}  verdict")  # fmt: skip
+          f"{'gap':>8}  {'same seed':>16}  {'fit s':>6} {'elastic s':>9}  verdict")  # fmt: skip
     for name, entry in results.items():
         for workers, row in entry["by_workers"].items():
             gap = (f"x{row['gap']:.3f}" if row["gap_kind"] == "ratio"
                    else f"{100 * row['gap']:+.2f}pt")  # fmt: skip
+            same_seed = f"{row['paired_gap']:+.4f} ± {row['paired_gap_se']:.4f}"
             verdict = (
                 "pass"
                 if row["mean_ok"] and row["spread_ok"]
@@ -377,6 +405,7 @@ def print_table(results: dict) -> None:
             print(
                 f"{name:<14} {workers:>2}  {row['fit_mean']:>8.4f} ± {row['fit_sd']:.4f}  "
                 f"{row['elastic_mean']:>8.4f} ± {row['elastic_sd']:.4f}  {gap:>8}  "
+                f"{same_seed:>16}  "
                 f"{row['fit_wall_s']:>6.1f} {row['elastic_wall_s']:>9.1f}  {verdict}"
             )
     print()
