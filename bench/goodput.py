@@ -1,6 +1,5 @@
-"""Goodput under faults: wall time of a small real job with a worker SIGKILLed midway through
-its training and every as long again, without and with standby workers, against the same job
-undisturbed.
+"""Goodput under faults: wall time of a small real job with a worker SIGKILLed halfway through
+its epochs, without and with standby workers, against the same job undisturbed.
 
 Every run is ``elastic-step train`` (the real CLI in a subprocess: master, 1 PS and 2 worker
 processes over gRPC) on scikit-learn's digits, preprocessed by the real ``elastic-step
@@ -8,10 +7,10 @@ preprocess``, with the same seed and settings. For each ``--epochs`` count (80 a
 default), one after the other in one invocation (never at the same time): the undisturbed run
 (``--clean-runs``), a faulty run, and a faulty run with ``--standby N`` (N extra worker
 processes that load TensorFlow and the model and train nothing; one takes a dead worker's slot
-at once). In the faulty runs, every ``--kill-every`` seconds from the start of the ``train``
-process (by default half the seconds the set's first undisturbed run took from that start to
-every epoch trained, so that the first kill falls midway through training however fast the
-job is), the bench reads ``status.json``, picks one running worker at random and sends its
+at once). In the faulty runs, when the job's progress in ``status.json`` (epochs trained,
+with the current one's fraction, over all its epochs) reaches each of ``--kill-at`` (by
+default one kill, halfway; a point of training rather than a time, so that a job that got
+faster still takes its kills), the bench picks one running worker at random and sends its
 process SIGKILL, as tests/e2e/test_fault_tolerance.py does. A SIGKILLed worker crashed as far
 as the master knows: it counts toward ``--max-restarts`` (set high in every run) and as a
 failure of the task it held, and it is replaced (by a standby where one is ready).
@@ -221,14 +220,24 @@ def live_members(status: dict) -> dict[str, int]:
     return {m["id"]: m["pid"] for m in members if m["state"] in ("pending", "running") and m["pid"]}
 
 
-class Killer:
-    """Every ``every`` seconds from the start of the run, SIGKILLs one running worker (never
-    a standby: only what status.json lists under "workers"), and notes when (time.time())."""
+def job_progress(status: dict) -> float:
+    """How far through its epochs a training job's ``status.json`` is, 0 to 1."""
+    epochs = status.get("epochs") or 0
+    if not epochs or "epoch" not in status:
+        return 0.0
+    fraction = status.get("progress", {}).get("fraction", 0.0)
+    return min(1.0, (status["epoch"] - 1 + fraction) / epochs)
 
-    def __init__(self, output: str, log_path: str, every: float, rng: random.Random) -> None:
+
+class Killer:
+    """SIGKILLs one running worker (never a standby: only what status.json lists under
+    "workers") when the job's progress reaches each of ``at`` (fractions of its epochs), and
+    notes when (time.time())."""
+
+    def __init__(self, output: str, log_path: str, at: list[float], rng: random.Random) -> None:
         self.output = output
         self.log_path = log_path
-        self.every = every
+        self.at = sorted(at)
         self.rng = rng
         self.kills: list[dict] = []
         self.skipped = 0
@@ -252,57 +261,48 @@ class Killer:
             return False
 
     def _run(self) -> None:
-        next_kill = self._started + self.every
-        while not self._stop.wait(max(0.0, next_kill - time.monotonic())):
+        points = list(self.at)
+        while points and not self._stop.wait(0.1):
+            status = read_status(self.output)
+            if status.get("phase") not in (None, "starting", "running"):
+                return  # the job is over: nothing to kill
+            progress = job_progress(status)
+            if progress >= 1 or self._saving():
+                return  # trained: the job is saving the model, and kills count no more
+            # The master writes status.json every second, except while it saves the model
+            # at the end: a stale one means training is over (or the master is stuck).
+            fresh = time.time() - status.get("updated_at", 0) < STALE_STATUS_S
             # A worker that runs (its replacement may still be starting); wait for one.
-            while not self._stop.is_set():
-                status = read_status(self.output)
-                if status.get("phase") not in (None, "starting", "running"):
-                    return  # the job is over: nothing to kill
-                progress = status.get("progress", {})
-                if status.get("epoch") == status.get("epochs") and progress.get("fraction") == 1:
-                    return  # trained: the job is saving the model, and kills count no more
-                # The master writes status.json every second, except while it saves the model
-                # at the end: a stale one means training is over (or the master is stuck).
-                fresh = time.time() - status.get("updated_at", 0) < STALE_STATUS_S
-                if self._saving():
-                    return
-                running = [m for m in status.get("workers", []) if m["state"] == "running"]
-                if status.get("phase") == "running" and running and fresh:
-                    break
-                self._stop.wait(0.2)
-            else:
-                return
+            running = [m for m in status.get("workers", []) if m["state"] == "running"]
+            if progress < points[0] or status.get("phase") != "running" or not running or not fresh:
+                continue
             victim = self.rng.choice(running)
             at, wall_time = time.monotonic() - self._started, time.time()
             try:
                 os.kill(victim["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 self.skipped += 1  # it ended between the status write and now
-                next_kill = time.monotonic() + 1.0
                 continue
+            points.pop(0)
             self.kills.append(
                 {
                     "at_s": round(at, 1),
                     "worker": victim["id"],
                     "wall_time": wall_time,
                     "epoch": status.get("epoch"),
-                    "fraction": progress.get("fraction"),
+                    "progress": round(progress, 3),
                 }
             )
             log(
-                f"  killed {victim['id']} (pid {victim['pid']}) at {at:.1f} s, epoch "
-                f"{status.get('epoch')} {progress.get('fraction', 0):.0%}"
+                f"  killed {victim['id']} (pid {victim['pid']}) at {at:.1f} s, "
+                f"{progress:.0%} of the epochs (epoch {status.get('epoch')})"
             )
-            next_kill += self.every
 
 
 def run_job(
-    args, data_dir: str, where: str, name: str, epochs: int, *, kill_every: float | None,
-    standby: int,
-) -> dict:  # fmt: skip
-    """One ``train`` run, its output and master log in ``where``; with ``kill_every``
-    seconds, a Killer."""
+    args, data_dir: str, where: str, name: str, epochs: int, *, kill: bool, standby: int
+) -> dict:
+    """One ``train`` run, its output and master log in ``where``; with ``kill``, a Killer."""
     from elastic_step.examples import path_of
 
     label = f"{epochs} epochs, {name}"
@@ -338,9 +338,7 @@ def run_job(
     log(f"{label}: " + " ".join(command[2:]))
     load_before = load_1min()
     busy0, cpu0 = machine_busy_s(), children_cpu_s()
-    killer = None
-    if kill_every is not None:
-        killer = Killer(output, log_path, kill_every, random.Random(args.seed))
+    killer = Killer(output, log_path, args.kill_at, random.Random(args.seed)) if kill else None
     with open(log_path, "w") as master_log:
         started, started_at = time.monotonic(), time.time()
         process = subprocess.Popen(
@@ -387,7 +385,6 @@ def run_job(
         "examples_per_second": summary.get("examples_per_second"),
         "standby": summary.get("standby") if standby else None,
         "milestones": marks,
-        "kill_every_s": kill_every,
         "kills": kills,
         "recoveries": recoveries(log_path, output, kills),
         "kill_attempts_missed": killer.skipped if killer else 0,
@@ -407,20 +404,6 @@ def run_job(
     return result
 
 
-def kill_period_s(args, clean: dict) -> float:
-    """The seconds between kills in a set's faulty runs: ``--kill-every``, or half what the
-    set's first undisturbed run took from the start of ``train`` to every epoch trained."""
-    if args.kill_every:
-        return args.kill_every
-    trained = clean["milestones"].get("trained_s")
-    if trained is None:
-        raise SystemExit(
-            f"bench/goodput.py: the undisturbed run's master log ({clean['master_log']}) has "
-            f"no {TRAINED_LINE!r} line, so the kills cannot be timed from it; pass --kill-every"
-        )
-    return round(trained / 2, 1)
-
-
 def training_s(run: dict) -> float | None:
     m = run["milestones"]
     if "trained_s" in m and "master_ready_s" in m:
@@ -435,13 +418,26 @@ def epoch_counts(text: str) -> list[int]:
     return distinct_ints(text, minimum=1, what="epoch counts")
 
 
+def kill_points(text: str) -> list[float]:
+    """``--kill-at``: comma-separated fractions of the epochs, each in (0, 1)."""
+    try:
+        points = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
+    if not points or not all(0 < p < 1 for p in points):
+        raise argparse.ArgumentTypeError(
+            f"each point must be above 0 and below 1 (a fraction of the epochs), got {text!r}"
+        )
+    return sorted(points)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Wall time of `elastic-step train` on the digits (2 workers, 1 PS) with a "
-        "worker SIGKILLed midway through training and every as long again, without and with "
-        "--standby, against the same job undisturbed, for each epoch count; target ratio <= "
-        "1.10 with the standby. Also the mean seconds from a kill to its slot training again, "
-        "without and with the standby.",
+        "worker SIGKILLed halfway through its epochs, without and with --standby, against the "
+        "same job undisturbed, for each epoch count; target ratio <= 1.10 with the standby. "
+        "Also the mean seconds from a kill to its slot training again, without and with the "
+        "standby.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
@@ -472,14 +468,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--records-per-task", type=int, default=64, help="for every run")
     parser.add_argument("--seed", type=int, default=7, help="job seed (every run); victims")
     parser.add_argument(
-        "--kill-every",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="seconds between kills in the faulty runs, from the start of train; 0: half the "
-        "seconds the set's first undisturbed run took to train every epoch, so the first kill "
-        "falls midway through training (a fixed 20 s, the default until 2026-11-30, came after "
-        "the 80-epoch job had trained once it got faster, and it was killed no more)",
+        "--kill-at",
+        type=kill_points,
+        default="0.5",
+        metavar="F[,F...]",
+        help="when to kill a worker in the faulty runs: fractions of the job's epochs, each "
+        "above 0 and below 1, one kill at each. A point of training, not a time: until "
+        "2026-11-30 a kill every 20 s from the start, which came after the 80-epoch job had "
+        "trained once it got faster, so that it was killed no more",
     )
     parser.add_argument(
         "--max-restarts",
@@ -511,10 +507,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--standby must be >= 1 (the run without standby is made anyway)")
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, not {args.repeat}")
-    if args.kill_every < 0:
-        parser.error(
-            f"--kill-every must be >= 0 (0: from the undisturbed run), not {args.kill_every}"
-        )
     return args
 
 
@@ -532,9 +524,8 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
     where = os.path.join(args.workdir, f"epochs-{epochs}")
     os.makedirs(where, exist_ok=True)
 
-    def run(name: str, kill_every: float | None, standby: int = 0) -> dict:
-        return run_job(args, data_dir, where, name, epochs, kill_every=kill_every,
-                       standby=standby)  # fmt: skip
+    def run(name: str, kill: bool, standby: int = 0) -> dict:
+        return run_job(args, data_dir, where, name, epochs, kill=kill, standby=standby)
 
     kinds: dict[str, list[dict]] = {
         kind: [] for kind in ("clean", "faulty", "clean-standby", "faulty-standby", "clean-after")
@@ -547,11 +538,8 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         plan += [("clean-standby", False, args.standby), ("faulty-standby", True, args.standby)]
         if args.clean_runs == 2:
             plan.append(("clean-after", False, 0))
-        every = None
         for kind, kill, standby in plan:
-            result = run(kind + suffix, kill_every=every if kill else None, standby=standby)
-            if kind == "clean":
-                every = kill_period_s(args, result)
+            result = run(kind + suffix, kill=kill, standby=standby)
             kinds[kind].append(result)
             runs.append((kind + suffix, result))
     clean = kinds["clean"] + kinds["clean-after"]
@@ -564,15 +552,13 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
     faulty_runs = [(name, r) for name, r in runs if name.startswith("faulty")]
     # A faulty run the killer never reached (the job trained first) measured no fault.
     unkilled = [name for name, r in faulty_runs if not r["kills"]]
-    periods = sorted({r["kill_every_s"] for _, r in faulty_runs})
 
     print()
     print(
         f"== goodput: digits, 2 workers, 1 PS, {epochs} epochs, batch {args.batch_size}, "
-        f"{args.records_per_task} records/task, seed {args.seed}; a worker SIGKILLed every "
-        + "/".join(f"{p:g}" for p in periods)
-        + (" s (each set's)" if len(periods) > 1 else " s")
-        + f" in the faulty runs, without and with --standby {args.standby} =="
+        f"{args.records_per_task} records/task, seed {args.seed}; a worker SIGKILLed at "
+        + ", ".join(f"{p:.0%}" for p in args.kill_at)
+        + f" of the epochs in the faulty runs, without and with --standby {args.standby} =="
     )
     print(f"{'run':<16}{'wall s':>8}{'exit':>6}{'accounting':>12}{'accuracy':>10}  restarts")
     for name, r in runs:

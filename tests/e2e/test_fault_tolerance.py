@@ -35,7 +35,7 @@ def test_undisturbed_run_outputs(digits_run, digits_data, tmp_path):
     assert max(live for _, live in summary["workers_timeline"]) == 2
     assert (digits_run.output / "model.keras").is_file()
     assert (digits_run.output / "saved_model" / "saved_model.pb").is_file()
-    # bench/goodput.py times its kills, and stops them, by this line of the master's.
+    # bench/goodput.py stops its kills at this line of the master's.
     assert goodput.TRAINED_LINE in digits_run.log()
     status = digits_run.status()
     assert status["phase"] == "succeeded"

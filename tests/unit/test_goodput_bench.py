@@ -1,6 +1,7 @@
-"""bench/goodput.py's kill schedule: each set's faulty runs are killed midway through the
-training of its undisturbed run, and a set whose faulty run took no kill gets no verdict.
-tests/e2e/test_fault_tolerance.py checks that the master logs the line it times them by."""
+"""bench/goodput.py's kill schedule: a faulty run's kills come at points of its training (a
+fraction of its epochs), not at times, so a job that gets faster still takes them; a set whose
+faulty run took no kill gets no verdict. tests/e2e/test_fault_tolerance.py checks that the
+master logs the line the bench stops its kills at."""
 
 from __future__ import annotations
 
@@ -14,26 +15,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import goodput
 
 
-def clean_run(trained_s: float | None) -> dict:
-    marks = {"master_ready_s": 3.0} | ({} if trained_s is None else {"trained_s": trained_s})
-    return {"milestones": marks, "master_log": "/runs/clean-1.master.log"}
+def status(epoch: int, fraction: float, epochs: int = 80) -> dict:
+    """The fields of a training job's status.json that the bench reads (reports.py)."""
+    return {"epoch": epoch, "epochs": epochs, "progress": {"fraction": fraction}}
 
 
-def test_kills_come_every_half_of_the_undisturbed_runs_training_unless_given() -> None:
-    auto = goodput.parse_args([])
-    assert auto.kill_every == 0
-    assert goodput.kill_period_s(auto, clean_run(19.3)) == 9.7
-    given = goodput.parse_args(["--kill-every", "20"])
-    assert goodput.kill_period_s(given, clean_run(19.3)) == 20
+def test_progress_counts_the_epochs_trained_and_the_current_ones_fraction() -> None:
+    assert goodput.job_progress(status(1, 0.0)) == 0.0
+    assert goodput.job_progress(status(41, 0.0)) == 0.5
+    assert goodput.job_progress(status(40, 0.5, epochs=160)) == pytest.approx(39.5 / 160)
+    assert goodput.job_progress(status(80, 1.0)) == 1.0
+    assert goodput.job_progress({"phase": "starting"}) == 0.0  # before the first write
 
 
-def test_an_undisturbed_run_without_the_trained_line_stops_the_bench_naming_it() -> None:
-    with pytest.raises(SystemExit, match=r"clean-1\.master\.log\) has no .epochs trained"):
-        goodput.kill_period_s(goodput.parse_args([]), clean_run(None))
+def test_one_kill_halfway_by_default_and_points_of_the_users_choice() -> None:
+    assert goodput.parse_args([]).kill_at == [0.5]
+    assert goodput.parse_args(["--kill-at", "0.7,0.3"]).kill_at == [0.3, 0.7]
 
 
-def test_a_negative_kill_period_is_refused(capsys) -> None:
+@pytest.mark.parametrize("points", ["0", "1", "0.5,1.2", "half", ""])
+def test_a_kill_point_outside_the_training_is_refused(points: str, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        goodput.parse_args(["--kill-every", "-1"])
+        goodput.parse_args(["--kill-at", points])
     assert exit_info.value.code == 2
-    assert "--kill-every must be >= 0" in capsys.readouterr().err
+    assert "--kill-at" in capsys.readouterr().err
