@@ -267,7 +267,7 @@ class Killer:
             if status.get("phase") not in (None, "starting", "running"):
                 return  # the job is over: nothing to kill
             progress = job_progress(status)
-            if progress >= 1 or self._saving():
+            if progress >= 1:
                 return  # trained: the job is saving the model, and kills count no more
             # The master writes status.json every second, except while it saves the model
             # at the end: a stale one means training is over (or the master is stuck).
@@ -276,6 +276,8 @@ class Killer:
             running = [m for m in status.get("workers", []) if m["state"] == "running"]
             if progress < points[0] or status.get("phase") != "running" or not running or not fresh:
                 continue
+            if self._saving():  # read only when a kill is due: the log grows all run long
+                return
             victim = self.rng.choice(running)
             at, wall_time = time.monotonic() - self._started, time.time()
             try:
@@ -592,8 +594,8 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
     if unkilled:
         print(f"NO KILL in {', '.join(unkilled)}: the ratios below measure no fault, no verdict")
     meets_target = None if ratio is None or unkilled else ratio <= TARGET
+    verdict = "NO KILL" if unkilled else {None: "-", True: "PASS", False: "MISS"}[meets_target]
     if ratio is not None:
-        verdict = {None: "NO KILL", True: "PASS", False: "MISS"}[meets_target]
         each = ""
         if args.repeat > 1:
             pairs = zip(kinds["faulty-standby"], kinds["clean"], strict=True)
@@ -652,6 +654,7 @@ def run_epochs(args, data_dir: str, epochs: int) -> dict:
         "idle_standby_cost": idle_standby_cost,
         "target": TARGET,
         "meets_target": meets_target,
+        "verdict": verdict,
         "unkilled_runs": unkilled,
         "mean_recovery_s": {
             "no_standby": mean_recovery_s(kinds["faulty"]),
@@ -678,14 +681,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{'ratio':>7}{'target':>8}{'recovery: no standby':>22}{'standby':>9}"
     )
     for r in results:
-        verdict = {None: "-", True: "PASS", False: "MISS"}[r["meets_target"]]
-        if r["unkilled_runs"]:
-            verdict = "NO KILL"
         recovery = r["mean_recovery_s"]
         print(
             f"{r['epochs']:>6}{r['clean_wall_s']:>9.1f}{r['wall_s']['faulty']:>14.1f}"
             f"{ratio_text(r['ratio_no_standby']):>7}{r['wall_s']['faulty-standby']:>11.1f}"
-            f"{ratio_text(r['ratio']):>7}{verdict:>8}{seconds(recovery['no_standby'], 2):>22}"
+            f"{ratio_text(r['ratio']):>7}{r['verdict']:>8}{seconds(recovery['no_standby'], 2):>22}"
             f"{seconds(recovery['standby'], 2):>9}"
         )
     verdicts = [r["meets_target"] for r in results]

@@ -36,9 +36,9 @@ def shuffled(records: list[bytes], seed: int, task: master_pb2.Task) -> list[byt
     """A training task's records in an order of its own, drawn from the job's seed, the task
     and its epoch: the master shuffles the tasks of each epoch (or permutes the split), and
     this the records within each, so that every epoch's batches differ as with
-    ``model.fit(shuffle=True)``. (The same
-    order in every epoch cost a regression 9 % of validation MSE against fit, with one
-    worker: bench/quality.py's diabetes.) A retried task gets the same order."""
+    ``model.fit(shuffle=True)``. (The same order in every epoch cost a regression 9 % of
+    validation MSE against fit, with one worker: bench/quality.py's diabetes.) A retried
+    task gets the same order."""
     order = np.random.default_rng([seed, task.id, task.epoch]).permutation(len(records))
     return [records[i] for i in order]
 

@@ -1,7 +1,7 @@
 """bench/goodput.py's kill schedule: a faulty run's kills come at points of its training (a
-fraction of its epochs), not at times, so a job that gets faster still takes them; a set whose
-faulty run took no kill gets no verdict. tests/e2e/test_fault_tolerance.py checks that the
-master logs the line the bench stops its kills at."""
+fraction of its epochs), not at times, so a job that gets faster still takes them.
+tests/e2e/test_fault_tolerance.py checks that the master logs the line the bench stops its
+kills at."""
 
 from __future__ import annotations
 
